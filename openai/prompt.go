@@ -163,3 +163,10 @@ func appendPromptValueReference(dst []byte, v json.RawMessage) ([]byte, error) {
 	}
 	return dst, errors.New("prompt: must be a string or an array")
 }
+
+// AppendPrompt appends the canonical prompt of body to dst (see the format above).
+//
+// TODO(openai): replace with the single-pass scanner; until then it calls the reference implementation.
+func AppendPrompt(dst []byte, e Endpoint, body []byte) ([]byte, error) {
+	return AppendPromptReference(dst, e, body)
+}
