@@ -1,0 +1,170 @@
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Bucket boundaries, in seconds or tokens. The GenAI ones are the OpenTelemetry semantic conventions' explicit
+// boundaries, so dashboards built for any GenAI-instrumented server work unchanged.
+var (
+	// TTFTBuckets are gen_ai.server.time_to_first_token's boundaries, plus 2 s and 20 s so that common SLO
+	// thresholds are bucket edges (a "TTFT < 2 s" query needs le="2").
+	TTFTBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 2.5, 5.0, 7.5, 10.0, 20.0}
+	// TPOTBuckets are gen_ai.server.time_per_output_token's boundaries.
+	TPOTBuckets = []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5}
+	// DurationBuckets are gen_ai.server.request.duration's boundaries.
+	DurationBuckets = []float64{0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92}
+	// TokenBuckets are gen_ai.client.token.usage's boundaries.
+	TokenBuckets = []float64{1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864}
+	// OverheadBuckets measure time spent inside the gateway itself: microseconds to tens of milliseconds.
+	OverheadBuckets = []float64{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1}
+	// QueueBuckets measure time spent waiting in the gateway's queue.
+	QueueBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30}
+)
+
+// Gateway holds every metric the gateway exports. Create it once per gateway with New; its fields are safe for
+// concurrent use. Label values are bounded: models and backends come from the policy, codes from HTTP.
+type Gateway struct {
+	// TTFT is the time from a request's arrival to the first token the client receives (seconds), by model.
+	TTFT *prometheus.HistogramVec
+	// TPOT is the time between output tokens the client receives (seconds), one observation per gap, by model.
+	TPOT *prometheus.HistogramVec
+	// Duration is the time from arrival to the response's last byte (seconds), by model and status code.
+	Duration *prometheus.HistogramVec
+	// Tokens counts tokens by model and gen_ai_token_type (input, output), one observation per request.
+	Tokens *prometheus.HistogramVec
+	// Requests counts finished requests by model, backend and status code (499: the client left first).
+	Requests *prometheus.CounterVec
+	// Inflight is the number of requests in flight to each backend.
+	Inflight *prometheus.GaugeVec
+	// QueueDepth is each backend's engine queue as last scraped (vllm:num_requests_waiting).
+	QueueDepth *prometheus.GaugeVec
+	// Retries counts attempts beyond the first, by model and reason.
+	Retries *prometheus.CounterVec
+	// Overhead is the time the gateway itself spends on a request before it is sent upstream and on relaying
+	// the first token (seconds).
+	Overhead prometheus.Histogram
+	// UpstreamErrors counts failed upstream attempts by backend and kind (connect, timeout, status, stream).
+	UpstreamErrors *prometheus.CounterVec
+	// ClientDisconnects counts requests whose client left before the end, by phase (waiting, streaming).
+	ClientDisconnects *prometheus.CounterVec
+	// TTFTPredictionError is |observed - predicted| / predicted TTFT, by backend.
+	TTFTPredictionError *prometheus.HistogramVec
+	// PrefixLookups and PrefixHits count prefix-index lookups and those that found a cached prefix, by model.
+	PrefixLookups *prometheus.CounterVec
+	PrefixHits    *prometheus.CounterVec
+	// Shed counts refused requests by reason and priority class.
+	Shed *prometheus.CounterVec
+	// Hedges counts hedged attempts by outcome (won, lost, cancelled).
+	Hedges *prometheus.CounterVec
+	// BreakerState is each backend's circuit-breaker state: 0 closed, 1 half-open, 2 open.
+	BreakerState *prometheus.GaugeVec
+	// QueueWait is the time requests waited in the gateway queue, by priority class.
+	QueueWait *prometheus.HistogramVec
+	// ConfigReloadSuccess is 1 when the last policy load succeeded, 0 when it failed (the old policy stays).
+	ConfigReloadSuccess prometheus.Gauge
+	// ConfigReloadTime is the Unix time of the last successful policy load.
+	ConfigReloadTime prometheus.Gauge
+}
+
+// New creates the gateway's metrics and registers them, with the Go runtime and process collectors, on reg.
+func New(reg prometheus.Registerer) *Gateway {
+	m := &Gateway{
+		TTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "gen_ai_server_time_to_first_token_seconds",
+			Help:    "Time from request arrival to the first output token sent to the client.",
+			Buckets: TTFTBuckets,
+		}, []string{"gen_ai_request_model"}),
+		TPOT: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "gen_ai_server_time_per_output_token_seconds",
+			Help:    "Time between consecutive output tokens sent to the client, one observation per gap.",
+			Buckets: TPOTBuckets,
+		}, []string{"gen_ai_request_model"}),
+		Duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "gen_ai_server_request_duration_seconds",
+			Help:    "Time from request arrival to the last byte of the response.",
+			Buckets: DurationBuckets,
+		}, []string{"gen_ai_request_model", "code"}),
+		Tokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "gen_ai_client_token_usage",
+			Help:    "Tokens per request, by type (input, output), from the usage the backend reported.",
+			Buckets: TokenBuckets,
+		}, []string{"gen_ai_request_model", "gen_ai_token_type"}),
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_requests_total",
+			Help: "Finished requests by model, backend and HTTP status (499: the client left first).",
+		}, []string{"model", "backend", "code"}),
+		Inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_backend_inflight",
+			Help: "Requests in flight to each backend.",
+		}, []string{"backend"}),
+		QueueDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_backend_queue_depth",
+			Help: "Each backend's engine queue (requests waiting) as last scraped.",
+		}, []string{"backend"}),
+		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_retries_total",
+			Help: "Upstream attempts beyond the first, by model and reason.",
+		}, []string{"model", "reason"}),
+		Overhead: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "switchyard_overhead_seconds",
+			Help:    "Time spent inside the gateway on a request: parsing, routing and sending it upstream.",
+			Buckets: OverheadBuckets,
+		}),
+		UpstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_upstream_errors_total",
+			Help: "Failed upstream attempts by backend and kind (connect, timeout, status, stream).",
+		}, []string{"backend", "kind"}),
+		ClientDisconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_client_disconnects_total",
+			Help: "Requests whose client left before the end, by phase.",
+		}, []string{"phase"}),
+		TTFTPredictionError: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "switchyard_ttft_prediction_error_ratio",
+			Help:    "|observed - predicted| / predicted time to first token, per backend.",
+			Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10},
+		}, []string{"backend"}),
+		PrefixLookups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_prefix_cache_lookups_total",
+			Help: "Prefix-index lookups, by model.",
+		}, []string{"model"}),
+		PrefixHits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_prefix_cache_hits_total",
+			Help: "Prefix-index lookups that found a backend holding at least one leading block, by model.",
+		}, []string{"model"}),
+		Shed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_shed_total",
+			Help: "Refused requests by reason and priority class.",
+		}, []string{"reason", "priority"}),
+		Hedges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_hedges_total",
+			Help: "Hedged attempts by outcome.",
+		}, []string{"outcome"}),
+		BreakerState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_breaker_state",
+			Help: "Circuit-breaker state per backend: 0 closed, 1 half-open, 2 open.",
+		}, []string{"backend"}),
+		QueueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "switchyard_queue_wait_seconds",
+			Help:    "Time requests waited in the gateway queue, by priority class.",
+			Buckets: QueueBuckets,
+		}, []string{"priority"}),
+		ConfigReloadSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "switchyard_config_reload_success",
+			Help: "1 if the last policy load succeeded, 0 if it failed and the previous policy is still in force.",
+		}),
+		ConfigReloadTime: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "switchyard_config_reload_success_timestamp_seconds",
+			Help: "Unix time of the last successful policy load.",
+		}),
+	}
+	reg.MustRegister(
+		m.TTFT, m.TPOT, m.Duration, m.Tokens, m.Requests, m.Inflight, m.QueueDepth, m.Retries, m.Overhead,
+		m.UpstreamErrors, m.ClientDisconnects, m.TTFTPredictionError, m.PrefixLookups, m.PrefixHits, m.Shed,
+		m.Hedges, m.BreakerState, m.QueueWait, m.ConfigReloadSuccess, m.ConfigReloadTime,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}

@@ -1,0 +1,81 @@
+package metrics
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// TestNamesAndBuckets pins the metric contract of DESIGN.md section 4: dashboards and alerts depend on these
+// names and on the GenAI bucket boundaries.
+func TestNamesAndBuckets(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg)
+	m.TTFT.WithLabelValues("m").Observe(0.1)
+	m.TPOT.WithLabelValues("m").Observe(0.02)
+	m.Duration.WithLabelValues("m", "200").Observe(1)
+	m.Tokens.WithLabelValues("m", "input").Observe(10)
+	m.Requests.WithLabelValues("m", "b", "200").Inc()
+	m.Inflight.WithLabelValues("b").Set(1)
+	m.QueueDepth.WithLabelValues("b").Set(1)
+	m.Retries.WithLabelValues("m", "connect").Inc()
+	m.TTFTPredictionError.WithLabelValues("b").Observe(0.1)
+	m.PrefixLookups.WithLabelValues("m").Inc()
+	m.PrefixHits.WithLabelValues("m").Inc()
+	m.Shed.WithLabelValues("slo", "sheddable").Inc()
+	m.Hedges.WithLabelValues("won").Inc()
+	m.BreakerState.WithLabelValues("b").Set(0)
+	m.QueueWait.WithLabelValues("standard").Observe(0.01)
+	m.UpstreamErrors.WithLabelValues("b", "connect").Inc()
+	m.ClientDisconnects.WithLabelValues("streaming").Inc()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]float64{}
+	for _, f := range fams {
+		var bounds []float64
+		if ms := f.GetMetric(); len(ms) > 0 && ms[0].GetHistogram() != nil {
+			for _, b := range ms[0].GetHistogram().GetBucket() {
+				bounds = append(bounds, b.GetUpperBound())
+			}
+		}
+		got[f.GetName()] = bounds
+	}
+	for _, name := range []string{
+		"gen_ai_server_time_to_first_token_seconds", "gen_ai_server_time_per_output_token_seconds",
+		"gen_ai_server_request_duration_seconds", "gen_ai_client_token_usage", "switchyard_requests_total",
+		"switchyard_backend_inflight", "switchyard_backend_queue_depth", "switchyard_ttft_prediction_error_ratio",
+		"switchyard_prefix_cache_lookups_total", "switchyard_prefix_cache_hits_total", "switchyard_shed_total",
+		"switchyard_hedges_total", "switchyard_retries_total", "switchyard_breaker_state",
+		"switchyard_overhead_seconds", "switchyard_config_reload_success",
+	} {
+		if _, ok := got[name]; !ok {
+			t.Errorf("metric %s is not exported", name)
+		}
+	}
+	genai := map[string][]float64{
+		"gen_ai_server_time_per_output_token_seconds": {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5},
+		"gen_ai_server_request_duration_seconds":      {0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92},
+		"gen_ai_client_token_usage":                   {1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864},
+	}
+	for name, want := range genai {
+		if !slices.Equal(got[name], want) {
+			t.Errorf("%s buckets = %v, want the GenAI semconv boundaries %v", name, got[name], want)
+		}
+	}
+	// TTFT keeps every semconv boundary and adds SLO edges.
+	for _, b := range []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0} {
+		if !slices.Contains(got["gen_ai_server_time_to_first_token_seconds"], b) {
+			t.Errorf("TTFT buckets lack the semconv boundary %v", b)
+		}
+	}
+	for name := range got {
+		if !strings.HasPrefix(name, "gen_ai_") && !strings.HasPrefix(name, "switchyard_") &&
+			!strings.HasPrefix(name, "go_") && !strings.HasPrefix(name, "process_") {
+			t.Errorf("metric %s has no recognised prefix", name)
+		}
+	}
+}
