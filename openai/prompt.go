@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 )
 
 // Endpoint names the OpenAI API a request body belongs to.
@@ -164,9 +165,442 @@ func appendPromptValueReference(dst []byte, v json.RawMessage) ([]byte, error) {
 	return dst, errors.New("prompt: must be a string or an array")
 }
 
-// AppendPrompt appends the canonical prompt of body to dst (see the format above).
-//
-// TODO(openai): replace with the single-pass scanner; until then it calls the reference implementation.
+
+// AppendPrompt appends the canonical prompt of body to dst (see the format above) and returns the extended
+// buffer; on error it returns dst unchanged. It is the single-pass scanner that Summary.Parse also uses, without
+// Parse's checks of the other parameters: it accepts exactly what the reference accepts and builds the same
+// bytes, with one deliberate difference: keys are matched exactly, while encoding/json also matches them
+// case-insensitively ("Messages", "ROLE"); OpenAI and vLLM match exactly. It does not allocate beyond growing dst.
 func AppendPrompt(dst []byte, e Endpoint, body []byte) ([]byte, error) {
-	return AppendPromptReference(dst, e, body)
+	if e < Chat || e > Embeddings {
+		return dst, fmt.Errorf("prompt: unknown endpoint %v", e)
+	}
+	var kinds [referenceDepth/64 + 1]uint64
+	p := parser{
+		scanner: scanner{b: body, maxDepth: referenceDepth, kinds: kinds[:]},
+		e:       e,
+		out:     dst,
+	}
+	if err := p.run(); err != nil {
+		return dst, fmt.Errorf("prompt: %w", err)
+	}
+	return p.out, nil
+}
+
+// param returns name[i], for error messages.
+func param(name string, i int) string { return name + "[" + strconv.Itoa(i) + "]" }
+
+// messages writes the prompt of the chat "messages" value at b[v].
+func (p *parser) messages(v int) (int, error) {
+	b := p.b
+	p.sawMessages = true
+	p.sawPrompt = true
+	p.out = p.out[:p.promptStart+p.toolsLen]
+	switch b[v] {
+	case '[':
+	case 'n':
+		p.sawPrompt = p.s == nil // for a request, null is as good as absent
+		return p.literal(v)
+	default:
+		end, err := p.skip(v, 1)
+		if err == nil {
+			p.fail("messages", "messages must be an array")
+		}
+		return end, err
+	}
+	i, empty, err := p.open(v, 2)
+	if err != nil {
+		return i, err
+	}
+	if empty {
+		if p.s != nil {
+			p.fail("messages", "messages must not be empty")
+		}
+		return i, nil
+	}
+	for n := 0; ; n++ {
+		i = p.ws(i)
+		if i >= len(b) {
+			return i, p.errAt(i, "")
+		}
+		var end int
+		switch b[i] {
+		case '{':
+			end, err = p.message(i, n)
+		case 'n':
+			// encoding/json decodes a null element as a zero message: an empty role and no content.
+			end, err = p.literal(i)
+			if p.s != nil {
+				p.fail(param("messages", n), "each message must be an object")
+			}
+			p.out = append(p.out, ':', '\n')
+		default:
+			end, err = p.skip(i, 2)
+			if err == nil {
+				p.fail(param("messages", n), "each message must be an object")
+			}
+		}
+		if err != nil {
+			return end, err
+		}
+		var more bool
+		if i, more, err = p.next(end, ']'); err != nil || !more {
+			return i, err
+		}
+	}
+}
+
+// message writes role + ":" + text + tool_calls + "\n" for the message object at b[v], the n-th message. In the
+// usual member order (role, content, tool_calls) it writes as it reads; otherwise, or when a key repeats, it
+// records where the values are and writes them in canonical order at the end.
+func (p *parser) message(v, n int) (int, error) {
+	b := p.b
+	start := len(p.out)
+	role, content, calls := noSpan, noSpan, noSpan
+	var roleFlags uint8
+	const (
+		sawRole = 1 << iota
+		sawContent
+		sawCalls
+	)
+	var seen uint8
+	phase := 0 // what is written so far in canonical order: 1 role, 2 content, 3 tool_calls
+	direct := true
+	i, empty, err := p.open(v, 3)
+	if err != nil {
+		return i, err
+	}
+	for !empty {
+		raw, flags, j, err := p.key(i)
+		if err != nil {
+			return j, err
+		}
+		if j = p.ws(j); j >= len(b) {
+			return j, p.errAt(j, "")
+		}
+		var end int
+		switch string(keyName(raw, flags, &p.keyBuf)) {
+		case "role":
+			if seen&sawRole != 0 {
+				direct = false
+			}
+			seen |= sawRole
+			switch b[j] {
+			case '"':
+				end, roleFlags, err = p.str(j)
+				role = Span{j, end}
+				if err == nil && direct && phase == 0 {
+					p.out = appendUnescaped(p.out, b[j+1:end-1], roleFlags)
+					p.out = append(p.out, ':')
+					phase = 1
+				} else {
+					direct = false
+				}
+			case 'n':
+				// encoding/json leaves a string field as it was when it decodes null.
+				end, err = p.literal(j)
+				if p.s != nil {
+					p.fail(param("messages", n)+".role", "role must be a string")
+				}
+			default:
+				end, err = p.skip(j, 3)
+				if err == nil {
+					p.fail(param("messages", n)+".role", "role must be a string")
+				}
+			}
+		case "content":
+			if seen&sawContent != 0 {
+				direct = false
+			}
+			seen |= sawContent
+			mark := len(p.out)
+			end, err = p.content(j, n)
+			content = Span{j, end}
+			if direct && phase == 1 {
+				phase = 2
+			} else {
+				p.out = p.out[:mark]
+				direct = false
+			}
+		case "tool_calls":
+			if seen&sawCalls != 0 {
+				direct = false
+			}
+			seen |= sawCalls
+			end, err = p.skip(j, 3)
+			calls = Span{j, end}
+			if b[j] == 'n' {
+				calls = noSpan
+			} else if err == nil && p.s != nil && b[j] != '[' {
+				p.fail(param("messages", n)+".tool_calls", "tool_calls must be an array")
+			}
+			if direct && (phase == 1 || phase == 2) {
+				if calls.Start >= 0 {
+					p.out = append(p.out, b[j:end]...)
+				}
+				phase = 3
+			} else {
+				direct = false
+			}
+		default:
+			end, err = p.skip(j, 3)
+		}
+		if err != nil {
+			return end, err
+		}
+		var more bool
+		if i, more, err = p.next(end, '}'); err != nil {
+			return i, err
+		}
+		if !more {
+			break
+		}
+	}
+	if role.Start < 0 && p.s != nil {
+		p.fail(param("messages", n)+".role", "each message must have a role")
+	}
+	if !direct || phase == 0 {
+		p.out = p.out[:start]
+		if role.Start >= 0 {
+			p.out = appendUnescaped(p.out, b[role.Start+1:role.End-1], roleFlags)
+		}
+		p.out = append(p.out, ':')
+		if content.Start >= 0 {
+			p.content(content.Start, n) // validated above: cannot fail
+		}
+		if calls.Start >= 0 {
+			p.out = append(p.out, b[calls.Start:calls.End]...)
+		}
+	}
+	p.out = append(p.out, '\n')
+	return i, nil
+}
+
+// content writes the text of the content value at b[v] of the n-th message.
+func (p *parser) content(v, n int) (int, error) {
+	b := p.b
+	switch b[v] {
+	case '"':
+		end, flags, err := p.str(v)
+		if err == nil {
+			p.out = appendUnescaped(p.out, b[v+1:end-1], flags)
+		}
+		return end, err
+	case 'n':
+		return p.literal(v)
+	case '[':
+	default:
+		end, err := p.skip(v, 3)
+		if err == nil {
+			p.fail(param("messages", n)+".content", "content must be a string or an array")
+		}
+		return end, err
+	}
+	i, empty, err := p.open(v, 4)
+	if err != nil || empty {
+		return i, err
+	}
+	for k := 0; ; k++ {
+		if i = p.ws(i); i >= len(b) {
+			return i, p.errAt(i, "")
+		}
+		var end int
+		if b[i] == '{' {
+			end, err = p.part(i)
+		} else {
+			// encoding/json fails to decode a non-object part into the part struct: the raw JSON stands in.
+			end, err = p.skip(i, 4)
+			if err == nil {
+				if p.s != nil {
+					p.fail(param(param("messages", n)+".content", k), "each content part must be an object")
+				}
+				p.out = append(p.out, b[i:end]...)
+			}
+		}
+		if err != nil {
+			return end, err
+		}
+		var more bool
+		if i, more, err = p.next(end, ']'); err != nil || !more {
+			return i, err
+		}
+	}
+}
+
+// part writes a content part object at b[v]: its "text" string, or its raw JSON when it has none (images), as
+// the reference does: a null "text" counts as none, and a "text" of another type makes the part raw.
+func (p *parser) part(v int) (int, error) {
+	b := p.b
+	text := noSpan
+	var textFlags uint8
+	bad := false
+	i, empty, err := p.open(v, 5)
+	if err != nil {
+		return i, err
+	}
+	for !empty {
+		raw, flags, j, err := p.key(i)
+		if err != nil {
+			return j, err
+		}
+		if j = p.ws(j); j >= len(b) {
+			return j, p.errAt(j, "")
+		}
+		var end int
+		if string(keyName(raw, flags, &p.keyBuf)) == "text" {
+			switch b[j] {
+			case '"':
+				end, textFlags, err = p.str(j)
+				text = Span{j, end}
+			case 'n':
+				end, err = p.literal(j)
+				text = noSpan
+			default:
+				end, err = p.skip(j, 5)
+				bad = true
+			}
+		} else {
+			end, err = p.skip(j, 5)
+		}
+		if err != nil {
+			return end, err
+		}
+		var more bool
+		if i, more, err = p.next(end, '}'); err != nil {
+			return i, err
+		}
+		if !more {
+			break
+		}
+	}
+	if text.Start >= 0 && !bad {
+		p.out = appendUnescaped(p.out, b[text.Start+1:text.End-1], textFlags)
+	} else {
+		p.out = append(p.out, b[v:i]...)
+	}
+	return i, nil
+}
+
+// promptValue writes the prompt of the completions "prompt" or embeddings "input" value at b[v].
+func (p *parser) promptValue(v int, name string) (int, error) {
+	b := p.b
+	p.out = p.out[:p.promptStart]
+	p.tokenIDs = -1
+	p.sawPrompt = true
+	if p.s != nil {
+		p.s.Prompts = 1
+	}
+	switch b[v] {
+	case '"':
+		end, flags, err := p.str(v)
+		if err == nil {
+			p.out = appendUnescaped(p.out, b[v+1:end-1], flags)
+		}
+		return end, err
+	case 'n':
+		p.sawPrompt = p.s == nil
+		return p.literal(v)
+	case '[':
+	default:
+		end, err := p.skip(v, 1)
+		if err == nil {
+			p.fail(name, "%s must be a string or an array", name)
+		}
+		return end, err
+	}
+	i, empty, err := p.open(v, 2)
+	if err != nil {
+		return i, err
+	}
+	if empty {
+		if p.s != nil {
+			p.fail(name, "%s must not be empty", name)
+		}
+		return i, nil
+	}
+	first := b[p.ws(i)] // the first item decides what the list is
+	for k := 0; ; k++ {
+		if i = p.ws(i); i >= len(b) {
+			return i, p.errAt(i, "")
+		}
+		c := b[i]
+		var end, ids int
+		switch c {
+		case '"':
+			var flags uint8
+			end, flags, err = p.str(i)
+			if err == nil && k == 0 {
+				p.out = appendUnescaped(p.out, b[i+1:end-1], flags)
+			}
+		case '[':
+			end, ids, err = p.tokenList(i, name, k)
+			if err == nil && k == 0 {
+				p.out = append(p.out, b[i:end]...) // a batch of token-ID lists: the first list
+				p.tokenIDs = ids
+			}
+		default:
+			end, err = p.skip(i, 2)
+		}
+		if err != nil {
+			return end, err
+		}
+		if p.s != nil {
+			switch {
+			case first == '"' || first == '[':
+				if c != first {
+					p.fail(name, "%s must be a string, an array of strings, an array of token IDs or an array of token-ID arrays", name)
+				}
+			case !isTokenID(b[i:end]):
+				p.fail(param(name, k), "token IDs must be non-negative integers")
+			}
+		}
+		var more bool
+		if i, more, err = p.next(end, ']'); err != nil {
+			return i, err
+		}
+		if !more {
+			switch first {
+			case '"', '[':
+				if p.s != nil {
+					p.s.Prompts = k + 1
+				}
+			default:
+				p.out = append(p.out, b[v:i]...) // one list of token IDs
+				p.tokenIDs = k + 1
+			}
+			return i, nil
+		}
+	}
+}
+
+// tokenList validates the token-ID list at b[v], the k-th item of name, and counts its items.
+func (p *parser) tokenList(v int, name string, k int) (int, int, error) {
+	if p.s == nil {
+		end, err := p.skip(v, 2)
+		return end, 0, err
+	}
+	b := p.b
+	i, empty, err := p.open(v, 3)
+	if err != nil || empty {
+		return i, 0, err
+	}
+	for n := 1; ; n++ {
+		j := p.ws(i)
+		end, err := p.skip(j, 3)
+		if err != nil {
+			return end, 0, err
+		}
+		if !isTokenID(b[j:end]) {
+			p.fail(param(name, k), "token IDs must be non-negative integers")
+		}
+		var more bool
+		if i, more, err = p.next(end, ']'); err != nil || !more {
+			return i, n, err
+		}
+	}
+}
+
+func isTokenID(num []byte) bool {
+	_, ok := parseInt(num, 1<<31-1)
+	return ok
 }

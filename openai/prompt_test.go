@@ -1,0 +1,125 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"strings"
+	"testing"
+)
+
+// promptSeeds are bodies for every shape of the canonical prompt; they seed the fuzzers and the table tests.
+var promptSeeds = []struct {
+	e    Endpoint
+	body string
+}{
+	{Chat, `{"model":"m","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Hi"}]}`},
+	{Chat, `{"messages":[{"content":"text first","role":"user"}],"model":"m"}`},
+	{Chat, `{"model":"m","messages":[{"role":"user","content":"a\nb\u00e9\ud83d\ude00\"\\\/"}]}`},
+	{Chat, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"data:x"}}]}]}`},
+	{Chat, `{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"42"}]}`},
+	{Chat, `{"model":"m","tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"messages":[{"role":"user","content":"x"}]}`},
+	{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]}`},
+	{Chat, ` {"model" : "m" , "messages" : [ { "role" : "user" , "content" : [ "raw" , 1 , null , { "text" : null } ] } ] } `},
+	{Chat, `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":7,"n":2,"temperature":0.5,"messages":[{"role":"user","content":"x"}]}`},
+	{Chat, `{"m\u006fdel":"a\u0062c","messages":[{"r\u006fle":"user","content":"x"}]}`},
+	{Chat, `{"model":"m","messages":[{"role":"user","content":"x","role":"system"}]}`},
+	{Chat, `{"model":"m","messages":[{"role":"user","content":"x","tool_calls":[],"content":"y"}]}`},
+	{Completions, `{"model":"m","prompt":"Once upon a time"}`},
+	{Completions, `{"model":"m","prompt":["first","second"]}`},
+	{Completions, `{"model":"m","prompt":[1,2,3]}`},
+	{Completions, `{"model":"m","prompt":[[1,2],[3]]}`},
+	{Embeddings, `{"model":"m","input":"embed me"}`},
+	{Embeddings, `{"model":"m","input":["a","b"]}`},
+	{Embeddings, `{"model":"m","input":[5, 6]}`},
+}
+
+func TestAppendPromptMatchesReference(t *testing.T) {
+	for _, tc := range promptSeeds {
+		want, err := AppendPromptReference([]byte("pre"), tc.e, []byte(tc.body))
+		if err != nil {
+			t.Fatalf("reference rejects seed %s: %v", tc.body, err)
+		}
+		got, err := AppendPrompt([]byte("pre"), tc.e, []byte(tc.body))
+		if err != nil {
+			t.Errorf("AppendPrompt(%s): %v", tc.body, err)
+			continue
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("AppendPrompt(%s)\n got %q\nwant %q", tc.body, got, want)
+		}
+	}
+}
+
+// referenceQuirk reports whether the reference's answer for body depends on encoding/json behaviour the fast
+// scanner deliberately does not copy: case-insensitive key matching ("Messages", "ROLE", "meſſages"), and the
+// merging of a repeated "messages" array into the elements decoded from an earlier one.
+func referenceQuirk(body []byte) bool {
+	names := []string{"messages", "tools", "role", "content", "tool_calls", "text", "prompt", "input"}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	type frame struct {
+		obj     bool
+		wantKey bool
+	}
+	var stack []frame
+	topMessages := 0
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return false
+		}
+		if err != nil {
+			return false // the reference rejects it too
+		}
+		isKey := len(stack) > 0 && stack[len(stack)-1].obj && stack[len(stack)-1].wantKey
+		if k, ok := tok.(string); ok && isKey {
+			for _, n := range names {
+				if k != n && strings.EqualFold(k, n) {
+					return true
+				}
+			}
+			if len(stack) == 1 && k == "messages" {
+				topMessages++
+				if topMessages > 1 {
+					return true
+				}
+			}
+			stack[len(stack)-1].wantKey = false
+			continue
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, frame{obj: true, wantKey: true})
+			continue
+		case json.Delim('['):
+			stack = append(stack, frame{})
+			continue
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+		}
+		// A value ended: the enclosing object wants a key next.
+		if len(stack) > 0 && stack[len(stack)-1].obj {
+			stack[len(stack)-1].wantKey = true
+		}
+	}
+}
+
+func FuzzAppendPrompt(f *testing.F) {
+	for _, tc := range promptSeeds {
+		f.Add(uint8(tc.e), []byte(tc.body))
+	}
+	f.Fuzz(func(t *testing.T, e uint8, body []byte) {
+		ep := Endpoint(e%3 + 1)
+		got, gotErr := AppendPrompt([]byte("pre"), ep, body)
+		want, wantErr := AppendPromptReference([]byte("pre"), ep, body)
+		if wantErr != nil || referenceQuirk(body) {
+			return
+		}
+		if gotErr != nil {
+			t.Fatalf("%v: reference accepts %q, fast path says %v", ep, body, gotErr)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%v: %q\n got %q\nwant %q", ep, body, got, want)
+		}
+	})
+}
