@@ -1,12 +1,293 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/switchyard/switchyard/bench"
 )
 
-// runBench implements "switchyard bench".
+// runBench implements "switchyard bench run|compare|overhead". Exit codes: 0 success, 1 the benchmark ran but
+// something failed (a column could not start, every request failed), 2 bad usage or input.
 func runBench(args []string, stdout, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "switchyard bench: not yet")
+	if len(args) == 0 {
+		benchUsage(stderr)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	command := "switchyard bench " + strings.Join(args, " ")
+	switch args[0] {
+	case "run":
+		return benchRun(ctx, command, args[1:], stdout, stderr)
+	case "compare":
+		return benchCompare(ctx, command, args[1:], stdout, stderr)
+	case "overhead":
+		return benchOverhead(ctx, command, args[1:], stdout, stderr)
+	case "-h", "-help", "--help", "help":
+		benchUsage(stdout)
+		return 0
+	}
+	fmt.Fprintf(stderr, "switchyard bench: unknown subcommand %q\n", args[0])
+	benchUsage(stderr)
 	return 2
+}
+
+func benchUsage(w io.Writer) {
+	fmt.Fprint(w, `usage: switchyard bench <subcommand> [flags]
+
+  run       -target URL -workload FILE [-model M] [-rate R] [-duration D] [-seed S] [-out DIR]
+            one workload against one OpenAI-compatible target (a gateway or a simulator)
+  compare   -scenario FILE [-out DIR] [-columns a,b]
+            each column of a scenario on a fresh simulator fleet (and gateway), side by side
+  overhead  [-fleet FILE] [-workload FILE] [-out DIR]
+            latency the gateway (and nginx/HAProxy, when installed) adds to a simulator
+
+"switchyard bench <subcommand> -h" lists every flag.
+`)
+}
+
+// workloadFlags are the overrides every subcommand accepts.
+type workloadFlags struct {
+	model              string
+	rate               float64
+	duration, warmup   time.Duration
+	seed               uint64
+	sloTTFT, sloITL    time.Duration
+	timeout            time.Duration
+	withModel          bool
+}
+
+func (f *workloadFlags) register(fs *flag.FlagSet) {
+	if f.withModel {
+		fs.StringVar(&f.model, "model", "", "model name to send (default: the workload's, sim-model when it names none)")
+	}
+	fs.Float64Var(&f.rate, "rate", 0, "arrival rate in requests/s (default: the workload's; scales a stepped load)")
+	fs.DurationVar(&f.duration, "duration", 0, "measured window after the warm-up (default: the workload's)")
+	fs.DurationVar(&f.warmup, "warmup", 0, "warm-up, sent but not reported (default: the workload's)")
+	fs.Uint64Var(&f.seed, "seed", 0, "random seed (default: the workload's); same seed, same requests")
+	fs.DurationVar(&f.sloTTFT, "slo-ttft", 0, "goodput SLO on time to first token (default: the workload's)")
+	fs.DurationVar(&f.sloITL, "slo-itl", 0, "goodput SLO on mean inter-token latency (default: the workload's)")
+	fs.DurationVar(&f.timeout, "timeout", 2*time.Minute, "per-request timeout, send to last byte")
+}
+
+func (f *workloadFlags) overrides() bench.Overrides {
+	return bench.Overrides{Model: f.model, Rate: f.rate, Duration: f.duration, Warmup: f.warmup, Seed: f.seed,
+		SLO: bench.SLO{TTFT: f.sloTTFT, ITL: f.sloITL}}
+}
+
+func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) (bool, int) {
+	fs.SetOutput(stderr)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return false, 0
+		}
+		return false, 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "switchyard bench %s: unexpected arguments %q\n", fs.Name(), fs.Args())
+		return false, 2
+	}
+	return true, 0
+}
+
+func benchRun(ctx context.Context, command string, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	wf := workloadFlags{withModel: true}
+	wf.register(fs)
+	target := fs.String("target", "", "base URL of the OpenAI API, without /v1 (required), e.g. http://127.0.0.1:8080")
+	workload := fs.String("workload", "", "workload YAML file (required), e.g. bench/workloads/chat-shared-prefix.yaml")
+	name := fs.String("name", "", "name of the run in the report (default: the target's host:port)")
+	out := fs.String("out", "", "directory for report.json and the SVG plots (default: none, table only)")
+	metrics := fs.String("metrics", "", "comma-separated /metrics URLs of the simulators behind the target, for the prefix hit rate (default: the target's own /metrics)")
+	apiKey := fs.String("api-key", "", "sent as Authorization: Bearer KEY")
+	if ok, code := parseFlags(fs, args, stderr); !ok {
+		return code
+	}
+	if *target == "" || *workload == "" {
+		fmt.Fprintln(stderr, "switchyard bench run: -target and -workload are required")
+		return 2
+	}
+	u, err := url.Parse(*target)
+	if err != nil || u.Host == "" {
+		fmt.Fprintf(stderr, "switchyard bench run: bad -target %q\n", *target)
+		return 2
+	}
+	if *name == "" {
+		*name = u.Host
+	}
+	w, err := bench.LoadWorkload(*workload)
+	if err == nil {
+		w, err = w.Apply(wf.overrides())
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	plan, err := bench.NewPlan(w)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	metricURLs := []string{strings.TrimRight(*target, "/") + "/metrics"}
+	if *metrics != "" {
+		metricURLs = strings.Split(*metrics, ",")
+	}
+	var headers http.Header
+	if *apiKey != "" {
+		headers = http.Header{"Authorization": {"Bearer " + *apiKey}}
+	}
+	fmt.Fprintf(stderr, "bench: %s: %d requests (%d measured) over %v against %s\n", w.Name, len(plan.Items),
+		plan.Requests(), w.Span(), *target)
+	probe := bench.StartPrefixProbe(ctx, metricURLs)
+	res, err := bench.Run(ctx, bench.RunConfig{Name: *name, BaseURL: *target, Plan: plan, Timeout: wf.timeout, Headers: headers})
+	if err != nil {
+		fmt.Fprintln(stderr, "switchyard bench run:", err)
+		return 1
+	}
+	r := bench.Summary(res, *target, w.SLO)
+	r.PrefixHitRate = probe.HitRate(ctx)
+	bench.PrintRun(stdout, r)
+	if *out != "" {
+		rep := bench.NewReport(command)
+		rep.Runs = []*bench.RunReport{r}
+		if err := bench.WriteArtifacts(*out, w.Name, rep); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "wrote %s\n", filepath.Join(*out, "report.json"))
+	}
+	if r.OK == 0 && r.Requests > 0 {
+		return 1
+	}
+	return 0
+}
+
+func benchCompare(ctx context.Context, command string, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
+	var wf workloadFlags
+	wf.register(fs)
+	scenario := fs.String("scenario", "", "scenario YAML file (required), e.g. bench/scenarios/shared-prefix.yaml")
+	out := fs.String("out", "", "directory for report.json, the SVG plots and the child logs (default bench/out/SCENARIO)")
+	columns := fs.String("columns", "", "comma-separated column names to run (default: all)")
+	if ok, code := parseFlags(fs, args, stderr); !ok {
+		return code
+	}
+	if *scenario == "" {
+		fmt.Fprintln(stderr, "switchyard bench compare: -scenario is required")
+		return 2
+	}
+	sc, err := bench.LoadScenario(*scenario)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	env, code := benchEnv(out, "bench/out/"+sc.Name, wf.timeout, stderr)
+	if code != 0 {
+		return code
+	}
+	var only []string
+	if *columns != "" {
+		only = strings.Split(*columns, ",")
+	}
+	runs, err := bench.Compare(ctx, bench.CompareOptions{Env: env, Scenario: sc, Overrides: wf.overrides(), Only: only})
+	if err != nil {
+		fmt.Fprintln(stderr, "switchyard bench compare:", err)
+		return 1
+	}
+	bench.PrintCompare(stdout, runs)
+	rep := bench.NewReport(command)
+	rep.Runs = runs
+	if err := bench.WriteArtifacts(*out, sc.Name, rep); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "wrote %s (report.json, ttft-cdf.svg, ttft-timeline.svg; child logs in work/)\n", *out)
+	for _, r := range runs {
+		if r.Error != "" {
+			return 1
+		}
+	}
+	return 0
+}
+
+func benchOverhead(ctx context.Context, command string, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("overhead", flag.ContinueOnError)
+	var wf workloadFlags
+	wf.register(fs)
+	fleet := fs.String("fleet", "bench/fleets/single.yaml", "simulator fleet file; its first backend is measured")
+	workload := fs.String("workload", "bench/workloads/overhead.yaml", "workload YAML file")
+	strategy := fs.String("strategy", "round_robin", "the gateway's routing strategy")
+	proxies := fs.String("proxies", "nginx,haproxy", "reference proxies to measure when installed (comma-separated; empty for none)")
+	out := fs.String("out", "", "directory for report.json, the plots and the child logs (default bench/out/overhead)")
+	if ok, code := parseFlags(fs, args, stderr); !ok {
+		return code
+	}
+	w, err := bench.LoadWorkload(*workload)
+	if err == nil {
+		w, err = w.Apply(wf.overrides())
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	env, code := benchEnv(out, "bench/out/overhead", wf.timeout, stderr)
+	if code != 0 {
+		return code
+	}
+	var px []string
+	if *proxies != "" {
+		px = strings.Split(*proxies, ",")
+	}
+	runs, rows, err := bench.Overhead(ctx, bench.OverheadOptions{Env: env, Fleet: *fleet, Workload: w, Strategy: *strategy, Proxies: px})
+	if err != nil {
+		fmt.Fprintln(stderr, "switchyard bench overhead:", err)
+		return 1
+	}
+	bench.PrintCompare(stdout, runs)
+	fmt.Fprintln(stdout)
+	bench.PrintOverhead(stdout, runs, rows)
+	rep := bench.NewReport(command)
+	rep.Runs, rep.Overhead = runs, rows
+	if err := bench.WriteArtifacts(*out, "overhead", rep); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "wrote %s\n", *out)
+	for _, r := range runs {
+		if r.Error != "" {
+			return 1
+		}
+	}
+	return 0
+}
+
+// benchEnv makes the output and work directories and finds this binary, which compare and overhead run as
+// "switchyard sim" and "switchyard serve".
+func benchEnv(out *string, def string, timeout time.Duration, stderr io.Writer) (bench.Env, int) {
+	if *out == "" {
+		*out = def
+	}
+	work := filepath.Join(*out, "work")
+	if err := os.MkdirAll(work, 0o755); err != nil {
+		fmt.Fprintln(stderr, "switchyard bench:", err)
+		return bench.Env{}, 1
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(stderr, "switchyard bench:", err)
+		return bench.Env{}, 1
+	}
+	return bench.Env{Exe: exe, WorkDir: work, Log: stderr, Timeout: timeout}, 0
 }

@@ -1,0 +1,274 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// Env is how compare and overhead start what they measure: child processes of the switchyard binary Exe ("sim
+// -fleet FILE", "serve -config FILE"), with generated files and child logs in WorkDir.
+type Env struct {
+	Exe     string
+	WorkDir string
+	// Log receives progress lines; nil discards them.
+	Log io.Writer
+	// Timeout bounds each request (RunConfig.Timeout); Ready bounds each wait for readiness (default 30s).
+	Timeout time.Duration
+	Ready   time.Duration
+}
+
+func (e *Env) logf(format string, args ...any) {
+	if e.Log != nil {
+		fmt.Fprintf(e.Log, format+"\n", args...)
+	}
+}
+
+func (e *Env) ready() time.Duration {
+	if e.Ready <= 0 {
+		return 30 * time.Second
+	}
+	return e.Ready
+}
+
+// startFleet starts "switchyard sim -fleet" on a copy of src with free ports and waits for every /health.
+func (e *Env) startFleet(ctx context.Context, src, tag string) (*Proc, []FleetBackend, error) {
+	dst := filepath.Join(e.WorkDir, tag+"-fleet.yaml")
+	backends, err := PrepareFleet(src, dst)
+	if err != nil {
+		return nil, nil, err
+	}
+	p, err := StartProc(ctx, "sim fleet", filepath.Join(e.WorkDir, tag+"-sim.log"), e.Exe, "sim", "-fleet", dst)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, b := range backends {
+		if err := WaitHTTP(ctx, b.URL+"/health", e.ready(), p); err != nil {
+			p.Stop()
+			return nil, nil, err
+		}
+	}
+	return p, backends, nil
+}
+
+// startGateway writes a gateway config for spec (free ports), starts "switchyard serve" on it and waits for the
+// admin /readyz. It returns the process and the client base URL.
+func (e *Env) startGateway(ctx context.Context, spec GatewaySpec, tag string) (*Proc, string, error) {
+	ports := make([]int, 2)
+	for i := range ports {
+		p, err := FreePort()
+		if err != nil {
+			return nil, "", err
+		}
+		ports[i] = p
+	}
+	spec.Listen, spec.AdminListen = "127.0.0.1:"+strconv.Itoa(ports[0]), "127.0.0.1:"+strconv.Itoa(ports[1])
+	cfg, err := GatewayConfig(spec)
+	if err != nil {
+		return nil, "", err
+	}
+	path := filepath.Join(e.WorkDir, tag+"-gateway.yaml")
+	if err := os.WriteFile(path, cfg, 0o644); err != nil {
+		return nil, "", fmt.Errorf("bench: gateway: %w", err)
+	}
+	p, err := StartProc(ctx, "gateway", filepath.Join(e.WorkDir, tag+"-gateway.log"), e.Exe, "serve", "-config", path)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := WaitHTTP(ctx, "http://"+spec.AdminListen+"/readyz", e.ready(), p); err != nil {
+		p.Stop()
+		return nil, "", err
+	}
+	return p, "http://" + spec.Listen, nil
+}
+
+// controlAction posts body as JSON to backend's /sim/control.
+func controlAction(ev Event, backends []FleetBackend) (Action, error) {
+	i := slices.IndexFunc(backends, func(b FleetBackend) bool { return b.Name == ev.Backend })
+	if i < 0 {
+		return Action{}, fmt.Errorf("bench: scenario: event %q names backend %q, not in the fleet", ev.Label, ev.Backend)
+	}
+	body := ev.Control
+	if body == nil {
+		body = map[string]any{}
+	}
+	data, err := json.Marshal(body)
+	if err != nil {
+		return Action{}, fmt.Errorf("bench: scenario: event %q: %w", ev.Label, err)
+	}
+	url := backends[i].URL + "/sim/control"
+	return Action{At: ev.At, Label: ev.Label, Do: func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(data))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode/100 != 2 {
+			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+			return fmt.Errorf("POST %s: %d %s", url, resp.StatusCode, bytes.TrimSpace(msg))
+		}
+		return nil
+	}}, nil
+}
+
+// CompareOptions configures Compare.
+type CompareOptions struct {
+	Env
+	Scenario *Scenario
+	// Overrides apply on top of the scenario's (command-line flags).
+	Overrides Overrides
+	// Only restricts the run to these column names; empty runs every column.
+	Only []string
+}
+
+// Compare runs the scenario's columns one after the other, each on a fresh fleet (and a fresh gateway unless the
+// column is direct), with the same plan, and returns one RunReport per column. A column that cannot start (for
+// instance a gateway that is not ready) is reported with its Error set, and the others still run; Compare
+// returns an error only for problems that concern every column, or when ctx is cancelled.
+func Compare(ctx context.Context, opt CompareOptions) ([]*RunReport, error) {
+	sc := opt.Scenario
+	w, err := LoadWorkload(sc.Path(sc.Workload))
+	if err != nil {
+		return nil, err
+	}
+	if w, err = w.Apply(sc.Overrides()); err != nil {
+		return nil, err
+	}
+	if w, err = w.Apply(opt.Overrides); err != nil {
+		return nil, err
+	}
+	plan, err := NewPlan(w)
+	if err != nil {
+		return nil, err
+	}
+	e := opt.Env
+	e.logf("scenario %s: workload %s, %d requests (%d measured) over %v, seed %d", sc.Name, w.Name,
+		len(plan.Items), plan.Requests(), w.Span(), w.Seed)
+	var runs []*RunReport
+	for i, col := range sc.Columns {
+		if len(opt.Only) > 0 && !slices.Contains(opt.Only, col.Name) {
+			continue
+		}
+		tag := fmt.Sprintf("%02d-%s", i, col.Name)
+		r, err := runColumn(ctx, &e, sc, col, plan, tag)
+		if ctx.Err() != nil {
+			return runs, ctx.Err()
+		}
+		if err != nil {
+			e.logf("column %s: %v", col.Name, err)
+			r = &RunReport{Name: col.Name, Workload: w.Name, Seed: w.Seed, Error: err.Error()}
+		}
+		runs = append(runs, r)
+	}
+	return runs, nil
+}
+
+func runColumn(ctx context.Context, e *Env, sc *Scenario, col Column, plan *Plan, tag string) (*RunReport, error) {
+	w := plan.Workload
+	e.logf("column %s: starting fleet %s", col.Name, sc.Fleet)
+	fleet, backends, err := e.startFleet(ctx, sc.Path(sc.Fleet), tag)
+	if err != nil {
+		return nil, err
+	}
+	defer fleet.Stop()
+	target := backends[0].URL
+	var gw *Proc
+	if col.Strategy != "direct" {
+		spec := GatewaySpec{Region: sc.Region, Model: w.Model, Strategy: col.Strategy, SLO: w.SLO,
+			Backends: backends, Gateway: col.Gateway, ModelOverlay: col.Model}
+		gw, target, err = e.startGateway(ctx, spec, tag)
+		if err != nil {
+			return nil, err
+		}
+		defer gw.Stop()
+	}
+	var actions []Action
+	for _, ev := range sc.Events {
+		a, err := controlAction(ev, backends)
+		if err != nil {
+			return nil, err
+		}
+		actions = append(actions, a)
+	}
+	var metricURLs []string
+	for _, b := range backends {
+		metricURLs = append(metricURLs, b.URL+"/metrics")
+	}
+	probe := StartPrefixProbe(ctx, metricURLs)
+	var cpu0 time.Duration
+	if gw != nil {
+		cpu0, _ = gw.CPUTime()
+	}
+	e.logf("column %s: running %v against %s", col.Name, w.Span(), target)
+	res, err := Run(ctx, RunConfig{Name: col.Name, BaseURL: target, Plan: plan, Timeout: e.Timeout, Actions: actions})
+	if err != nil {
+		return nil, err
+	}
+	r := Summary(res, target, w.SLO)
+	r.PrefixHitRate = probe.HitRate(ctx)
+	if gw != nil {
+		if cpu1, err := gw.CPUTime(); err == nil {
+			r.CPU = cpuUse("gateway", cpu1-cpu0, r.Sent, res.Elapsed)
+		}
+		select {
+		case <-gw.Done():
+			return r, errors.New("bench: the gateway exited during the run:\n" + gw.Tail(2000))
+		default:
+		}
+	}
+	return r, nil
+}
+
+func cpuUse(name string, d time.Duration, requests int, elapsed time.Duration) *CPUUse {
+	c := &CPUUse{Process: name, Seconds: d.Seconds()}
+	if requests > 0 {
+		c.Per1kReqS = d.Seconds() / float64(requests) * 1000
+	}
+	if elapsed > 0 {
+		c.Utilization = d.Seconds() / elapsed.Seconds()
+	}
+	return c
+}
+
+// WriteArtifacts writes report.json, ttft-cdf.svg and ttft-timeline.svg to dir, for the runs that have data.
+func WriteArtifacts(dir, title string, rep *Report) error {
+	if err := WriteJSON(dir, rep); err != nil {
+		return err
+	}
+	var ok []*RunReport
+	var events []EventRecord
+	for _, r := range rep.Runs {
+		if r.Error == "" {
+			ok = append(ok, r)
+			if len(events) == 0 {
+				events = r.Events
+			}
+		}
+	}
+	files := map[string][]byte{
+		"ttft-cdf.svg":      TTFTCDFSVG(title+": TTFT distribution", ok),
+		"ttft-timeline.svg": TimelineSVG(title+": TTFT over time", ok, events),
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			return fmt.Errorf("bench: report: %w", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,81 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+
+	"gopkg.in/yaml.v3"
+)
+
+// FleetBackend is one simulator of a fleet file as the harness needs it: where to reach it and what it serves.
+type FleetBackend struct {
+	Name   string
+	URL    string // http://host:port, the OpenAI base without /v1
+	Region string
+	Model  string
+}
+
+// PrepareFleet reads a simulator fleet file (a YAML list of entries keyed like the "switchyard sim" flags; the
+// format belongs to the sim package), gives every entry a free loopback port in its "listen" key, writes the
+// result to dst and returns the backends in file order. Every other key is copied as is, so the harness needs no
+// knowledge of the simulator's knobs. An entry without "name" is an error (the harness routes by name).
+func PrepareFleet(src, dst string) ([]FleetBackend, error) {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return nil, fmt.Errorf("bench: fleet: %w", err)
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, yamlErrors(src, err)
+	}
+	if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 || doc.Content[0].Kind != yaml.SequenceNode {
+		return nil, &FileError{File: src, Line: 1, Msg: "a fleet file is a YAML list of simulator entries"}
+	}
+	var out []FleetBackend
+	for _, e := range doc.Content[0].Content {
+		if e.Kind != yaml.MappingNode {
+			return nil, &FileError{File: src, Line: e.Line, Msg: "a fleet entry is a mapping of simulator settings"}
+		}
+		b := FleetBackend{Model: DefaultModel}
+		listen := -1
+		for i := 0; i+1 < len(e.Content); i += 2 {
+			switch e.Content[i].Value {
+			case "name":
+				b.Name = e.Content[i+1].Value
+			case "region":
+				b.Region = e.Content[i+1].Value
+			case "model":
+				b.Model = e.Content[i+1].Value
+			case "listen":
+				listen = i + 1
+			}
+		}
+		if b.Name == "" {
+			return nil, &FileError{File: src, Line: e.Line, Msg: "fleet entry without a name"}
+		}
+		port, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		if listen < 0 {
+			e.Content = append(e.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: "listen"}, &yaml.Node{Kind: yaml.ScalarNode})
+			listen = len(e.Content) - 1
+		}
+		e.Content[listen] = &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: addr}
+		b.URL = "http://" + addr
+		out = append(out, b)
+	}
+	if len(out) == 0 {
+		return nil, &FileError{File: src, Line: 1, Msg: "empty fleet"}
+	}
+	outData, err := yaml.Marshal(&doc)
+	if err != nil {
+		return nil, fmt.Errorf("bench: fleet: %w", err)
+	}
+	if err := os.WriteFile(dst, outData, 0o644); err != nil {
+		return nil, fmt.Errorf("bench: fleet: %w", err)
+	}
+	return out, nil
+}

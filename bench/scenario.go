@@ -1,0 +1,139 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Scenario is one YAML file in bench/scenarios: a fleet, a workload and the columns to compare, each column on a
+// fresh fleet with the same seed and the same request sequence. Paths are relative to the scenario file.
+//
+//	name: failover
+//	fleet: ../fleets/homogeneous.yaml
+//	workload: ../workloads/chat-shared-prefix.yaml
+//	rate: 20            # optional overrides of the workload
+//	duration: 20s
+//	warmup: 3s
+//	seed: 7
+//	slo: {ttft: 500ms, itl: 50ms}
+//	columns:
+//	  - {name: direct, strategy: direct}          # straight to the fleet's first backend
+//	  - {strategy: round_robin}                   # name defaults to the strategy
+//	  - name: adaptive-hedged
+//	    strategy: adaptive
+//	    gateway: {hedging: {enabled: true}}       # deep-merged into the generated config
+//	    model: {slo: {ttft: 300ms}}               # deep-merged into its models[0]
+//	events:
+//	  - {at: 8s, backend: sim-b, control: {slowdown: 4}, label: sim-b 4x slower}
+//	  - {at: 14s, backend: sim-b, control: {}, label: sim-b reset}
+type Scenario struct {
+	Name        string        `yaml:"name"`
+	Description string        `yaml:"description"`
+	Fleet       string        `yaml:"fleet"`
+	Workload    string        `yaml:"workload"`
+	Rate        float64       `yaml:"rate"`
+	Duration    time.Duration `yaml:"duration"`
+	Warmup      time.Duration `yaml:"warmup"`
+	Seed        uint64        `yaml:"seed"`
+	SLO         SLO           `yaml:"slo"`
+	// Region is the generated gateway's region; default the first backend's.
+	Region  string   `yaml:"region"`
+	Columns []Column `yaml:"columns"`
+	Events  []Event  `yaml:"events"`
+
+	file string
+}
+
+// Column is one side of a comparison.
+type Column struct {
+	Name string `yaml:"name"`
+	// Strategy is a gateway routing strategy (round_robin, least_request, adaptive, ...), or "direct": no gateway,
+	// load straight to the fleet's first backend.
+	Strategy string         `yaml:"strategy"`
+	Gateway  map[string]any `yaml:"gateway"`
+	Model    map[string]any `yaml:"model"`
+}
+
+// Event is a timed fault: at At on the load's timeline, POST Control as JSON to the named backend's /sim/control.
+type Event struct {
+	At      time.Duration  `yaml:"at"`
+	Backend string         `yaml:"backend"`
+	Control map[string]any `yaml:"control"`
+	Label   string         `yaml:"label"`
+}
+
+// LoadScenario reads and validates a scenario file (errors as FileErrors).
+func LoadScenario(path string) (*Scenario, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("bench: scenario: %w", err)
+	}
+	var s Scenario
+	doc, err := decodeStrict(path, data, &s)
+	if err != nil {
+		return nil, err
+	}
+	s.file = path
+	if s.Name == "" {
+		s.Name = baseName(path)
+	}
+	var errs fieldErrors
+	if s.Fleet == "" {
+		errs.add("fleet", "missing fleet file")
+	}
+	if s.Workload == "" {
+		errs.add("workload", "missing workload file")
+	}
+	if s.Rate < 0 || s.Duration < 0 || s.Warmup < 0 {
+		errs.add("rate", "rate, duration and warmup must be >= 0")
+	}
+	if len(s.Columns) == 0 {
+		errs.add("columns", "at least one column is needed")
+	}
+	seen := map[string]bool{}
+	for i := range s.Columns {
+		c := &s.Columns[i]
+		if c.Strategy == "" {
+			errs.add(fmt.Sprintf("columns[%d].strategy", i), "missing strategy (direct or a gateway strategy)")
+		}
+		if c.Name == "" {
+			c.Name = c.Strategy
+		}
+		if seen[c.Name] {
+			errs.add(fmt.Sprintf("columns[%d].name", i), "duplicate column name %q", c.Name)
+		}
+		seen[c.Name] = true
+		if c.Strategy == "direct" && (c.Gateway != nil || c.Model != nil) {
+			errs.add(fmt.Sprintf("columns[%d]", i), "a direct column has no gateway to configure")
+		}
+	}
+	for i, e := range s.Events {
+		if e.At < 0 || e.Backend == "" {
+			errs.add(fmt.Sprintf("events[%d]", i), "an event needs at >= 0 and a backend")
+		}
+		if e.Label == "" {
+			body, _ := json.Marshal(e.Control)
+			s.Events[i].Label = e.Backend + " " + string(body)
+		}
+	}
+	if err := errs.resolve(path, doc); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// Path resolves a path named in the scenario file (relative to the file's directory).
+func (s *Scenario) Path(p string) string {
+	if filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(filepath.Dir(s.file), p)
+}
+
+// Overrides returns the workload overrides the scenario sets.
+func (s *Scenario) Overrides() Overrides {
+	return Overrides{Rate: s.Rate, Duration: s.Duration, Warmup: s.Warmup, Seed: s.Seed, SLO: s.SLO}
+}
