@@ -1,0 +1,276 @@
+package sim
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// BlockTokens is the KV cache block size in tokens, as vLLM's default --block-size.
+const BlockTokens = 16
+
+// BlockBytes is one KV block in bytes of canonical prompt (BlockTokens tokens of openai.BytesPerToken bytes): the
+// gateway hashes the prompt in blocks of the same size, so both sides agree on which prefix blocks exist.
+const BlockBytes = 64
+
+// Config is one simulated backend. Start it with Start or StartFleet. Build one with DefaultConfig and change the
+// fields you need: Validate rejects values an engine could not have (a zero prefill rate, zero blocks), so the zero
+// Config is not valid. The defaults are the CLI's (see "switchyard sim -h").
+type Config struct {
+	// Name identifies the backend in X-Sim-Backend and in fleet listings. Default "sim".
+	Name string
+	// Model is the one model name served; requests naming another get 404. Default "sim-model".
+	Model string
+	// Listen is the TCP address to listen on. Empty means "127.0.0.1:0", a free loopback port (the in-process
+	// default, for tests); the CLI's default is 127.0.0.1:8000.
+	Listen string
+	// Region is informational: it is printed in fleet listings and returned by Backend.Region.
+	Region string
+
+	// PrefillTPS is the prefill rate in tokens per second: a step that prefills n tokens takes n/PrefillTPS.
+	// Default 10000.
+	PrefillTPS float64
+	// ITL is the step time of a batch with one decoding sequence. Default 20ms.
+	ITL time.Duration
+	// ITLPerSeq is added to the step time for each decoding sequence beyond the first. Default 0.1ms.
+	ITLPerSeq time.Duration
+	// Overhead is the API server's time before a request reaches the engine queue (tokenization and the like):
+	// it is added before the first token. Default 10ms.
+	Overhead time.Duration
+	// MaxNumSeqs caps the sequences running at once (vLLM --max-num-seqs). Default 256.
+	MaxNumSeqs int
+	// MaxBatchedTokens caps the tokens scheduled in one step, one per decoding sequence plus the prefill
+	// chunks (vLLM --max-num-batched-tokens). Default 4096.
+	MaxBatchedTokens int
+	// KVBlocks is the number of 16-token KV cache blocks; it also bounds a request's context
+	// (prompt + max_tokens <= 16*KVBlocks tokens). Default 8192.
+	KVBlocks int
+	// DefaultMaxTokens is the completion length when a request sets neither max_tokens nor
+	// max_completion_tokens. Default 256.
+	DefaultMaxTokens int
+
+	// RTT is extra network delay added before the first byte of every response (all endpoints but /sim/control),
+	// standing for a far region. Tokens after the first keep their spacing. Default 0.
+	RTT time.Duration
+	// FailRate is the share of completion requests answered with a 500 before any token, in [0, 1]. It is the
+	// baseline that POST /sim/control overrides and {} restores. Default 0.
+	FailRate float64
+	// Seed seeds the generated text (with the canonical prompt, so one request gives the same text on every
+	// backend that shares the seed, on every run) and the fault draws. Default 1.
+	Seed uint64
+}
+
+// DefaultConfig returns the CLI's defaults, except that Listen is empty (a free loopback port).
+func DefaultConfig() Config {
+	return Config{
+		Name:             "sim",
+		Model:            "sim-model",
+		PrefillTPS:       10000,
+		ITL:              20 * time.Millisecond,
+		ITLPerSeq:        100 * time.Microsecond,
+		Overhead:         10 * time.Millisecond,
+		MaxNumSeqs:       256,
+		MaxBatchedTokens: 4096,
+		KVBlocks:         8192,
+		DefaultMaxTokens: 256,
+		Seed:             1,
+	}
+}
+
+// DefaultListen is the CLI's -listen default.
+const DefaultListen = "127.0.0.1:8000"
+
+// knob is one tunable of Config, shared by the CLI flags and the fleet file so that both spell, parse and check a
+// value the same way. set parses s into c and checks its range; check re-checks a value set from Go.
+type knob struct {
+	flag  string // CLI flag name, without the dash
+	key   string // fleet file key
+	usage string
+	set   func(c *Config, s string) error
+	get   func(c *Config) string
+	check func(c *Config) error
+}
+
+var knobs = []knob{
+	strKnob("listen", "listen", "TCP address to listen on", func(c *Config) *string { return &c.Listen }, false),
+	strKnob("name", "name", "backend name, sent in X-Sim-Backend", func(c *Config) *string { return &c.Name }, true),
+	strKnob("region", "region", "region label (informational)", func(c *Config) *string { return &c.Region }, false),
+	strKnob("model", "model", "the model name served", func(c *Config) *string { return &c.Model }, true),
+	floatKnob("prefill-tps", "prefill_tps", "prefill rate, tokens per second (> 0)",
+		func(c *Config) *float64 { return &c.PrefillTPS }, 0, false),
+	durKnob("itl", "itl", "step time with one decoding sequence (> 0)",
+		func(c *Config) *time.Duration { return &c.ITL }, true),
+	durKnob("itl-per-seq", "itl_per_seq", "step time added per decoding sequence beyond the first",
+		func(c *Config) *time.Duration { return &c.ITLPerSeq }, false),
+	durKnob("overhead", "overhead", "API server time before a request reaches the engine queue",
+		func(c *Config) *time.Duration { return &c.Overhead }, false),
+	intKnob("max-num-seqs", "max_num_seqs", "most sequences running at once (> 0)",
+		func(c *Config) *int { return &c.MaxNumSeqs }),
+	intKnob("max-batched-tokens", "max_batched_tokens", "most tokens scheduled in one step (> 0)",
+		func(c *Config) *int { return &c.MaxBatchedTokens }),
+	intKnob("kv-blocks", "kv_blocks", "KV cache size in 16-token blocks (> 0)",
+		func(c *Config) *int { return &c.KVBlocks }),
+	intKnob("default-max-tokens", "default_max_tokens", "completion length when a request sets no max_tokens (> 0)",
+		func(c *Config) *int { return &c.DefaultMaxTokens }),
+	durKnob("rtt", "rtt", "extra network delay before every response's first byte (a far region)",
+		func(c *Config) *time.Duration { return &c.RTT }, false),
+	floatKnob("fail-rate", "fail_rate", "share of requests answered 500 before any token, in [0,1]",
+		func(c *Config) *float64 { return &c.FailRate }, 1, true),
+	{
+		flag: "seed", key: "seed", usage: "seed of the generated text and of fault draws",
+		set: func(c *Config, s string) error {
+			v, err := strconv.ParseUint(s, 0, 64)
+			if err != nil {
+				return fmt.Errorf("%q is not an unsigned integer", s)
+			}
+			c.Seed = v
+			return nil
+		},
+		get:   func(c *Config) string { return strconv.FormatUint(c.Seed, 10) },
+		check: func(*Config) error { return nil },
+	},
+}
+
+func strKnob(flagName, key, usage string, field func(*Config) *string, required bool) knob {
+	check := func(c *Config) error {
+		if required && *field(c) == "" {
+			return errors.New("must not be empty")
+		}
+		return nil
+	}
+	return knob{
+		flag: flagName, key: key, usage: usage,
+		set: func(c *Config, s string) error {
+			*field(c) = s
+			return check(c)
+		},
+		get:   func(c *Config) string { return *field(c) },
+		check: check,
+	}
+}
+
+// floatKnob checks v > 0, or 0 <= v <= max when max > 0 (bounded is then true).
+func floatKnob(flagName, key, usage string, field func(*Config) *float64, max float64, bounded bool) knob {
+	check := func(c *Config) error {
+		v := *field(c)
+		if bounded {
+			if !(v >= 0 && v <= max) { // also rejects NaN
+				return fmt.Errorf("%v is outside [0, %v]", v, max)
+			}
+			return nil
+		}
+		if !(v > 0) || v > 1e15 {
+			return fmt.Errorf("%v must be > 0", v)
+		}
+		return nil
+	}
+	return knob{
+		flag: flagName, key: key, usage: usage,
+		set: func(c *Config, s string) error {
+			v, err := strconv.ParseFloat(s, 64)
+			if err != nil {
+				return fmt.Errorf("%q is not a number", s)
+			}
+			*field(c) = v
+			return check(c)
+		},
+		get:   func(c *Config) string { return strconv.FormatFloat(*field(c), 'g', -1, 64) },
+		check: check,
+	}
+}
+
+func durKnob(flagName, key, usage string, field func(*Config) *time.Duration, positive bool) knob {
+	check := func(c *Config) error {
+		v := *field(c)
+		switch {
+		case positive && v <= 0:
+			return fmt.Errorf("%v must be > 0", v)
+		case v < 0:
+			return fmt.Errorf("%v must not be negative", v)
+		}
+		return nil
+	}
+	return knob{
+		flag: flagName, key: key, usage: usage,
+		set: func(c *Config, s string) error {
+			v, err := time.ParseDuration(s)
+			if err != nil {
+				return fmt.Errorf("%q is not a duration (like 20ms)", s)
+			}
+			*field(c) = v
+			return check(c)
+		},
+		get:   func(c *Config) string { return field(c).String() },
+		check: check,
+	}
+}
+
+func intKnob(flagName, key, usage string, field func(*Config) *int) knob {
+	check := func(c *Config) error {
+		if v := *field(c); v <= 0 || v > 1<<30 {
+			return fmt.Errorf("%d must be in [1, %d]", v, 1<<30)
+		}
+		return nil
+	}
+	return knob{
+		flag: flagName, key: key, usage: usage,
+		set: func(c *Config, s string) error {
+			v, err := strconv.Atoi(s)
+			if err != nil {
+				return fmt.Errorf("%q is not an integer", s)
+			}
+			*field(c) = v
+			return check(c)
+		},
+		get:   func(c *Config) string { return strconv.Itoa(*field(c)) },
+		check: check,
+	}
+}
+
+// Validate reports the first field that no engine could have, naming it by its fleet-file key
+// (`sim: config: prefill_tps: 0 must be > 0`).
+func (c *Config) Validate() error {
+	for _, k := range knobs {
+		if err := k.check(c); err != nil {
+			return fmt.Errorf("sim: config %q: %s: %w", c.Name, k.key, err)
+		}
+	}
+	return nil
+}
+
+// maxContextTokens is the longest prompt + completion a backend accepts: what fits in its KV cache.
+func (c *Config) maxContextTokens() int { return c.KVBlocks * BlockTokens }
+
+// RegisterFlags defines one flag per Config field on fs ("-prefill-tps", "-itl", ...), each bound to c: parsing
+// fs sets the fields, and a value out of range fails fs.Parse with an error that names the flag. The defaults
+// shown are c's values at the time of the call.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	for _, k := range knobs {
+		fs.Var(&knobValue{c: c, k: k}, k.flag, k.usage)
+	}
+}
+
+// FlagNames returns the names (without the dash) of the flags RegisterFlags defines.
+func FlagNames() []string {
+	names := make([]string, len(knobs))
+	for i, k := range knobs {
+		names[i] = k.flag
+	}
+	return names
+}
+
+type knobValue struct {
+	c *Config
+	k knob
+}
+
+func (v *knobValue) String() string {
+	if v == nil || v.c == nil {
+		return ""
+	}
+	return v.k.get(v.c)
+}
+
+func (v *knobValue) Set(s string) error { return v.k.set(v.c, s) }

@@ -1,0 +1,526 @@
+package sim
+
+import (
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Clock is the engine's time source. The real loop reads it after every wake-up and sleeps on real timers in
+// between; the engine's unit tests instead set a virtual clock and call engine.advance at each event, so the model
+// is tested exactly and without sleeping.
+type Clock interface {
+	Now() time.Time
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// maxLag bounds how far behind its own schedule the real loop may fall. The loop runs steps on their nominal
+// times (a late wake-up does not stretch the next step, so mean ITL stays what the model promises); if the process
+// was descheduled for longer than this, the engine resyncs to the wall clock instead of replaying a burst.
+const maxLag = 250 * time.Millisecond
+
+// errDown is returned by submit while the engine is down (a control fault).
+var errDown = errors.New("sim: engine is down")
+
+// Sequence states.
+const (
+	statePending = iota // submitted, in the API server's overhead (or a stall) before the queue
+	stateWaiting        // in the engine's waiting queue (new, or preempted for recompute)
+	stateRunning        // holds KV blocks, scheduled every step
+	stateDone           // finished, aborted or killed
+)
+
+// How a sequence ended, published in seq.end for its HTTP handler.
+const (
+	endNone   = iota
+	endLength // reached max_tokens
+	endAbort  // the client left (set by the handler's own abort)
+	endKilled // the engine went down, restarted or closed: the handler drops the connection
+)
+
+// seq is one request inside the engine.
+//
+// Ownership: the fields above the delivery block are written before submit or under engine.mu only. The HTTP
+// handler reads emitted and end (atomics) without the lock, and after end != endNone it may read cached.
+// notify (capacity 1) gets a non-blocking send each step that changes emitted or end, so one engine step wakes
+// each of its sequences at most once and a slow handler sees several tokens per wake-up.
+type seq struct {
+	prompt    int      // prompt tokens
+	maxTokens int      // completion tokens to generate
+	hashes    []uint64 // chained hashes of the prompt's full blocks
+
+	arrival, ready time.Time
+	state          int
+	computed       int     // tokens whose KV is computed (prompt, then fed-back output)
+	output         int     // tokens generated
+	blocks         []int32 // KV blocks held, in token order
+	registered     int     // leading prompt blocks whose hash has been registered in the cache
+	decoding       bool    // prefill (or recompute) done: each step feeds back the last token
+	stepTokens     int     // tokens scheduled for this sequence in the current step
+	cached         int     // prefix-cache hit in tokens at first scheduling; -1 before
+	lastAt         time.Time
+
+	emitted atomic.Int32
+	end     atomic.Int32
+	notify  chan struct{}
+}
+
+func newSeq(promptTokens, maxTokens int, hashes []uint64) *seq {
+	return &seq{prompt: promptTokens, maxTokens: maxTokens, hashes: hashes, cached: -1,
+		notify: make(chan struct{}, 1)}
+}
+
+func (s *seq) wakeup() {
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+// cachedTokens is the prefix-cache hit reported in usage.prompt_tokens_details.cached_tokens. Read it only after
+// end != endNone (or under the engine lock).
+func (s *seq) cachedTokens() int { return max(s.cached, 0) }
+
+// engine is one simulated vLLM engine: a waiting queue, a running batch and a KV cache, advanced one
+// continuous-batching step at a time.
+//
+// A step schedules, oldest first, one token for each decoding sequence and prefill chunks for the others
+// (preempting the newest running sequence when a block is needed and none is free), then admits waiting
+// sequences while max_num_seqs, the token budget and free blocks allow. It lasts
+// (prefill tokens)/PrefillTPS + (if any sequence decodes) ITL + ITLPerSeq*(decoders-1), times the slowdown
+// fault; at its end every sequence whose prompt is fully computed gets one token.
+//
+// Concurrency: every method takes mu, except run, which owns the loop goroutine (started by Start, stopped by
+// close) and takes mu for each pass. HTTP handlers call submit and abort from their own goroutines.
+type engine struct {
+	mu     sync.Mutex
+	cfg    Config
+	clock  Clock
+	faults Faults
+	m      *metrics
+	start  time.Time // the engine's (simulated process's) start time, reset by restart
+	pool   *blockPool
+
+	pending []*seq // sorted by ready
+	waiting []*seq // FIFO; preempted sequences go back to the front
+	running []*seq // in admission order: the newest is preempted first
+	batch   []*seq // sequences scheduled in the current step
+
+	inStep  bool
+	stepEnd time.Time
+	lastEnd time.Time
+	resyncs int // times the real loop fell more than maxLag behind
+
+	wake     chan struct{}
+	stop     chan struct{}
+	done     chan struct{}
+	stopOnce sync.Once
+}
+
+func newEngine(cfg Config, clock Clock) *engine {
+	now := clock.Now()
+	return &engine{
+		cfg:    cfg,
+		clock:  clock,
+		faults: Faults{Slowdown: 1, FailRate: cfg.FailRate},
+		m:      newMetrics(cfg.Model, cfg.KVBlocks, now),
+		start:  now,
+		pool:   newBlockPool(cfg.KVBlocks),
+		wake:   make(chan struct{}, 1),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+}
+
+// run is the engine loop: it advances the model to the clock, then sleeps until the next step ends or a pending
+// request becomes ready, or blocks (no timer at all) while the engine is idle. submit and control changes wake
+// it. It returns when close is called.
+func (e *engine) run() {
+	defer close(e.done)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		e.mu.Lock()
+		now := e.clock.Now()
+		e.advance(now)
+		next, busy := e.nextEvent(now)
+		e.mu.Unlock()
+		if !busy {
+			select {
+			case <-e.wake:
+				continue
+			case <-e.stop:
+				return
+			}
+		}
+		timer.Reset(next.Sub(now))
+		select {
+		case <-timer.C:
+		case <-e.wake:
+			timer.Stop()
+		case <-e.stop:
+			timer.Stop()
+			return
+		}
+	}
+}
+
+func (e *engine) kick() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// close stops the loop (if run was started) and kills every sequence; it waits for the loop to return.
+func (e *engine) close(started bool) {
+	e.stopOnce.Do(func() {
+		close(e.stop)
+		if started {
+			<-e.done
+		}
+		e.mu.Lock()
+		e.killAll()
+		e.mu.Unlock()
+	})
+}
+
+// nextEvent returns when the engine next has something to do after advance(now): the end of the current step or
+// the time a pending request joins the queue. busy is false when the engine is idle.
+func (e *engine) nextEvent(now time.Time) (next time.Time, busy bool) {
+	switch {
+	case e.inStep:
+		return e.stepEnd, true
+	case len(e.running) > 0 || len(e.waiting) > 0:
+		// Unreachable after advance (a running sequence always fits a step), but never spin if it happens.
+		return now.Add(e.cfg.ITL), true
+	case len(e.pending) > 0:
+		return e.pending[0].ready, true
+	}
+	return time.Time{}, false
+}
+
+// advance runs every step that ends at or before now and starts the step that follows.
+func (e *engine) advance(now time.Time) {
+	for {
+		if e.inStep {
+			if e.stepEnd.After(now) {
+				return
+			}
+			e.endStep()
+			continue
+		}
+		var at time.Time
+		switch {
+		case len(e.running) > 0 || len(e.waiting) > 0:
+			at = e.lastEnd
+		case len(e.pending) > 0 && !e.pending[0].ready.After(now):
+			at = e.pending[0].ready
+			if at.Before(e.lastEnd) {
+				at = e.lastEnd
+			}
+		default:
+			return
+		}
+		if now.Sub(at) > maxLag {
+			at = now
+			e.resyncs++
+		}
+		e.startStep(at)
+		if !e.inStep {
+			e.lastEnd = at
+			return
+		}
+	}
+}
+
+// submit puts s in the engine at the clock's now: it joins the waiting queue after the overhead (plus the stall
+// fault). It fails only while the engine is down.
+func (e *engine) submit(s *seq) error {
+	e.mu.Lock()
+	now := e.clock.Now()
+	e.advance(now)
+	if e.faults.Down {
+		e.mu.Unlock()
+		return errDown
+	}
+	s.arrival = now
+	s.ready = now.Add(e.cfg.Overhead + e.faults.Stall)
+	s.state = statePending
+	i, _ := slices.BinarySearchFunc(e.pending, s.ready, func(p *seq, t time.Time) int {
+		if p.ready.After(t) {
+			return 1
+		}
+		return -1 // equal ready times keep arrival order
+	})
+	e.pending = slices.Insert(e.pending, i, s)
+	e.advance(now)
+	e.publish()
+	e.mu.Unlock()
+	e.kick()
+	return nil
+}
+
+// abort takes s out of the engine wherever it is (pending, waiting, running) and frees its blocks, counting it
+// as finished_reason="abort". It does nothing if s already ended.
+func (e *engine) abort(s *seq) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if s.state == stateDone {
+		return
+	}
+	e.remove(s)
+	e.m.success[reasonAbort].Inc()
+	e.m.e2e.Observe(e.clock.Now().Sub(s.arrival).Seconds())
+	s.end.Store(endAbort)
+	e.publish()
+}
+
+// remove unlinks s from its queue and releases its blocks.
+func (e *engine) remove(s *seq) {
+	switch s.state {
+	case statePending:
+		e.pending = deleteSeq(e.pending, s)
+	case stateWaiting:
+		e.waiting = deleteSeq(e.waiting, s)
+	case stateRunning:
+		e.running = deleteSeq(e.running, s)
+	}
+	e.pool.release(s.blocks)
+	s.blocks = s.blocks[:0]
+	s.state = stateDone
+}
+
+func deleteSeq(list []*seq, s *seq) []*seq {
+	if i := slices.Index(list, s); i >= 0 {
+		return slices.Delete(list, i, i+1)
+	}
+	return list
+}
+
+// killAll ends every sequence as a crash would: their handlers drop the connection without [DONE].
+func (e *engine) killAll() {
+	for _, list := range [][]*seq{e.pending, e.waiting, e.running} {
+		for _, s := range list {
+			e.pool.release(s.blocks)
+			s.blocks = s.blocks[:0]
+			s.state = stateDone
+			e.m.success[reasonAbort].Inc()
+			s.end.Store(endKilled)
+			s.wakeup()
+		}
+	}
+	e.pending, e.waiting, e.running = e.pending[:0], e.waiting[:0], e.running[:0]
+	e.batch = e.batch[:0]
+	e.inStep = false
+	e.lastEnd = e.clock.Now()
+	e.publish()
+}
+
+// setFaults replaces the fault state. Going down kills every sequence.
+func (e *engine) setFaults(f Faults) {
+	e.mu.Lock()
+	e.advance(e.clock.Now())
+	wasDown := e.faults.Down
+	e.faults = f
+	if f.Down && !wasDown {
+		e.killAll()
+	}
+	e.mu.Unlock()
+	e.kick()
+}
+
+func (e *engine) getFaults() Faults {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.faults
+}
+
+// restart is an engine restart: every sequence is killed, the KV cache is wiped, the metrics start from zero and
+// the start time (process_start_time_seconds) is now.
+func (e *engine) restart() {
+	e.mu.Lock()
+	e.killAll()
+	e.pool.reset()
+	e.start = e.clock.Now()
+	e.m = newMetrics(e.cfg.Model, e.cfg.KVBlocks, e.start)
+	e.publish()
+	e.mu.Unlock()
+	e.kick()
+}
+
+// metrics returns the current registry's owner (restart replaces it).
+func (e *engine) metrics() *metrics {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.m
+}
+
+func (e *engine) startTime() time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.start
+}
+
+// publish sets the gauges from the queues.
+func (e *engine) publish() {
+	e.m.running.Set(float64(len(e.running)))
+	e.m.waiting.Set(float64(len(e.waiting) + len(e.pending)))
+	e.m.setUsage(e.pool.usage())
+}
+
+// blocksFor is the number of blocks that hold n tokens.
+func blocksFor(n int) int { return (n + BlockTokens - 1) / BlockTokens }
+
+// startStep schedules a step beginning at at (see engine's doc). It leaves inStep false if nothing could run.
+func (e *engine) startStep(at time.Time) {
+	for len(e.pending) > 0 && !e.pending[0].ready.After(at) {
+		s := e.pending[0]
+		e.pending = e.pending[1:]
+		s.state = stateWaiting
+		e.waiting = append(e.waiting, s)
+	}
+	budget := e.cfg.MaxBatchedTokens
+	prefill, decoders := 0, 0
+	preempted := false
+	e.batch = e.batch[:0]
+running:
+	for i := 0; i < len(e.running) && budget > 0; i++ {
+		s := e.running[i]
+		n := min(s.prompt+s.output-s.computed, budget)
+		for blocksFor(s.computed+n)-len(s.blocks) > e.pool.free {
+			victim := e.running[len(e.running)-1]
+			e.preempt(victim)
+			preempted = true
+			if victim == s {
+				break running
+			}
+		}
+		for range blocksFor(s.computed+n) - len(s.blocks) {
+			s.blocks = append(s.blocks, e.pool.alloc())
+		}
+		s.stepTokens = n
+		budget -= n
+		if s.decoding {
+			decoders++
+		} else {
+			prefill += n
+		}
+		e.batch = append(e.batch, s)
+	}
+	// As vLLM, admit nothing in a step that had to preempt (unless the batch emptied).
+	for (!preempted || len(e.running) == 0) && len(e.waiting) > 0 && len(e.running) < e.cfg.MaxNumSeqs && budget > 0 {
+		s := e.waiting[0]
+		total := s.prompt + s.output
+		// A full hit still recomputes the last token, which the first new token needs (vLLM caps the hit at
+		// total-1 tokens, in whole blocks).
+		hit := e.pool.lookup(s.hashes, (total-1)/BlockTokens)
+		computed := hit * BlockTokens
+		n := min(total-computed, budget)
+		idleHits := 0
+		for _, h := range s.hashes[:hit] {
+			if e.pool.ref[e.pool.cached[h]] == 0 {
+				idleHits++
+			}
+		}
+		if blocksFor(computed+n)-hit > e.pool.free-idleHits {
+			break // out of KV blocks: the queue waits (head of line, as vLLM)
+		}
+		e.waiting = e.waiting[1:]
+		s.blocks = e.pool.hold(s.blocks[:0], s.hashes[:hit])
+		for range blocksFor(computed+n) - hit {
+			s.blocks = append(s.blocks, e.pool.alloc())
+		}
+		s.computed, s.registered = computed, hit
+		if s.cached < 0 {
+			s.cached = computed
+		}
+		e.m.prefixQueries.Add(float64(total))
+		e.m.prefixHits.Add(float64(computed))
+		s.state = stateRunning
+		e.running = append(e.running, s)
+		s.stepTokens = n
+		budget -= n
+		prefill += n
+		e.batch = append(e.batch, s)
+	}
+	e.publish()
+	if len(e.batch) == 0 {
+		e.inStep = false
+		return
+	}
+	d := float64(prefill) / e.cfg.PrefillTPS * float64(time.Second)
+	if decoders > 0 {
+		d += float64(e.cfg.ITL) + float64(e.cfg.ITLPerSeq)*float64(decoders-1)
+	}
+	d *= e.faults.Slowdown
+	e.inStep = true
+	e.stepEnd = at.Add(time.Duration(d + 0.5))
+}
+
+// preempt sends the newest running sequence s back to the front of the waiting queue, freeing its blocks; it will
+// recompute its prompt and output so far (prefix caching may spare part of that).
+func (e *engine) preempt(s *seq) {
+	e.running = e.running[:len(e.running)-1]
+	e.pool.release(s.blocks)
+	s.blocks = s.blocks[:0]
+	s.computed, s.registered, s.decoding = 0, 0, false
+	s.state = stateWaiting
+	e.waiting = slices.Insert(e.waiting, 0, s)
+	e.m.preemptions.Inc()
+}
+
+// endStep completes the current step at stepEnd: computed tokens advance, finished prompt blocks enter the prefix
+// cache, and each sequence whose prompt is fully computed gets its next token.
+func (e *engine) endStep() {
+	now := e.stepEnd
+	generated := 0
+	for _, s := range e.batch {
+		n := s.stepTokens
+		s.stepTokens = 0
+		if s.state != stateRunning || n == 0 {
+			continue // aborted during the step
+		}
+		s.computed += n
+		if full := min(s.computed/BlockTokens, len(s.hashes)); full > s.registered {
+			for k := s.registered; k < full; k++ {
+				e.pool.register(s.blocks[k], s.hashes[k])
+			}
+			s.registered = full
+		}
+		if s.computed < s.prompt+s.output {
+			continue // a chunk of a longer prefill
+		}
+		s.decoding = true
+		s.output++
+		generated++
+		if s.output == 1 {
+			e.m.ttft.Observe(now.Sub(s.arrival).Seconds())
+			e.m.promptTokens.Add(float64(s.prompt))
+		} else {
+			e.m.itl.Observe(now.Sub(s.lastAt).Seconds())
+		}
+		s.lastAt = now
+		s.emitted.Store(int32(s.output))
+		if s.output >= s.maxTokens {
+			e.running = deleteSeq(e.running, s)
+			e.pool.release(s.blocks)
+			s.blocks = s.blocks[:0]
+			s.state = stateDone
+			e.m.success[reasonLength].Inc()
+			e.m.e2e.Observe(now.Sub(s.arrival).Seconds())
+			s.end.Store(endLength)
+		}
+		s.wakeup()
+	}
+	e.m.genToken.Add(float64(generated))
+	e.batch = e.batch[:0]
+	e.inStep = false
+	e.lastEnd = now
+	e.publish()
+}
