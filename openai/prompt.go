@@ -165,7 +165,6 @@ func appendPromptValueReference(dst []byte, v json.RawMessage) ([]byte, error) {
 	return dst, errors.New("prompt: must be a string or an array")
 }
 
-
 // AppendPrompt appends the canonical prompt of body to dst (see the format above) and returns the extended
 // buffer; on error it returns dst unchanged. It is the single-pass scanner that Summary.Parse also uses, without
 // Parse's checks of the other parameters: it accepts exactly what the reference accepts and builds the same
@@ -175,9 +174,8 @@ func AppendPrompt(dst []byte, e Endpoint, body []byte) ([]byte, error) {
 	if e < Chat || e > Embeddings {
 		return dst, fmt.Errorf("prompt: unknown endpoint %v", e)
 	}
-	var kinds [referenceDepth/64 + 1]uint64
 	p := parser{
-		scanner: scanner{b: body, maxDepth: referenceDepth, kinds: kinds[:]},
+		scanner: scanner{b: body, maxDepth: referenceDepth},
 		e:       e,
 		out:     dst,
 	}

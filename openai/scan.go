@@ -42,13 +42,27 @@ const (
 	strInvalid             // invalid UTF-8 or an unpaired surrogate escape (lenient scanners only)
 )
 
-// scanner validates JSON in b. It is a value type kept on the caller's stack; kinds is the bit stack skip uses
-// (bit set: object, clear: array), with room for maxDepth levels.
+// scanner validates JSON in b. It is a value type kept on the caller's stack. kinds is the bit stack skip uses
+// (bit set: object, clear: array); deep extends it, allocated only for input nested more than 192 levels deep
+// (which only AppendPrompt, at encoding/json's limit, accepts).
 type scanner struct {
 	b        []byte
 	strict   bool // reject invalid UTF-8 and unpaired surrogate escapes, as request bodies must
 	maxDepth int
-	kinds    []uint64
+	kinds    [3]uint64
+	deep     []uint64
+}
+
+// kind returns the word of the bit stack that holds level rel.
+func (sc *scanner) kind(rel uint) *uint64 {
+	w := rel >> 6
+	if w < uint(len(sc.kinds)) {
+		return &sc.kinds[w]
+	}
+	if sc.deep == nil {
+		sc.deep = make([]uint64, sc.maxDepth>>6+1)
+	}
+	return &sc.deep[w]
 }
 
 func (sc *scanner) errAt(i int, what string) error {
@@ -328,9 +342,9 @@ func (sc *scanner) skip(i, depth int) (int, error) {
 			}
 			rel := uint(depth - base - 1)
 			if c == '{' {
-				sc.kinds[rel>>6] |= 1 << (rel & 63)
+				*sc.kind(rel) |= 1 << (rel & 63)
 			} else {
-				sc.kinds[rel>>6] &^= 1 << (rel & 63)
+				*sc.kind(rel) &^= 1 << (rel & 63)
 			}
 			j := sc.ws(i + 1)
 			if j < len(b) && b[j] == c+2 { // '{'+2 == '}', '['+2 == ']'
@@ -365,7 +379,7 @@ func (sc *scanner) skip(i, depth int) (int, error) {
 				return i, nil
 			}
 			rel := uint(depth - base - 1)
-			obj := sc.kinds[rel>>6]&(1<<(rel&63)) != 0
+			obj := *sc.kind(rel)&(1<<(rel&63)) != 0
 			close := byte(']')
 			if obj {
 				close = '}'

@@ -1,7 +1,6 @@
 package openai
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 )
@@ -97,9 +96,8 @@ func (s *Summary) Parse(e Endpoint, body []byte) error {
 	if e < Chat || e > Embeddings {
 		return &RequestError{Message: fmt.Sprintf("unsupported endpoint %v", e)}
 	}
-	var kinds [MaxDepth/64 + 1]uint64
 	p := parser{
-		scanner: scanner{b: body, strict: true, maxDepth: MaxDepth, kinds: kinds[:]},
+		scanner: scanner{b: body, strict: true, maxDepth: MaxDepth},
 		e:       e,
 		s:       s,
 		out:     s.Prompt[:0],
@@ -107,8 +105,7 @@ func (s *Summary) Parse(e Endpoint, body []byte) error {
 	err := p.run()
 	s.Prompt = p.out
 	if err != nil {
-		var se *SyntaxError
-		if errors.As(err, &se) {
+		if se, ok := err.(*SyntaxError); ok {
 			return &RequestError{Message: "We could not parse the JSON body of your request: " + se.Error(), Code: "invalid_json"}
 		}
 		return err
@@ -140,7 +137,7 @@ type parser struct {
 
 	maxTokens, maxCompletionTokens int
 	hasMaxTokens                   bool
-	keyBuf      [maxKeyLen]byte
+	keyBuf                         [maxKeyLen]byte
 }
 
 // fail records the first error about a well-formed body's meaning; scanning goes on, so that a syntax error
@@ -308,9 +305,13 @@ func (p *parser) param(key []byte, v int) (int, error) {
 			p.fail("stream_options", "stream_options must be an object")
 		}
 	case "max_tokens", "max_completion_tokens":
+		name := "max_tokens"
+		if string(key) != name {
+			name = "max_completion_tokens"
+		}
 		n, ok := parseInt(val, maxTokensLimit)
 		if !ok && !null {
-			p.fail(string(key), "%s must be a non-negative integer no larger than %d", key, maxTokensLimit)
+			p.fail(name, "%s must be a non-negative integer no larger than %d", name, maxTokensLimit)
 		}
 		if string(key) == "max_tokens" {
 			p.maxTokens, p.hasMaxTokens = n, !null
@@ -349,7 +350,7 @@ func (p *parser) param(key []byte, v int) (int, error) {
 // streamOptions reads the stream_options object at b[v], already validated.
 func (p *parser) streamOptions(v int) {
 	b, s := p.b, p.s
-	sc := scanner{b: b, maxDepth: MaxDepth, kinds: p.kinds}
+	sc := scanner{b: b, maxDepth: MaxDepth}
 	i, empty, _ := sc.open(v, 2)
 	if empty {
 		return

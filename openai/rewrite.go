@@ -1,0 +1,105 @@
+package openai
+
+// AppendUpstreamBody appends body to dst with the "model" value replaced by model (unless model is nil) and, when
+// streamUsage is true, "stream" set to true and "stream_options" set so that include_usage is true (its other
+// members kept). Everything else is copied byte for byte, so the upstream sees the client's request as sent.
+//
+// s must be the result of a successful s.Parse of this very body. Where a key is repeated, the last occurrence
+// is the one rewritten, the one every JSON decoder we forward to (Python's, Go's) honours. An absent "stream" or
+// "stream_options" is inserted right after the body's opening brace (or after "stream"). The result aliases
+// nothing: it is dst, grown as needed; it does not allocate when dst has room.
+func AppendUpstreamBody(dst, body []byte, s *Summary, model []byte, streamUsage bool) []byte {
+	type edit struct {
+		at, end int // replace body[at:end] (at == end: insert at at)
+		kind    uint8
+	}
+	const (
+		editModel              = iota // the model string
+		editTrue                      // the literal true
+		editOptions                   // {"include_usage":true}
+		editStreamAndOptions          // "stream":true,"stream_options":{"include_usage":true},
+		editOptionsAfterStream        // ,"stream_options":{"include_usage":true}
+		editStreamFirst               // "stream":true,
+		editUsageFirst                // "include_usage":true, (or without the comma in an empty object)
+	)
+	var eds [3]edit
+	n := 0
+	if model != nil && s.ModelSpan.Start >= 0 {
+		eds[n] = edit{s.ModelSpan.Start, s.ModelSpan.End, editModel}
+		n++
+	}
+	if streamUsage {
+		open := 0
+		for open < len(body) && body[open] != '{' {
+			open++
+		}
+		switch st, so := s.StreamSpan, s.StreamOptionsSpan; {
+		case st.Start < 0 && so.Start < 0:
+			eds[n] = edit{open + 1, open + 1, editStreamAndOptions}
+			n++
+		case so.Start < 0:
+			eds[n] = edit{st.Start, st.End, editTrue}
+			eds[n+1] = edit{st.End, st.End, editOptionsAfterStream}
+			n += 2
+		default:
+			if st.Start < 0 {
+				eds[n] = edit{open + 1, open + 1, editStreamFirst}
+			} else {
+				eds[n] = edit{st.Start, st.End, editTrue}
+			}
+			n++
+			switch {
+			case body[so.Start] == 'n':
+				eds[n] = edit{so.Start, so.End, editOptions}
+			case s.IncludeUsageSpan.Start >= 0:
+				eds[n] = edit{s.IncludeUsageSpan.Start, s.IncludeUsageSpan.End, editTrue}
+			default:
+				eds[n] = edit{so.Start + 1, so.Start + 1, editUsageFirst}
+			}
+			n++
+		}
+	}
+	// At most four edits at distinct places (insertions at the same place do not occur): sort by position.
+	for i := 1; i < n; i++ {
+		for j := i; j > 0 && eds[j].at < eds[j-1].at; j-- {
+			eds[j], eds[j-1] = eds[j-1], eds[j]
+		}
+	}
+	last := 0
+	for _, e := range eds[:n] {
+		dst = append(dst, body[last:e.at]...)
+		last = e.end
+		switch e.kind {
+		case editModel:
+			dst = AppendQuoted(dst, model)
+		case editTrue:
+			dst = append(dst, "true"...)
+		case editOptions:
+			dst = append(dst, `{"include_usage":true}`...)
+		case editStreamAndOptions:
+			dst = append(dst, `"stream":true,"stream_options":{"include_usage":true},`...)
+		case editOptionsAfterStream:
+			dst = append(dst, `,"stream_options":{"include_usage":true}`...)
+		case editStreamFirst:
+			dst = append(dst, `"stream":true,`...)
+		case editUsageFirst:
+			dst = append(dst, `"include_usage":true`...)
+			if !emptyObject(body[e.at-1 : s.StreamOptionsSpan.End]) {
+				dst = append(dst, ',')
+			}
+		}
+	}
+	return append(dst, body[last:]...)
+}
+
+// emptyObject reports whether obj, a valid JSON object, has no members.
+func emptyObject(obj []byte) bool {
+	for _, c := range obj[1:] {
+		switch c {
+		case ' ', '\t', '\n', '\r':
+		default:
+			return c == '}'
+		}
+	}
+	return false
+}
