@@ -1,0 +1,315 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name string
+		e    Endpoint
+		body string
+		want Summary // only the exported scalar fields and Model/Prompt are compared
+	}{
+		{"chat minimal", Chat, `{"model":"m","messages":[{"role":"user","content":"Hi"}]}`,
+			Summary{Model: []byte("m"), N: 1, Prompts: 1, Prompt: []byte("user:Hi\n"), PromptTokens: 2}},
+		{"chat all params", Chat, `{"model":"gpt","stream":true,"stream_options":{"include_usage":true},"max_tokens":7,"max_completion_tokens":9,"n":3,"temperature":0.25,"messages":[{"role":"user","content":"x"}]}`,
+			Summary{Model: []byte("gpt"), Stream: true, IncludeUsage: true, MaxTokens: 7, N: 3, Temperature: 0.25, HasTemperature: true, Prompts: 1, Prompt: []byte("user:x\n"), PromptTokens: 2}},
+		{"max_completion_tokens alone", Chat, `{"model":"m","max_completion_tokens":9,"messages":[{"role":"user","content":"x"}]}`,
+			Summary{Model: []byte("m"), MaxTokens: 9, N: 1, Prompts: 1, Prompt: []byte("user:x\n"), PromptTokens: 2}},
+		{"max_tokens wins wherever it is", Chat, `{"model":"m","max_completion_tokens":9,"max_tokens":4,"messages":[{"role":"user","content":"x"}]}`,
+			Summary{Model: []byte("m"), MaxTokens: 4, N: 1, Prompts: 1, Prompt: []byte("user:x\n"), PromptTokens: 2}},
+		{"null max_tokens falls back", Chat, `{"model":"m","max_tokens":4,"max_tokens":null,"max_completion_tokens":9,"messages":[{"role":"user","content":"x"}]}`,
+			Summary{Model: []byte("m"), MaxTokens: 9, N: 1, Prompts: 1, Prompt: []byte("user:x\n"), PromptTokens: 2}},
+		{"nulls are absent", Chat, `{"model":"m","stream":null,"stream_options":null,"max_tokens":null,"n":null,"temperature":null,"tools":null,"messages":[{"role":"user","content":null}]}`,
+			Summary{Model: []byte("m"), N: 1, Prompts: 1, Prompt: []byte("user:\n"), PromptTokens: 2}},
+		{"duplicate keys: last wins", Chat, `{"model":"a","stream":true,"model":"b","stream":false,"messages":[{"role":"user","content":"x"}]}`,
+			Summary{Model: []byte("b"), N: 1, Prompts: 1, Prompt: []byte("user:x\n"), PromptTokens: 2}},
+		{"escaped model and keys", Chat, `{"m\u006fdel":"a\/b\u00e9","messages":[{"role":"user","content":"x"}]}`,
+			Summary{Model: []byte("a/bé"), N: 1, Prompts: 1, Prompt: []byte("user:x\n"), PromptTokens: 2}},
+		{"tools after messages go first", Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[1]}`,
+			Summary{Model: []byte("m"), N: 1, Prompts: 1, Prompt: []byte("tools:[1]\nuser:x\n"), PromptTokens: 5}},
+		{"completions string", Completions, `{"model":"m","prompt":"abcdefgh"}`,
+			Summary{Model: []byte("m"), N: 1, Prompts: 1, Prompt: []byte("abcdefgh"), PromptTokens: 2}},
+		{"completions batch", Completions, `{"model":"m","prompt":["abc","defgh"]}`,
+			Summary{Model: []byte("m"), N: 1, Prompts: 2, Prompt: []byte("abc"), PromptTokens: 1}},
+		{"completions token IDs", Completions, `{"model":"m","prompt":[1, 2, 3]}`,
+			Summary{Model: []byte("m"), N: 1, Prompts: 1, Prompt: []byte("[1, 2, 3]"), PromptTokens: 3}},
+		{"completions token-ID batch", Completions, `{"model":"m","prompt":[[1,2],[3]]}`,
+			Summary{Model: []byte("m"), N: 1, Prompts: 2, Prompt: []byte("[1,2]"), PromptTokens: 2}},
+		{"embeddings", Embeddings, `{"model":"m","input":["a","b","c"]}`,
+			Summary{Model: []byte("m"), N: 1, Prompts: 3, Prompt: []byte("a"), PromptTokens: 1}},
+	}
+	var s Summary
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := s.Parse(tc.e, []byte(tc.body)); err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			got := s
+			got.Endpoint, got.modelBuf = 0, nil
+			got.ModelSpan, got.StreamSpan, got.StreamOptionsSpan, got.IncludeUsageSpan = Span{}, Span{}, Span{}, Span{}
+			if !equalSummary(got, tc.want) {
+				t.Errorf("got  %+v\nwant %+v", got, tc.want)
+			}
+			if s.Endpoint != tc.e {
+				t.Errorf("Endpoint = %v", s.Endpoint)
+			}
+		})
+	}
+}
+
+func equalSummary(a, b Summary) bool {
+	return string(a.Model) == string(b.Model) && string(a.Prompt) == string(b.Prompt) && a.Stream == b.Stream &&
+		a.IncludeUsage == b.IncludeUsage && a.MaxTokens == b.MaxTokens && a.N == b.N && a.Temperature == b.Temperature &&
+		a.HasTemperature == b.HasTemperature && a.PromptTokens == b.PromptTokens && a.Prompts == b.Prompts
+}
+
+func TestParseSpans(t *testing.T) {
+	body := `{"model": "m" ,"stream":false,"stream_options":{"x":1,"include_usage":false},"messages":[{"role":"user","content":"x"}]}`
+	var s Summary
+	if err := s.Parse(Chat, []byte(body)); err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range map[string]struct {
+		sp   Span
+		want string
+	}{
+		"model":         {s.ModelSpan, `"m"`},
+		"stream":        {s.StreamSpan, `false`},
+		"stream_options": {s.StreamOptionsSpan, `{"x":1,"include_usage":false}`},
+		"include_usage": {s.IncludeUsageSpan, `false`},
+	} {
+		if got := body[tc.sp.Start:tc.sp.End]; got != tc.want {
+			t.Errorf("%s span holds %q, want %q", name, got, tc.want)
+		}
+	}
+	if err := s.Parse(Chat, []byte(`{"model":"m","messages":[{"role":"user","content":"x"}]}`)); err != nil {
+		t.Fatal(err)
+	}
+	if s.StreamSpan.Start >= 0 || s.StreamOptionsSpan.Start >= 0 || s.IncludeUsageSpan.Start >= 0 {
+		t.Errorf("absent values have spans: %+v", s)
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	const msgs = `"messages":[{"role":"user","content":"x"}]`
+	tests := []struct {
+		name      string
+		e         Endpoint
+		body      string
+		param     string
+		malformed bool // Code "invalid_json"
+	}{
+		{"empty body", Chat, ``, "", true},
+		{"blank body", Chat, " \n", "", true},
+		{"truncated", Chat, `{"model":"m",` + msgs[:20], "", true},
+		{"trailing garbage", Chat, `{"model":"m",` + msgs + `}x`, "", true},
+		{"two values", Chat, `{"model":"m",` + msgs + `} {}`, "", true},
+		{"bad literal", Chat, `{"model":"m","stream":tru,` + msgs + `}`, "", true},
+		{"leading zero", Chat, `{"model":"m","n":01,` + msgs + `}`, "", true},
+		{"bad escape", Chat, `{"model":"m\x",` + msgs + `}`, "", true},
+		{"control char in string", Chat, "{\"model\":\"m\n\"," + msgs + "}", "", true},
+		{"invalid UTF-8", Chat, "{\"model\":\"m\xff\"," + msgs + "}", "", true},
+		{"invalid UTF-8 in a skipped value", Chat, "{\"model\":\"m\",\"user\":\"\xc3\"," + msgs + "}", "", true},
+		{"unpaired surrogate", Chat, `{"model":"m","user":"\ud800",` + msgs + `}`, "", true},
+		{"lone low surrogate", Chat, `{"model":"m","user":"\udc00",` + msgs + `}`, "", true},
+		{"too deep", Chat, `{"model":"m",` + msgs + `,"x":` + strings.Repeat("[", 64) + strings.Repeat("]", 64) + `}`, "", true},
+		{"syntax error wins over a bad param", Chat, `{"model":5,` + msgs + `,}`, "", true},
+		{"array body", Chat, `[1]`, "", false},
+		{"string body", Chat, `"x"`, "", false},
+		{"null body", Chat, `null`, "", false},
+		{"missing model", Chat, `{` + msgs + `}`, "model", false},
+		{"null model", Chat, `{"model":null,` + msgs + `}`, "model", false},
+		{"empty model", Chat, `{"model":"",` + msgs + `}`, "model", false},
+		{"number model", Chat, `{"model":5,` + msgs + `}`, "model", false},
+		{"string stream", Chat, `{"model":"m","stream":"true",` + msgs + `}`, "stream", false},
+		{"number stream", Chat, `{"model":"m","stream":1,` + msgs + `}`, "stream", false},
+		{"string stream_options", Chat, `{"model":"m","stream_options":"x",` + msgs + `}`, "stream_options", false},
+		{"string include_usage", Chat, `{"model":"m","stream_options":{"include_usage":"yes"},` + msgs + `}`, "stream_options.include_usage", false},
+		{"negative max_tokens", Chat, `{"model":"m","max_tokens":-1,` + msgs + `}`, "max_tokens", false},
+		{"fractional max_tokens", Chat, `{"model":"m","max_tokens":1.5,` + msgs + `}`, "max_tokens", false},
+		{"huge max_tokens", Chat, `{"model":"m","max_tokens":99999999999999999999999,` + msgs + `}`, "max_tokens", false},
+		{"string max_completion_tokens", Chat, `{"model":"m","max_completion_tokens":"5",` + msgs + `}`, "max_completion_tokens", false},
+		{"zero n", Chat, `{"model":"m","n":0,` + msgs + `}`, "n", false},
+		{"huge n", Chat, `{"model":"m","n":1000,` + msgs + `}`, "n", false},
+		{"string temperature", Chat, `{"model":"m","temperature":"hot",` + msgs + `}`, "temperature", false},
+		{"missing messages", Chat, `{"model":"m"}`, "messages", false},
+		{"null messages", Chat, `{"model":"m","messages":null}`, "messages", false},
+		{"empty messages", Chat, `{"model":"m","messages":[]}`, "messages", false},
+		{"object messages", Chat, `{"model":"m","messages":{"role":"user"}}`, "messages", false},
+		{"string message", Chat, `{"model":"m","messages":["hi"]}`, "messages[0]", false},
+		{"null message", Chat, `{"model":"m","messages":[{"role":"user","content":"x"},null]}`, "messages[1]", false},
+		{"missing role", Chat, `{"model":"m","messages":[{"content":"x"}]}`, "messages[0].role", false},
+		{"number role", Chat, `{"model":"m","messages":[{"role":1,"content":"x"}]}`, "messages[0].role", false},
+		{"number content", Chat, `{"model":"m","messages":[{"role":"user","content":1}]}`, "messages[0].content", false},
+		{"object content", Chat, `{"model":"m","messages":[{"role":"user","content":{}}]}`, "messages[0].content", false},
+		{"string part", Chat, `{"model":"m","messages":[{"role":"user","content":["x"]}]}`, "messages[0].content[0]", false},
+		{"object tool_calls", Chat, `{"model":"m","messages":[{"role":"assistant","tool_calls":{}}]}`, "messages[0].tool_calls", false},
+		{"object tools", Chat, `{"model":"m","tools":{},` + msgs + `}`, "tools", false},
+		{"missing prompt", Completions, `{"model":"m"}`, "prompt", false},
+		{"object prompt", Completions, `{"model":"m","prompt":{}}`, "prompt", false},
+		{"empty prompt list", Completions, `{"model":"m","prompt":[]}`, "prompt", false},
+		{"mixed prompt list", Completions, `{"model":"m","prompt":["a",1]}`, "prompt", false},
+		{"negative token ID", Completions, `{"model":"m","prompt":[1,-2]}`, "prompt[1]", false},
+		{"bad token-ID list", Completions, `{"model":"m","prompt":[[1],[2.5]]}`, "prompt[1]", false},
+		{"null in prompt list", Completions, `{"model":"m","prompt":[null]}`, "prompt[0]", false},
+		{"missing input", Embeddings, `{"model":"m","prompt":"x"}`, "input", false},
+		{"number input", Embeddings, `{"model":"m","input":5}`, "input", false},
+		{"messages is not the completions prompt", Completions, `{"model":"m",` + msgs + `}`, "prompt", false},
+	}
+	var s Summary
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := s.Parse(tc.e, []byte(tc.body))
+			var re *RequestError
+			if !errors.As(err, &re) {
+				t.Fatalf("Parse(%s) = %v, want a *RequestError", tc.body, err)
+			}
+			if re.Param != tc.param {
+				t.Errorf("Param = %q, want %q (%v)", re.Param, tc.param, err)
+			}
+			if malformed := re.Code == "invalid_json"; malformed != tc.malformed {
+				t.Errorf("Code = %q, want malformed=%v (%v)", re.Code, tc.malformed, err)
+			}
+			if re.Message == "" {
+				t.Error("empty Message")
+			}
+		})
+	}
+}
+
+// TestParseDeepNesting checks that a pathologically nested body is refused quickly, without exhausting the stack.
+func TestParseDeepNesting(t *testing.T) {
+	for _, open := range []string{"[", `{"a":`} {
+		body := []byte(`{"model":"m","messages":` + strings.Repeat(open, 100_000))
+		start := time.Now()
+		var s Summary
+		err := s.Parse(Chat, body)
+		var re *RequestError
+		if !errors.As(err, &re) || re.Code != "invalid_json" || !strings.Contains(re.Message, "nesting") {
+			t.Errorf("Parse(%q...) = %v, want a nesting error", body[:40], err)
+		}
+		if d := time.Since(start); d > 10*time.Millisecond {
+			t.Errorf("rejecting took %v", d)
+		}
+		// AppendPrompt accepts encoding/json's depth (10,000) and refuses more.
+		if _, err := AppendPrompt(nil, Chat, body); err == nil {
+			t.Error("AppendPrompt accepted 100,000 levels")
+		}
+	}
+	deep := []byte(`{"tools":` + strings.Repeat("[", 9000) + strings.Repeat("]", 9000) + `,"messages":[]}`)
+	got, err := AppendPrompt(nil, Chat, deep)
+	want, werr := AppendPromptReference(nil, Chat, deep)
+	if err != nil || werr != nil || !bytes.Equal(got, want) {
+		t.Errorf("9,000 levels: AppendPrompt err %v, reference err %v, equal %v", err, werr, bytes.Equal(got, want))
+	}
+}
+
+// chatBody returns a chat request of about size bytes: a system prompt and turns of user/assistant text with the
+// escapes real clients send (newlines, quotes, non-ASCII).
+func chatBody(size int) []byte {
+	var b bytes.Buffer
+	b.WriteString(`{"model":"llama-3.1-8b-instruct","stream":true,"max_tokens":512,"temperature":0.7,"messages":[`)
+	b.WriteString(`{"role":"system","content":"You are a helpful assistant.\nAnswer briefly and cite sources."}`)
+	turn := strings.Repeat(`Here is some text about the \"gateway\", with a newline\nand an accent: café. `, 4)
+	for i := 0; b.Len() < size-200; i++ {
+		role := "user"
+		if i%2 == 1 {
+			role = "assistant"
+		}
+		b.WriteString(`,{"role":"` + role + `","content":"` + turn + `"}`)
+	}
+	b.WriteString(`],"stream_options":{"include_usage":true}}`)
+	return b.Bytes()
+}
+
+func TestParseAllocs(t *testing.T) {
+	for _, size := range []int{8 << 10, 1 << 20} {
+		body := chatBody(size)
+		var s Summary
+		if err := s.Parse(Chat, body); err != nil {
+			t.Fatal(err)
+		}
+		if n := testing.AllocsPerRun(20, func() { s.Parse(Chat, body) }); n != 0 {
+			t.Errorf("Parse of %d bytes with a reused Summary: %v allocs, want 0", len(body), n)
+		}
+	}
+	body := []byte(`{"m\u006fdel":"esc\u0061ped","messages":[{"content":"x","role":"user"}],"tools":[]}`)
+	var s Summary
+	s.Parse(Chat, body)
+	if n := testing.AllocsPerRun(20, func() { s.Parse(Chat, body) }); n != 0 {
+		t.Errorf("Parse with escapes and out-of-order members: %v allocs, want 0", n)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	for _, tc := range promptSeeds {
+		f.Add(uint8(tc.e), []byte(tc.body))
+	}
+	f.Add(uint8(Chat), []byte(`{"model":"m","stream":"true","messages":[]}`))
+	f.Fuzz(func(t *testing.T, e uint8, body []byte) {
+		ep := Endpoint(e%3 + 1)
+		var s Summary
+		err := s.Parse(ep, body)
+		if err != nil {
+			var re *RequestError
+			if !errors.As(err, &re) {
+				t.Fatalf("error of type %T: %v", err, err)
+			}
+			if re.Code == "" && !json.Valid(body) {
+				t.Fatalf("%q: invalid JSON reported as a bad parameter: %v", body, err)
+			}
+			return
+		}
+		if !json.Valid(body) {
+			t.Fatalf("%q: accepted invalid JSON", body)
+		}
+		// The prompt is the fast AppendPrompt's, which the reference checks.
+		p, perr := AppendPrompt(nil, ep, body)
+		if perr != nil || !bytes.Equal(p, s.Prompt) {
+			t.Fatalf("%q: Prompt %q, AppendPrompt %q (%v)", body, s.Prompt, p, perr)
+		}
+		if ref, rerr := AppendPromptReference(nil, ep, body); rerr == nil && !referenceQuirk(body) && !bytes.Equal(ref, s.Prompt) {
+			t.Fatalf("%q: Prompt %q, reference %q", body, s.Prompt, ref)
+		}
+		// The scalar parameters agree with encoding/json's reading of the body.
+		var m map[string]any
+		if err := json.Unmarshal(body, &m); err != nil {
+			t.Fatalf("%q: %v", body, err)
+		}
+		if m["model"] != string(s.Model) {
+			t.Fatalf("%q: Model %q, encoding/json %q", body, s.Model, m["model"])
+		}
+		if st, _ := m["stream"].(bool); st != s.Stream {
+			t.Fatalf("%q: Stream %v", body, s.Stream)
+		}
+		so, _ := m["stream_options"].(map[string]any)
+		if iu, _ := so["include_usage"].(bool); iu != s.IncludeUsage {
+			t.Fatalf("%q: IncludeUsage %v", body, s.IncludeUsage)
+		}
+		if n, ok := m["n"].(float64); ok && int(n) != s.N {
+			t.Fatalf("%q: N %v", body, s.N)
+		}
+		mt, ok := m["max_tokens"].(float64)
+		if !ok {
+			mt, _ = m["max_completion_tokens"].(float64)
+		}
+		if int(mt) != s.MaxTokens {
+			t.Fatalf("%q: MaxTokens %v, want %v", body, s.MaxTokens, mt)
+		}
+		if temp, ok := m["temperature"].(float64); ok != s.HasTemperature || temp != s.Temperature {
+			t.Fatalf("%q: Temperature %v %v", body, s.Temperature, s.HasTemperature)
+		}
+		for _, sp := range []Span{s.ModelSpan, s.StreamSpan, s.StreamOptionsSpan, s.IncludeUsageSpan} {
+			if sp.Start >= 0 && !json.Valid(body[sp.Start:sp.End]) {
+				t.Fatalf("%q: span %v is not a JSON value", body, sp)
+			}
+		}
+	})
+}
