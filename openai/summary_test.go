@@ -80,10 +80,10 @@ func TestParseSpans(t *testing.T) {
 		sp   Span
 		want string
 	}{
-		"model":         {s.ModelSpan, `"m"`},
-		"stream":        {s.StreamSpan, `false`},
+		"model":          {s.ModelSpan, `"m"`},
+		"stream":         {s.StreamSpan, `false`},
 		"stream_options": {s.StreamOptionsSpan, `{"x":1,"include_usage":false}`},
-		"include_usage": {s.IncludeUsageSpan, `false`},
+		"include_usage":  {s.IncludeUsageSpan, `false`},
 	} {
 		if got := body[tc.sp.Start:tc.sp.End]; got != tc.want {
 			t.Errorf("%s span holds %q, want %q", name, got, tc.want)
