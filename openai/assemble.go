@@ -92,7 +92,8 @@ func (a *Assembler) Add(data []byte) error {
 		return errNotObject
 	}
 	errSpan, choices := noSpan, noSpan
-	members(&sc, i, 1, func(key []byte, v, end int) error {
+	members(&sc, i, 1, func(key []byte, v int) (int, error) {
+		end, _ := sc.skip(v, 1)
 		val := data[v:end]
 		switch string(key) {
 		case "error":
@@ -120,12 +121,12 @@ func (a *Assembler) Add(data []byte) error {
 				a.us = append(a.us[:0], val...)
 				a.hasUsage = true
 				a.usage = Usage{}
-				readUsage(&sc, v, &a.usage)
+				readUsage(&sc, v, 1, &a.usage)
 			}
 		case "choices":
 			choices = Span{v, end}
 		}
-		return nil
+		return end, nil
 	})
 	if errSpan.Start >= 0 {
 		msg, typ := ParseUpstreamError(data)
@@ -156,7 +157,8 @@ func (a *Assembler) addChoice(sc *scanner, v, pos int) error {
 	b := sc.b
 	index := pos
 	var delta, text, logprobs, finish, stop Span = noSpan, noSpan, noSpan, noSpan, noSpan
-	members(sc, v, 3, func(key []byte, v, end int) error {
+	members(sc, v, 3, func(key []byte, v int) (int, error) {
+		end, _ := sc.skip(v, 3)
 		sp := Span{v, end}
 		switch string(key) {
 		case "index":
@@ -178,7 +180,7 @@ func (a *Assembler) addChoice(sc *scanner, v, pos int) error {
 		case "stop_reason":
 			stop = sp
 		}
-		return nil
+		return end, nil
 	})
 	if index < 0 || index > maxChoiceIndex {
 		return fmt.Errorf("openai: choice index out of range (0 to %d)", maxChoiceIndex)
@@ -236,9 +238,10 @@ func (c *asmChoice) reset() {
 func (c *asmChoice) addDelta(sc *scanner, v int) error {
 	b := sc.b
 	var err error
-	members(sc, v, 4, func(key []byte, v, end int) error {
+	members(sc, v, 4, func(key []byte, v int) (int, error) {
+		end, _ := sc.skip(v, 4)
 		if b[v] != '"' && string(key) != "tool_calls" {
-			return nil
+			return end, nil
 		}
 		str := b[v+1 : max(v+1, end-1)]
 		switch string(key) {
@@ -266,7 +269,7 @@ func (c *asmChoice) addDelta(sc *scanner, v int) error {
 				err = c.addToolCalls(sc, v)
 			}
 		}
-		return nil
+		return end, nil
 	})
 	return err
 }
@@ -280,7 +283,8 @@ func (c *asmChoice) addToolCalls(sc *scanner, v int) error {
 		if b[i] == '{' {
 			index := pos
 			id, typ, fn := noSpan, noSpan, noSpan
-			members(sc, i, 6, func(key []byte, v, end int) error {
+			members(sc, i, 6, func(key []byte, v int) (int, error) {
+				end, _ := sc.skip(v, 6)
 				switch string(key) {
 				case "index":
 					n, ok := parseInt(b[v:end], maxChoiceIndex)
@@ -296,7 +300,7 @@ func (c *asmChoice) addToolCalls(sc *scanner, v int) error {
 				case "function":
 					fn = Span{v, end}
 				}
-				return nil
+				return end, nil
 			})
 			if index < 0 {
 				return fmt.Errorf("openai: tool call index out of range (0 to %d)", maxChoiceIndex)
@@ -309,9 +313,10 @@ func (c *asmChoice) addToolCalls(sc *scanner, v int) error {
 				t.typ = append(t.typ, b[typ.Start:typ.End]...)
 			}
 			if fn.Start >= 0 && b[fn.Start] == '{' {
-				members(sc, fn.Start, 7, func(key []byte, v, end int) error {
+				members(sc, fn.Start, 7, func(key []byte, v int) (int, error) {
+					end, _ := sc.skip(v, 7)
 					if b[v] != '"' {
-						return nil
+						return end, nil
 					}
 					switch string(key) {
 					case "name":
@@ -321,7 +326,7 @@ func (c *asmChoice) addToolCalls(sc *scanner, v int) error {
 					case "arguments":
 						t.args = append(t.args, b[v+1:end-1]...)
 					}
-					return nil
+					return end, nil
 				})
 			}
 		}
@@ -355,9 +360,10 @@ func (c *asmChoice) tool(index int) *asmTool {
 func (c *asmChoice) addLogprobs(sc *scanner, v int) {
 	b := sc.b
 	c.hasLogprobs = true
-	members(sc, v, 4, func(key []byte, v, end int) error {
+	members(sc, v, 4, func(key []byte, v int) (int, error) {
+		end, _ := sc.skip(v, 4)
 		if b[v] != '[' {
-			return nil
+			return end, nil
 		}
 		var arr *asmArray
 		for k := range c.logprobs {
@@ -382,7 +388,7 @@ func (c *asmChoice) addLogprobs(sc *scanner, v int) {
 			inner := b[v+1 : end-1] // the elements, as sent
 			arr.elems = append(arr.elems, inner...)
 		}
-		return nil
+		return end, nil
 	})
 }
 

@@ -151,4 +151,3 @@ func FuzzAssembler(f *testing.F) {
 		}
 	})
 }
-

@@ -29,9 +29,9 @@ type ChunkInfo struct {
 	FinishReason []byte
 }
 
-// InspectChunk fills ci from data, the data field of one streamed chunk, in a single scan that validates the
-// chunk's JSON. It does not allocate. ci.FinishReason aliases data. The error, for data that is neither [DONE]
-// nor a JSON object, is a *SyntaxError (or a plain error for a well-formed non-object).
+// InspectChunk fills ci from data, the data field of one streamed chunk, in a single scan that also validates
+// the chunk's JSON. It does not allocate. ci.FinishReason aliases data. The error, for data that is neither
+// [DONE] nor a well-formed JSON object, is a *SyntaxError.
 func InspectChunk(data []byte, ci *ChunkInfo) error {
 	*ci = ChunkInfo{}
 	sc := scanner{b: data, maxDepth: chunkDepth}
@@ -50,55 +50,39 @@ func InspectChunk(data []byte, ci *ChunkInfo) error {
 		}
 		return err
 	}
-	choices := noSpan
-	end, err := members(&sc, i, 1, func(key []byte, v, end int) error {
+	noChoices := false
+	end, err := members(&sc, i, 1, func(key []byte, v int) (int, error) {
 		switch string(key) {
 		case "error":
 			ci.Error = data[v] != 'n'
 		case "choices":
-			choices = Span{v, end}
+			ci.Content, ci.Tokens, ci.FinishReason, noChoices = false, 0, nil, false
+			if data[v] == '[' {
+				return inspectChoices(&sc, v, ci, &noChoices)
+			}
 		case "usage":
 			ci.HasUsage = data[v] == '{'
 			ci.Usage = Usage{}
 			if ci.HasUsage {
-				readUsage(&sc, v, &ci.Usage)
+				return readUsage(&sc, v, 1, &ci.Usage)
 			}
 		}
-		return nil
+		return sc.skip(v, 1)
 	})
-	if err != nil {
-		return err
+	if err == nil {
+		err = sc.end(end)
 	}
-	if err := sc.end(end); err != nil {
-		return err
-	}
-	if choices.Start >= 0 && data[choices.Start] == '[' {
-		i, empty, _ := sc.open(choices.Start, 2)
-		ci.UsageOnly = empty && ci.HasUsage
-		for !empty {
-			i = sc.ws(i)
-			e, _ := sc.skip(i, 2)
-			if data[i] == '{' {
-				if inspectChoice(&sc, i, ci) {
-					ci.Tokens++
-					ci.Content = true
-				}
-			}
-			var more bool
-			if i, more, _ = sc.next(e, ']'); !more {
-				break
-			}
-		}
-	}
-	return nil
+	ci.UsageOnly = noChoices && ci.HasUsage
+	return err
 }
 
 var errNotObject = &SyntaxError{Msg: "chunk is not a JSON object"}
 
-// members calls fn for each member of the object at b[i] (depth is the object's own depth), after validating
-// the member's value; key is decoded when it has escapes. It returns the index after the object. fn must not
-// retain key.
-func members(sc *scanner, i, depth int, fn func(key []byte, v, end int) error) (int, error) {
+// members calls fn for each member of the object at b[i] (depth is the object's own depth); fn scans the value
+// starting at b[v] (sc.skip(v, depth) when it has no use for it) and returns the index after it. key is decoded
+// when it has escapes and is one of knownKeys; fn must not retain it. members returns the index after the object.
+func members(sc *scanner, i, depth int, fn func(key []byte, v int) (int, error)) (int, error) {
+	b := sc.b
 	i, empty, err := sc.open(i, depth)
 	if err != nil || empty {
 		return i, err
@@ -108,16 +92,39 @@ func members(sc *scanner, i, depth int, fn func(key []byte, v, end int) error) (
 		if err != nil {
 			return v, err
 		}
-		v = sc.ws(v)
-		end, err := sc.skip(v, depth)
-		if err != nil {
-			return end, err
+		if v = sc.ws(v); v >= len(b) {
+			return v, sc.errAt(v, "")
 		}
-		if err := fn(knownKey(raw, flags), v, end); err != nil {
+		end, err := fn(knownKey(raw, flags), v)
+		if err != nil {
 			return end, err
 		}
 		var more bool
 		if i, more, err = sc.next(end, '}'); err != nil || !more {
+			return i, err
+		}
+	}
+}
+
+// elements calls fn for each element of the array at b[i] (depth is the array's own depth); fn scans the
+// element starting at b[v] and returns the index after it. It returns the index after the array.
+func elements(sc *scanner, i, depth int, fn func(k, v int) (int, error)) (int, error) {
+	b := sc.b
+	i, empty, err := sc.open(i, depth)
+	if err != nil || empty {
+		return i, err
+	}
+	for k := 0; ; k++ {
+		v := sc.ws(i)
+		if v >= len(b) {
+			return v, sc.errAt(v, "")
+		}
+		end, err := fn(k, v)
+		if err != nil {
+			return end, err
+		}
+		var more bool
+		if i, more, err = sc.next(end, ']'); err != nil || !more {
 			return i, err
 		}
 	}
@@ -150,43 +157,60 @@ func knownKey(raw []byte, flags uint8) []byte {
 	return raw
 }
 
-// inspectChoice reads one (validated) choice object at b[i]; it reports whether the choice carries output.
-func inspectChoice(sc *scanner, i int, ci *ChunkInfo) bool {
+// inspectChoices reads the choices array at b[v], counting the choices that carry output.
+func inspectChoices(sc *scanner, v int, ci *ChunkInfo, empty *bool) (int, error) {
 	b := sc.b
-	out := false
-	members(sc, i, 3, func(key []byte, v, end int) error {
-		switch string(key) {
-		case "delta":
-			if b[v] == '{' {
-				members(sc, v, 4, func(key []byte, v, end int) error {
-					switch string(key) {
-					case "content", "reasoning_content", "reasoning", "refusal":
-						out = out || (b[v] == '"' && end-v > 2)
-					case "tool_calls":
-						if b[v] == '[' {
-							_, empty, _ := sc.open(v, 5)
-							out = out || !empty
-						}
-					}
-					return nil
-				})
-			}
-		case "text":
-			out = out || (b[v] == '"' && end-v > 2)
-		case "finish_reason":
-			if ci.FinishReason == nil && b[v] == '"' {
-				ci.FinishReason = b[v+1 : end-1]
-			}
+	*empty = true
+	return elements(sc, v, 2, func(_, v int) (int, error) {
+		*empty = false
+		if b[v] != '{' {
+			return sc.skip(v, 2)
 		}
-		return nil
+		out := false
+		end, err := members(sc, v, 3, func(key []byte, v int) (int, error) {
+			switch string(key) {
+			case "delta":
+				if b[v] == '{' {
+					return members(sc, v, 4, func(key []byte, v int) (int, error) {
+						end, err := sc.skip(v, 4)
+						switch string(key) {
+						case "content", "reasoning_content", "reasoning", "refusal":
+							out = out || (b[v] == '"' && end-v > 2)
+						case "tool_calls":
+							out = out || (b[v] == '[' && b[sc.ws(v+1)] != ']')
+						}
+						return end, err
+					})
+				}
+			case "text":
+				end, err := sc.skip(v, 3)
+				out = out || (b[v] == '"' && end-v > 2)
+				return end, err
+			case "finish_reason":
+				end, err := sc.skip(v, 3)
+				if err == nil && ci.FinishReason == nil && b[v] == '"' {
+					ci.FinishReason = b[v+1 : end-1]
+				}
+				return end, err
+			}
+			return sc.skip(v, 3)
+		})
+		if out {
+			ci.Tokens++
+			ci.Content = true
+		}
+		return end, err
 	})
-	return out
 }
 
-// readUsage reads a (validated) usage object at b[v].
-func readUsage(sc *scanner, v int, u *Usage) {
+// readUsage reads the usage object at b[v], a member of an object at depth.
+func readUsage(sc *scanner, v, depth int, u *Usage) (int, error) {
 	b := sc.b
-	members(sc, v, 2, func(key []byte, v, end int) error {
+	return members(sc, v, depth+1, func(key []byte, v int) (int, error) {
+		end, err := sc.skip(v, depth+1)
+		if err != nil {
+			return end, err
+		}
 		n, _ := parseInt(b[v:end], 1<<62)
 		switch string(key) {
 		case "prompt_tokens":
@@ -198,15 +222,16 @@ func readUsage(sc *scanner, v int, u *Usage) {
 		case "prompt_tokens_details":
 			u.CachedTokens = 0
 			if b[v] == '{' {
-				members(sc, v, 3, func(key []byte, v, end int) error {
-					if string(key) == "cached_tokens" {
+				members(sc, v, depth+2, func(key []byte, v int) (int, error) {
+					end, err := sc.skip(v, depth+2)
+					if err == nil && string(key) == "cached_tokens" {
 						u.CachedTokens, _ = parseInt(b[v:end], 1<<62)
 					}
-					return nil
+					return end, err
 				})
 			}
 		}
-		return nil
+		return end, nil
 	})
 }
 
