@@ -72,34 +72,44 @@ func (a *Assembler) Reset(e Endpoint) {
 // Usage returns the usage of the stream's include_usage chunk; ok is false when there was none.
 func (a *Assembler) Usage() (u Usage, ok bool) { return a.usage, a.hasUsage }
 
-// Add adds one chunk, the data of one SSE event. [DONE] is ignored. A chunk that is not a JSON object is a
-// *SyntaxError; a chunk with an "error" member is returned as a *StreamError. Add copies what it keeps: data
-// may be reused as soon as it returns.
+// Add adds one chunk, the data of one SSE event, in a single pass that also validates it. [DONE] is ignored. A
+// chunk that is not a well-formed JSON object is a *SyntaxError; a chunk with an "error" member is returned as a
+// *StreamError. After an error the assembled answer is unspecified (the stream is broken anyway). Add copies
+// what it keeps: data may be reused as soon as it returns.
 func (a *Assembler) Add(data []byte) error {
 	sc := scanner{b: data, maxDepth: chunkDepth}
 	i := sc.ws(0)
 	if j := i + len("[DONE]"); j <= len(data) && string(data[i:j]) == "[DONE]" && sc.ws(j) == len(data) {
 		return nil
 	}
-	end, err := sc.skip(i, 0)
-	if err == nil {
-		err = sc.end(end)
-	}
-	if err != nil {
+	if i >= len(data) || data[i] != '{' {
+		end, err := sc.skip(i, 0)
+		if err == nil {
+			err = sc.end(end)
+		}
+		if err == nil {
+			err = errNotObject
+		}
 		return err
 	}
-	if data[i] != '{' {
-		return errNotObject
-	}
-	errSpan, choices := noSpan, noSpan
-	members(&sc, i, 1, func(key []byte, v int) (int, error) {
-		end, _ := sc.skip(v, 1)
+	failed := false
+	end, err := members(&sc, i, 1, func(key []byte, v int) (int, error) {
+		if string(key) == "choices" && data[v] == '[' {
+			return elements(&sc, v, 2, func(pos, v int) (int, error) {
+				if data[v] != '{' {
+					return sc.skip(v, 2)
+				}
+				return a.addChoice(&sc, v, pos)
+			})
+		}
+		end, err := sc.skip(v, 1)
+		if err != nil {
+			return end, err
+		}
 		val := data[v:end]
 		switch string(key) {
 		case "error":
-			if data[v] != 'n' {
-				errSpan = Span{v, end}
-			}
+			failed = failed || data[v] != 'n'
 		case "id":
 			if len(a.id) == 0 {
 				a.id = append(a.id, val...)
@@ -123,42 +133,32 @@ func (a *Assembler) Add(data []byte) error {
 				a.usage = Usage{}
 				readUsage(&sc, v, 1, &a.usage)
 			}
-		case "choices":
-			choices = Span{v, end}
 		}
 		return end, nil
 	})
-	if errSpan.Start >= 0 {
+	if err == nil {
+		err = sc.end(end)
+	}
+	if err != nil {
+		return err
+	}
+	if failed {
 		msg, typ := ParseUpstreamError(data)
 		return &StreamError{Message: msg, Type: typ}
-	}
-	if choices.Start < 0 || data[choices.Start] != '[' {
-		return nil
-	}
-	i, empty, _ := sc.open(choices.Start, 2)
-	for pos := 0; !empty; pos++ {
-		i = sc.ws(i)
-		end, _ := sc.skip(i, 2)
-		if data[i] == '{' {
-			if err := a.addChoice(&sc, i, pos); err != nil {
-				return err
-			}
-		}
-		var more bool
-		if i, more, _ = sc.next(end, ']'); !more {
-			break
-		}
 	}
 	return nil
 }
 
-// addChoice merges the (validated) choice object at b[v], the pos-th in its chunk.
-func (a *Assembler) addChoice(sc *scanner, v, pos int) error {
+// addChoice merges the choice object at b[v], the pos-th in its chunk, and returns the index after it.
+func (a *Assembler) addChoice(sc *scanner, v, pos int) (int, error) {
 	b := sc.b
 	index := pos
 	var delta, text, logprobs, finish, stop Span = noSpan, noSpan, noSpan, noSpan, noSpan
-	members(sc, v, 3, func(key []byte, v int) (int, error) {
-		end, _ := sc.skip(v, 3)
+	choiceEnd, err := members(sc, v, 3, func(key []byte, v int) (int, error) {
+		end, err := sc.skip(v, 3)
+		if err != nil {
+			return end, err
+		}
 		sp := Span{v, end}
 		switch string(key) {
 		case "index":
@@ -182,8 +182,11 @@ func (a *Assembler) addChoice(sc *scanner, v, pos int) error {
 		}
 		return end, nil
 	})
+	if err != nil {
+		return choiceEnd, err
+	}
 	if index < 0 || index > maxChoiceIndex {
-		return fmt.Errorf("openai: choice index out of range (0 to %d)", maxChoiceIndex)
+		return choiceEnd, fmt.Errorf("openai: choice index out of range (0 to %d)", maxChoiceIndex)
 	}
 	for len(a.choices) <= index {
 		if len(a.choices) < cap(a.choices) {
@@ -200,7 +203,7 @@ func (a *Assembler) addChoice(sc *scanner, v, pos int) error {
 	c.used = true
 	if delta.Start >= 0 && b[delta.Start] == '{' {
 		if err := c.addDelta(sc, delta.Start); err != nil {
-			return err
+			return choiceEnd, err
 		}
 	}
 	if text.Start >= 0 && b[text.Start] == '"' {
@@ -219,7 +222,7 @@ func (a *Assembler) addChoice(sc *scanner, v, pos int) error {
 		}
 		c.hasStop = true
 	}
-	return nil
+	return choiceEnd, nil
 }
 
 func (c *asmChoice) reset() {

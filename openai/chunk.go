@@ -177,7 +177,7 @@ func inspectChoices(sc *scanner, v int, ci *ChunkInfo, empty *bool) (int, error)
 						case "content", "reasoning_content", "reasoning", "refusal":
 							out = out || (b[v] == '"' && end-v > 2)
 						case "tool_calls":
-							out = out || (b[v] == '[' && b[sc.ws(v+1)] != ']')
+							out = out || (err == nil && b[v] == '[' && b[sc.ws(v+1)] != ']')
 						}
 						return end, err
 					})
