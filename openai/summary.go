@@ -243,8 +243,10 @@ func (p *parser) object(i int) (int, error) {
 			end, err = p.messages(v)
 		case p.e == Chat && string(key) == "tools":
 			end, err = p.tools(v)
-		case p.e == Completions && string(key) == "prompt", p.e == Embeddings && string(key) == "input":
-			end, err = p.promptValue(v, string(key))
+		case p.e == Completions && string(key) == "prompt":
+			end, err = p.promptValue(v, "prompt")
+		case p.e == Embeddings && string(key) == "input":
+			end, err = p.promptValue(v, "input")
 		case p.s != nil:
 			end, err = p.param(key, v)
 		default:

@@ -240,11 +240,34 @@ func TestParseAllocs(t *testing.T) {
 			t.Errorf("Parse of %d bytes with a reused Summary: %v allocs, want 0", len(body), n)
 		}
 	}
-	body := []byte(`{"m\u006fdel":"esc\u0061ped","messages":[{"content":"x","role":"user"}],"tools":[]}`)
-	var s Summary
-	s.Parse(Chat, body)
-	if n := testing.AllocsPerRun(20, func() { s.Parse(Chat, body) }); n != 0 {
-		t.Errorf("Parse with escapes and out-of-order members: %v allocs, want 0", n)
+	for _, tc := range []struct {
+		e    Endpoint
+		body string
+	}{
+		{Chat, `{"m\u006fdel":"esc\u0061ped","messages":[{"content":"x","role":"user"}],"tools":[],"temperature":0.5}`},
+		{Completions, `{"model":"m","prompt":["a\nb","c"],"max_tokens":5,"n":2}`},
+		{Completions, `{"model":"m","prompt":[[1,2],[3]]}`},
+		{Embeddings, `{"model":"m","input":[1,2,3]}`},
+	} {
+		body := []byte(tc.body)
+		var s Summary
+		if err := s.Parse(tc.e, body); err != nil {
+			t.Fatal(err)
+		}
+		if n := testing.AllocsPerRun(20, func() { s.Parse(tc.e, body) }); n != 0 {
+			t.Errorf("Parse(%s): %v allocs, want 0", body, n)
+		}
+	}
+}
+
+func TestAppendPromptAllocs(t *testing.T) {
+	body := chatBody(64 << 10)
+	dst, err := AppendPrompt(nil, Chat, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(20, func() { AppendPrompt(dst[:0], Chat, body) }); n != 0 {
+		t.Errorf("AppendPrompt into a buffer with room: %v allocs, want 0", n)
 	}
 }
 
