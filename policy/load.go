@@ -1,0 +1,119 @@
+package policy
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/switchyard/switchyard/proxy"
+	"github.com/switchyard/switchyard/routing"
+)
+
+// Parse decodes, defaults and validates the bytes of a policy file; file names it in errors. It expands ${VAR} and
+// ${VAR:-default} from the process environment. An invalid file yields a nil *Config and an Errors listing every
+// problem, sorted by line. Parse has no side effects.
+func Parse(file string, data []byte) (*Config, error) {
+	return parse(file, data, os.LookupEnv)
+}
+
+func parse(file string, data []byte, lookup func(string) (string, bool)) (*Config, error) {
+	r := newReport(file)
+	c := &Config{File: file, Hash: hash(data)}
+	d := &decoder{report: r, lookup: lookup}
+	d.decodeFile(data, c)
+	if d.abort || len(r.errs) > 0 && r.errs[0].Path == "" {
+		return nil, r.errs.sorted() // the document could not be read (as a whole): nothing more to say
+	}
+	r.applyDefaults(c)
+	r.validate(c)
+	if len(r.errs) > 0 {
+		return nil, r.errs.sorted()
+	}
+	return c, nil
+}
+
+func hash(data []byte) string {
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
+}
+
+// Load reads the policy file at path, validates it and compiles it through reg, the registry the caller owns
+// and passes to every later load (see NewWatcher for reloading). An invalid file returns an Errors and leaves reg
+// untouched.
+func Load(path string, reg *routing.Registry) (*Config, *proxy.Snapshot, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("policy: %w", err)
+	}
+	c, err := Parse(path, data)
+	if err != nil {
+		return nil, nil, err
+	}
+	return c, c.Compile(reg, nil), nil
+}
+
+// Compile builds the runtime snapshot of a valid Config. It syncs reg to the Config's backends, so a backend that
+// keeps its name and URL keeps its *routing.Backend and what was learned about it; prev, the snapshot being
+// replaced (nil on the first load), keeps each surviving model's creation time. Every model gets new strategy
+// instances. c must come from Parse or Load; reg must not be nil.
+func (c *Config) Compile(reg *routing.Registry, prev *proxy.Snapshot) *proxy.Snapshot {
+	now := time.Now()
+	cfgs := make([]*routing.BackendConfig, len(c.Backends))
+	for i, b := range c.Backends {
+		cfgs[i] = &routing.BackendConfig{
+			Name:           b.Name,
+			URL:            strings.TrimRight(b.URL, "/"),
+			Region:         b.Region,
+			Engine:         b.Engine,
+			APIKey:         b.APIKey.Value(),
+			Models:         append([]string(nil), b.Models...),
+			Weight:         b.Weight,
+			MaxConcurrency: b.MaxConcurrency,
+			Timeouts: routing.Timeouts{
+				Connect:   b.Timeouts.Connect,
+				FirstByte: b.Timeouts.FirstByte,
+				Idle:      b.Timeouts.Idle,
+				Total:     b.Timeouts.Total,
+			},
+		}
+	}
+	backends := reg.Sync(cfgs)
+	byName := make(map[string]*routing.Backend, len(backends))
+	for _, b := range backends {
+		byName[b.Config().Name] = b
+	}
+
+	s := &proxy.Snapshot{
+		Region:     c.Region,
+		Models:     make(map[string]*proxy.Model, len(c.Models)),
+		ModelNames: make([]string, 0, len(c.Models)),
+		Backends:   backends,
+		Loaded:     now,
+		Hash:       c.Hash,
+	}
+	for _, m := range c.Models {
+		pm := &proxy.Model{
+			Name:         m.Name,
+			Targets:      make([]routing.Target, len(m.Targets)),
+			Strategy:     strategies[m.Strategy](),
+			StrategyName: m.Strategy,
+			SLO:          proxy.SLO{TTFT: m.SLO.TTFT, ITL: m.SLO.ITL},
+			Retries:      m.Retries,
+			Created:      now.Unix(),
+		}
+		for i, t := range m.Targets {
+			pm.Targets[i] = routing.Target{Backend: byName[t.Backend], Model: t.Model}
+		}
+		if prev != nil {
+			if old, ok := prev.Models[m.Name]; ok {
+				pm.Created = old.Created
+			}
+		}
+		s.Models[m.Name] = pm
+		s.ModelNames = append(s.ModelNames, m.Name)
+	}
+	return s
+}

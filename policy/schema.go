@@ -1,0 +1,259 @@
+package policy
+
+import (
+	"time"
+)
+
+// Config is a decoded, defaulted and validated policy file. Every field says its unit, its default (what an
+// absent field means) and its effect; docs/config.md is the same reference for operators. Fields marked "not
+// supported yet" are decoded and validated, but a file that sets them is rejected until their behaviour lands
+// (see the supported table), so that no setting is ever silently ignored.
+//
+// A Config is immutable once returned; it is safe to read from any goroutine.
+type Config struct {
+	// Listen is the client-facing address (host:port) for the OpenAI-compatible API. Default 127.0.0.1:8080.
+	// Static: a reload that changes it is ignored with a warning until the process restarts.
+	Listen string `yaml:"listen"`
+	// AdminListen is the address of the admin server (/metrics, /healthz, /readyz, /debug). Default
+	// 127.0.0.1:9090; must differ from Listen. Static.
+	AdminListen string `yaml:"admin_listen"`
+	// Region is where this gateway runs (e.g. us-east); backends in other regions are remote. Default "local".
+	Region string `yaml:"region"`
+	// Redis is the URL (redis://[:password@]host:port/db or rediss://...) of the state shared between
+	// replicas; empty keeps all state in process. Static. Not supported yet (unless empty).
+	Redis Secret `yaml:"redis"`
+	// Backends are the upstream inference servers, in the order they are listed. At least one.
+	Backends []Backend `yaml:"backends"`
+	// Models are the public model names clients may ask for, and how each is routed. At least one.
+	Models []Model `yaml:"models"`
+	// Regions holds per-region settings, keyed by region name. Not supported yet.
+	Regions map[string]Region `yaml:"regions"`
+	// Priorities configures priority classes and how a request picks one. Not supported yet.
+	Priorities Priorities `yaml:"priorities"`
+	// APIKeys, when present, makes the gateway require "Authorization: Bearer <key>" and lists the keys it
+	// accepts. Absent: no authentication. Not supported yet.
+	APIKeys []APIKey `yaml:"api_keys"`
+	// Limits bounds requests and the gateway's own resources.
+	Limits Limits `yaml:"limits"`
+
+	// File is the path the policy was loaded from, as given.
+	File string `yaml:"-"`
+	// Hash is the hex SHA-256 of the file's bytes; it identifies the policy in /debug/config and in logs.
+	Hash string `yaml:"-"`
+}
+
+// Backend is one upstream inference server.
+type Backend struct {
+	// Name identifies the backend in the X-Switchyard-Backend header, metrics and logs. Required, unique; letters,
+	// digits, '.', '_', '-' and ':'.
+	Name string `yaml:"name"`
+	// URL is the backend's base URL, absolute http or https, without user info, query or fragment, and without
+	// the /v1 suffix: request paths such as /v1/chat/completions are appended to it. Required.
+	URL string `yaml:"url"`
+	// Region is where the backend runs. Default: the gateway's Region.
+	Region string `yaml:"region"`
+	// Engine is the server software, which decides how its load metrics are scraped: vllm, sglang, or openai
+	// (a hosted OpenAI-compatible API: nothing to scrape). Default vllm.
+	Engine string `yaml:"engine"`
+	// Models are the model names the backend serves upstream. At least one.
+	Models []string `yaml:"models"`
+	// APIKey, when set, is sent upstream as "Authorization: Bearer <api_key>" in place of the client's
+	// credentials. Write it as ${ENV_VAR}; it is never printed. Default: none.
+	APIKey Secret `yaml:"api_key"`
+	// Weight is the backend's relative share of traffic for the least_request and random strategies (round_robin
+	// ignores it). Default 1; must be > 0 (0, draining, is not supported yet).
+	Weight float64 `yaml:"weight"`
+	// MaxConcurrency caps the requests in flight to the backend; 0 means an adaptive cap that keeps the engine's
+	// queue shallow. Default: no cap. Not supported yet.
+	MaxConcurrency int `yaml:"max_concurrency"`
+	// Tier is dedicated (capacity this deployment owns, used first) or overflow (used only when the dedicated
+	// backends are saturated). Default dedicated. Not supported yet.
+	Tier string `yaml:"tier"`
+	// Cost is what the backend's tokens cost, for cost-aware routing and reports. Default 0. Not supported yet.
+	Cost Cost `yaml:"cost"`
+	// Timeouts bound each attempt sent to the backend. Default: Limits.Timeouts, field by field.
+	Timeouts Timeouts `yaml:"timeouts"`
+}
+
+// Cost is a backend's price, in a currency of the operator's choice (USD by convention) per million tokens.
+type Cost struct {
+	// Input is the price of one million prompt tokens. Default 0; >= 0.
+	Input float64 `yaml:"input"`
+	// Output is the price of one million generated tokens. Default 0; >= 0.
+	Output float64 `yaml:"output"`
+}
+
+// Timeouts bound one upstream attempt, phase by phase (durations such as 500ms, 5s, 10m). Every field must be
+// positive.
+type Timeouts struct {
+	// Connect bounds dialing the backend (TCP, and TLS for https). Default 5s. A timeout here is retried on
+	// another backend.
+	Connect time.Duration `yaml:"connect"`
+	// FirstByte bounds the wait from sending a request to the first byte of the response: the engine's queue
+	// plus prefill. Default 60s. A timeout here has sent nothing to the client and is retried.
+	FirstByte time.Duration `yaml:"first_byte"`
+	// Idle bounds the silence between two chunks of a streaming response (a stalled decode). Default 60s. A
+	// timeout here ends the stream with an error event.
+	Idle time.Duration `yaml:"idle"`
+	// Total bounds the whole attempt, streaming included; long generations take minutes. Default 30m; must be at
+	// least FirstByte.
+	Total time.Duration `yaml:"total"`
+}
+
+// Model is one public model name and its route.
+type Model struct {
+	// Name is what clients send as "model". Required, unique, no white space.
+	Name string `yaml:"name"`
+	// Targets are the backends that serve the model, each with the model name to send upstream. Default: every
+	// backend whose models list Name, under the same name.
+	Targets []Target `yaml:"targets"`
+	// Strategy picks a target for each request: adaptive, round_robin, least_request, random, cache_aware or
+	// prefix_hash (see strategies for which are available). Default DefaultStrategy.
+	Strategy string `yaml:"strategy"`
+	// SLO is the latency the model promises. Default: no objective.
+	SLO SLO `yaml:"slo"`
+	// PrefixAffinity keeps requests that share a prompt prefix on the backend that holds it in its KV cache.
+	// Default false. Not supported yet (unless false).
+	PrefixAffinity bool `yaml:"prefix_affinity"`
+	// Retries is how many other backends a request may try after a failure before its first byte (never after).
+	// Default 2; 0 disables retries; at most 10.
+	Retries int `yaml:"retries"`
+	// Hedge sends a second attempt to another backend when the first has no first byte in time. Default: off.
+	// Not supported yet.
+	Hedge Hedge `yaml:"hedge"`
+	// DegradeTo names another model that takes this model's requests under overload (brownout) instead of
+	// shedding them. Default: none. Not supported yet.
+	DegradeTo string `yaml:"degrade_to"`
+	// AllowedRegions restricts the model's traffic to backends in these regions (data residency). Default: any
+	// region. Not supported yet.
+	AllowedRegions []string `yaml:"allowed_regions"`
+}
+
+// Target is one way to serve a public model: a backend, and the model name the backend knows it by.
+type Target struct {
+	// Backend names a backend. Required.
+	Backend string `yaml:"backend"`
+	// Model is the upstream model name; the request's "model" is rewritten to it. It must be one of the
+	// backend's models. Default: the public model name.
+	Model string `yaml:"model"`
+}
+
+// SLO is a latency objective; a zero field means "no objective".
+type SLO struct {
+	// TTFT is the time to first token the model promises. Default: none; > 0 when set.
+	TTFT time.Duration `yaml:"ttft"`
+	// ITL is the inter-token latency the model promises. Default: none; > 0 when set.
+	ITL time.Duration `yaml:"itl"`
+}
+
+// Hedge configures hedged requests for one model.
+type Hedge struct {
+	// After is how long an attempt may go without a first byte before a second attempt is raced against it on
+	// another backend; the loser is cancelled. Required when hedging is configured; > 0.
+	After time.Duration `yaml:"after"`
+	// BudgetPercent caps hedged attempts as a percentage of the model's requests. Default 5; in (0, 100].
+	BudgetPercent float64 `yaml:"budget_percent"`
+}
+
+// Region holds one region's settings.
+type Region struct {
+	// Failover lists the regions that take this region's traffic, in order, when its own backends are saturated
+	// or failing. Default: none.
+	Failover []string `yaml:"failover"`
+}
+
+// Priorities configures priority classes.
+type Priorities struct {
+	// Header is the request header a client may set to a class name. Default x-switchyard-priority. An API key's
+	// priority, when set, wins over the header.
+	Header string `yaml:"header"`
+	// Default is the class of a request that names none. Default standard.
+	Default string `yaml:"default"`
+	// Classes lists the classes from most to least important. Default: critical (slo_factor 2), standard (1),
+	// sheddable (0.5).
+	Classes []PriorityClass `yaml:"classes"`
+}
+
+// PriorityClass is one priority class.
+type PriorityClass struct {
+	// Name is the class name clients and keys refer to. Required, unique.
+	Name string `yaml:"name"`
+	// SLOFactor multiplies the model's SLO for requests of this class when deciding to shed them: below 1 sheds
+	// the class earlier, above 1 later. Default 1; > 0.
+	SLOFactor float64 `yaml:"slo_factor"`
+}
+
+// APIKey is one client credential and what it may do.
+type APIKey struct {
+	// Name identifies the key in logs and metrics (never the key itself). Required, unique.
+	Name string `yaml:"name"`
+	// Key is the credential: ${ENV_VAR} (the plaintext comes from the environment) or sha256:<64 hex digits>
+	// (also written as a mapping {sha256: <hex>}), so the file holds no plaintext. Required.
+	Key KeyHash `yaml:"key"`
+	// Priority is the class of the key's requests. Default: Priorities.Default.
+	Priority string `yaml:"priority"`
+	// Models restricts the key to these public models. Default: all models.
+	Models []string `yaml:"models"`
+	// Limits are the key's rate limits. Default: none.
+	Limits KeyLimits `yaml:"limits"`
+}
+
+// KeyLimits are per-key rate limits; 0 means unlimited.
+type KeyLimits struct {
+	// RequestsPerMinute caps the key's requests per minute. Default 0 (unlimited); >= 0.
+	RequestsPerMinute int `yaml:"requests_per_minute"`
+	// TokensPerMinute caps the key's prompt plus completion tokens per minute. Default 0 (unlimited); >= 0.
+	TokensPerMinute int `yaml:"tokens_per_minute"`
+}
+
+// Limits bounds requests and the gateway's own resources.
+type Limits struct {
+	// MaxBodyBytes is the largest request body accepted (413 above it), in bytes; also written with a unit:
+	// 512KiB, 32MiB, 1GiB. Default 32MiB. Static.
+	MaxBodyBytes ByteSize `yaml:"max_body_bytes"`
+	// HeaderReadTimeout bounds reading a request's headers and body from the client (slowloris protection).
+	// Default 10s; > 0. Static.
+	HeaderReadTimeout time.Duration `yaml:"header_read_timeout"`
+	// DrainTimeout is how long in-flight requests may run after the gateway is told to stop before their streams
+	// are ended with an error event. Default 60s; 0 stops at once.
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// Timeouts are the defaults for every backend's timeouts.
+	Timeouts Timeouts `yaml:"timeouts"`
+	// QueueSize caps the requests waiting in the gateway queue for a backend; beyond it requests are shed (503).
+	// Default 1024; > 0. Not supported yet.
+	QueueSize int `yaml:"queue_size"`
+	// QueueTimeout bounds a request's wait in the gateway queue (503 after it). Default 10s; > 0. Not supported
+	// yet.
+	QueueTimeout time.Duration `yaml:"queue_timeout"`
+}
+
+// Secret is a string that must not be printed: fmt and encoding/json show it as "[redacted]" (or "" when empty).
+// Value returns the real text.
+type Secret string
+
+// Value returns the secret's text.
+func (s Secret) Value() string { return string(s) }
+
+// String implements fmt.Stringer without revealing the secret.
+func (s Secret) String() string {
+	if s == "" {
+		return ""
+	}
+	return "[redacted]"
+}
+
+// MarshalJSON shows the secret as "[redacted]", so /debug output cannot leak it.
+func (s Secret) MarshalJSON() ([]byte, error) { return []byte(`"` + s.String() + `"`), nil }
+
+// KeyHash is the SHA-256 of an API key. The gateway compares hashes of what clients send with it, so the
+// plaintext is needed neither in the file nor in memory.
+type KeyHash [32]byte
+
+// String implements fmt.Stringer without revealing the hash (it identifies the key).
+func (KeyHash) String() string { return "[redacted]" }
+
+// MarshalJSON shows the hash as "[redacted]".
+func (KeyHash) MarshalJSON() ([]byte, error) { return []byte(`"[redacted]"`), nil }
+
+// ByteSize is a size in bytes. A policy file writes it as an integer or with a unit (KiB, MiB, GiB, KB, MB, GB).
+type ByteSize int64

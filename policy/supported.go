@@ -1,0 +1,102 @@
+package policy
+
+import (
+	"maps"
+	"slices"
+)
+
+// supported is THE table of the schema's fields: path (indices as "[]", map keys as ".*") -> whether the gateway
+// implements its behaviour today. A file that sets a field marked false, or a field below one, to anything but an
+// empty value (null, "", [], {}, false) is rejected with "PATH: not supported yet", so that no setting is silently
+// ignored. Landing a feature is flipping its line to true; TestSupportedTableCoversSchema keeps the table in step
+// with the schema types and TestNotSupportedYet proves every false line is enforced.
+var supported = map[string]bool{
+	"listen":       true,
+	"admin_listen": true,
+	"region":       true,
+	"redis":        false, // shared state across replicas
+
+	"backends":                       true,
+	"backends[].name":                true,
+	"backends[].url":                 true,
+	"backends[].region":              true,
+	"backends[].engine":              true,
+	"backends[].models":              true,
+	"backends[].api_key":             true,
+	"backends[].weight":              true,
+	"backends[].max_concurrency":     false, // fixed and adaptive concurrency caps (admission)
+	"backends[].tier":                false, // overflow backends
+	"backends[].cost":                false, // cost-aware routing
+	"backends[].cost.input":          true,
+	"backends[].cost.output":         true,
+	"backends[].timeouts":            true,
+	"backends[].timeouts.connect":    true,
+	"backends[].timeouts.first_byte": true,
+	"backends[].timeouts.idle":       true,
+	"backends[].timeouts.total":      true,
+
+	"models":                        true,
+	"models[].name":                 true,
+	"models[].targets":              true,
+	"models[].targets[].backend":    true,
+	"models[].targets[].model":      true,
+	"models[].strategy":             true,
+	"models[].slo":                  true,
+	"models[].slo.ttft":             true,
+	"models[].slo.itl":              true,
+	"models[].prefix_affinity":      false, // prefix-cache affinity (cache, routing)
+	"models[].retries":              true,
+	"models[].hedge":                false, // hedged requests (proxy)
+	"models[].hedge.after":          true,
+	"models[].hedge.budget_percent": true,
+	"models[].degrade_to":           false, // brownout (admission)
+	"models[].allowed_regions":      false, // data residency (routing)
+
+	"regions":            false, // multi-region failover (routing)
+	"regions.*.failover": true,
+
+	"priorities":                      false, // priority classes (admission)
+	"priorities.header":               true,
+	"priorities.default":              true,
+	"priorities.classes":              true,
+	"priorities.classes[].name":       true,
+	"priorities.classes[].slo_factor": true,
+
+	"api_keys":                              false, // client authentication (admission)
+	"api_keys[].name":                       true,
+	"api_keys[].key":                        true,
+	"api_keys[].priority":                   false, // priority classes (admission)
+	"api_keys[].models":                     true,
+	"api_keys[].limits":                     false, // per-key rate limits (admission)
+	"api_keys[].limits.requests_per_minute": true,
+	"api_keys[].limits.tokens_per_minute":   true,
+
+	"limits":                     true,
+	"limits.max_body_bytes":      true,
+	"limits.header_read_timeout": true,
+	"limits.drain_timeout":       true,
+	"limits.timeouts":            true,
+	"limits.timeouts.connect":    true,
+	"limits.timeouts.first_byte": true,
+	"limits.timeouts.idle":       true,
+	"limits.timeouts.total":      true,
+	"limits.queue_size":          false, // the gateway queue (admission)
+	"limits.queue_timeout":       false,
+}
+
+// checkSupported reports every field the file set, to a non-empty value, whose behaviour has not landed yet: the
+// outermost one only (api_keys, not also api_keys[0].limits).
+func (r *report) checkSupported() {
+	var reported []string
+	for _, p := range slices.Sorted(maps.Keys(r.fields)) { // a parent sorts before its children
+		f := r.fields[p]
+		if ok, known := supported[f.pattern]; !known || ok || f.empty {
+			continue
+		}
+		if slices.ContainsFunc(reported, func(q string) bool { return within(p, q) }) {
+			continue
+		}
+		r.errorf(p, "not supported yet")
+		reported = append(reported, p)
+	}
+}
