@@ -24,15 +24,11 @@ func LoadFleet(path string) ([]Config, error) {
 // flags' names in snake case (name, listen, region, model, prefill_tps, itl, itl_per_seq, overhead,
 // max_num_seqs, max_batched_tokens, kv_blocks, default_max_tokens, rtt, fail_rate, seed); durations are written
 // like 20ms. Each entry starts from DefaultConfig; name is required and unique, listen defaults to a free
-// loopback port.
+// loopback port. For example:
 //
-//	- name: use-1
-//	  region: us-east
-//	  listen: 127.0.0.1:8001
-//	- name: euw-1
-//	  region: eu-west
-//	  listen: 127.0.0.1:8002
-//	  rtt: 80ms
+//	# fleet.yaml: two regions
+//	- {name: use-1, region: us-east, listen: 127.0.0.1:8001}
+//	- {name: euw-1, region: eu-west, listen: 127.0.0.1:8002, rtt: 80ms, itl: 25ms}
 //
 // Decoding is strict: an unknown or repeated key, a value of the wrong type or out of range is an error that
 // names the file and line, as "fleet.yaml:7: itl: \"fast\" is not a duration (like 20ms)".

@@ -1,0 +1,101 @@
+package sim
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseFleetGood(t *testing.T) {
+	src := `# two regions
+- name: use-1
+  region: us-east
+  listen: 127.0.0.1:8001
+  prefill_tps: 20000
+  itl: 12ms
+  itl_per_seq: 0.05ms
+  overhead: 8ms
+  max_num_seqs: 128
+  max_batched_tokens: 2048
+  kv_blocks: 4096
+  default_max_tokens: 64
+  rtt: 0s
+  fail_rate: 0.01
+  seed: 7
+  model: big
+- {name: euw-1, region: eu-west, listen: "127.0.0.1:8002", rtt: 40ms}
+`
+	cfgs, err := ParseFleet("fleet.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want0 := Config{Name: "use-1", Region: "us-east", Listen: "127.0.0.1:8001", Model: "big", PrefillTPS: 20000,
+		ITL: 12 * time.Millisecond, ITLPerSeq: 50 * time.Microsecond, Overhead: 8 * time.Millisecond,
+		MaxNumSeqs: 128, MaxBatchedTokens: 2048, KVBlocks: 4096, DefaultMaxTokens: 64, FailRate: 0.01, Seed: 7}
+	want1 := DefaultConfig()
+	want1.Name, want1.Region, want1.Listen, want1.RTT = "euw-1", "eu-west", "127.0.0.1:8002", 40*time.Millisecond
+	if len(cfgs) != 2 || cfgs[0] != want0 || cfgs[1] != want1 {
+		t.Errorf("got %+v\nwant %+v\n     %+v", cfgs, want0, want1)
+	}
+}
+
+func TestParseFleetErrors(t *testing.T) {
+	tests := []struct {
+		name, src, want string
+	}{
+		{"unknown key", "- name: a\n  listen: 127.0.0.1:0\n  speed: 3\n", `fleet.yaml:3: unknown field "speed"`},
+		{"bad duration", "- name: a\n\n  itl: fast\n", `fleet.yaml:3: itl: "fast" is not a duration`},
+		{"out of range", "- name: a\n- name: b\n  fail_rate: 1.5\n", `fleet.yaml:3: fail_rate: 1.5 is outside [0, 1]`},
+		{"zero prefill", "- name: a\n  prefill_tps: 0\n", `fleet.yaml:2: prefill_tps: 0 must be > 0`},
+		{"not an integer", "- name: a\n  kv_blocks: lots\n", `fleet.yaml:2: kv_blocks: "lots" is not an integer`},
+		{"missing name", "- name: a\n- listen: 127.0.0.1:0\n", `fleet.yaml:2: name: required`},
+		{"duplicate name", "- name: a\n- name: b\n- name: a\n", `fleet.yaml:3: name: "a" is already used on line 1`},
+		{"duplicate listen", "- {name: a, listen: 127.0.0.1:9}\n- {name: b, listen: 127.0.0.1:9}\n",
+			`fleet.yaml:2: listen: 127.0.0.1:9 is already used on line 1`},
+		{"repeated key", "- name: a\n  itl: 1ms\n  itl: 2ms\n", `fleet.yaml:3: `},
+		{"list value", "- name: a\n  itl: [1ms]\n", `fleet.yaml:2: itl: want a single value`},
+		{"empty value", "- name: a\n  rtt:\n", `fleet.yaml:2: rtt: want a single value`},
+		{"not a list", "name: a\n", `fleet.yaml:1: want a list of backends`},
+		{"entry not a mapping", "- a\n", `fleet.yaml:1: want a mapping`},
+		{"empty file", "", `fleet.yaml: no backends`},
+		{"empty list", "[]\n", `fleet.yaml:1: no backends`},
+		{"syntax error", "- name: a\n- name: b\n  model: x: y\n", `fleet.yaml:3: mapping values are not allowed`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseFleet("fleet.yaml", []byte(tc.src))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error = %v, want it to contain %q", err, tc.want)
+			}
+			if err != nil && !strings.HasPrefix(err.Error(), "sim: fleet: fleet.yaml") {
+				t.Errorf("error %q does not start with the stage and the file", err)
+			}
+		})
+	}
+}
+
+func TestLoadFleet(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "f.yaml")
+	if err := os.WriteFile(path, []byte("- name: x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfgs, err := LoadFleet(path)
+	if err != nil || len(cfgs) != 1 || cfgs[0].Name != "x" {
+		t.Errorf("LoadFleet = %v, %v", cfgs, err)
+	}
+	if _, err := LoadFleet(path + ".missing"); err == nil || !strings.Contains(err.Error(), "f.yaml.missing") {
+		t.Errorf("missing file: %v", err)
+	}
+}
+
+func TestBenchFleetFilesParse(t *testing.T) {
+	// The benchmark harness's fleet files are this package's format: keep them loadable.
+	files, _ := filepath.Glob("../bench/fleets/*.yaml")
+	for _, f := range files {
+		if _, err := LoadFleet(f); err != nil {
+			t.Error(err)
+		}
+	}
+}
