@@ -1,4 +1,5 @@
-// Package cache holds the prefix index (chained hashes of 64-byte prompt blocks, per-backend ownership with bounded
-// capacity and eviction) that lets routing keep requests that share a prompt prefix on the backend already holding
-// it, and the optional exact response cache; each has an in-memory store and a Redis-backed one.
+// Package cache holds the prefix index: chained hashes of 64-byte prompt blocks and, per backend, the blocks it is
+// believed to hold in its KV cache (bounded, CLOCK eviction, TTLs), which lets routing keep requests that share a
+// prompt prefix on the backend already holding it. The exact response cache and the Redis-backed stores that
+// DESIGN.md section 7 describes are not built yet.
 package cache

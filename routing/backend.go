@@ -1,8 +1,14 @@
 package routing
 
 import (
+	"math"
 	"sync/atomic"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard/switchyard/cache"
 )
 
 // Engine names the kind of server behind a backend, which decides how its metrics are scraped.
@@ -43,34 +49,88 @@ type BackendConfig struct {
 	Models []string
 	// Weight is the backend's relative share for weighted strategies; 1 when unset.
 	Weight float64
-	// MaxConcurrency caps requests in flight to this backend; 0 means no fixed cap.
+	// MaxConcurrency caps requests in flight to this backend; 0 means no fixed cap. The adaptive strategy counts
+	// a backend at its cap as saturated.
 	MaxConcurrency int
+	// PrefixCapacity is how many 64-byte prompt blocks the prefix index may believe the backend holds, before
+	// calibration. 0 means "learn it": the engine's KV size when scraped (vllm:cache_config_info), else
+	// cache.DefaultCapacity.
+	PrefixCapacity int
 	// Timeouts bound each attempt sent to this backend.
 	Timeouts Timeouts
 }
 
+// bytesPerToken is the gateway's prompt-length estimate (openai.BytesPerToken): a 64-byte prefix block is 16
+// tokens. Repeated here because routing does not import openai.
+const bytesPerToken = 4
+
+const blockTokens = cache.BlockBytes / bytesPerToken
+
 // Backend is one upstream server and its live state. Backends outlive policy reloads: the Registry keeps the
 // same *Backend for the same name and URL, so learned state survives an edit of unrelated fields.
 //
-// Concurrency: every method is safe for concurrent use; the request path reads atomics and never locks.
-// A Backend must not be copied.
+// Live state, all read lock-free on the request path:
+//   - the gateway's own accounting (atomics): requests in flight, requests and prefill tokens dispatched without
+//     a first token yet, requests decoding;
+//   - the engine's metrics (EngineStats), an immutable snapshot the Monitor publishes behind an atomic.Pointer;
+//   - RTT (EWMAs of probe and connection timings);
+//   - the latency models (see model.go), updated under a small mutex, read through atomics;
+//   - its share of the prefix index (a *cache.Owner) when it belongs to a Registry.
+//
+// Concurrency: every method is safe for concurrent use. A Backend must not be copied.
 type Backend struct {
-	cfg atomic.Pointer[BackendConfig]
+	cfg      atomic.Pointer[BackendConfig]
+	clock    Clock  // set before the Backend is shared
+	nameHash uint64 // xxhash of the name, for rendezvous hashing
 
 	inflight   atomic.Int64 // requests dispatched and not yet finished
 	prefilling atomic.Int64 // requests dispatched without a first token yet
-	prefillTok atomic.Int64 // prompt tokens of the requests in prefilling (the prefill work queued there)
+	prefillTok atomic.Int64 // uncached prompt tokens of the requests in prefilling (the prefill work queued there)
 	decoding   atomic.Int64 // requests streaming tokens
 	healthy    atomic.Bool
 	requests   atomic.Uint64 // requests dispatched in total
 	failures   atomic.Uint64 // attempts that failed because of the backend
+
+	engine     atomic.Pointer[EngineStats]
+	staleAfter atomic.Int64 // nanoseconds: engine metrics older than this are ignored
+	rttProbe   afloat       // EWMA of probe round trips, seconds; 0 until measured
+	rttConn    afloat       // EWMA of connection-setup times, seconds; 0 until measured
+
+	lat       latency
+	ttftCount atomic.Int64
+
+	newTokAvg afloat // EWMA of uncached tokens per dispatched request: converts the engine queue to tokens
+	hitScale  afloat // EWMA of (cached tokens the engine reported / cached tokens predicted), in [0, 1]
+	hitRate   afloat // EWMA of cached/prompt tokens, from the engine's usage when reported
+	predRate  afloat // EWMA of predicted cached/prompt tokens, when the engine never reports usage
+	usageSeen atomic.Bool
+	alpha     afloat // share of the KV capacity the prefix index may assume (calibrated; starts at 0.8)
+	kvBlocks  atomic.Int64
+
+	owner atomic.Pointer[cache.Owner]
+	obs   atomic.Pointer[backendMetrics]
 }
 
-// NewBackend returns a healthy Backend with cfg.
-func NewBackend(cfg *BackendConfig) *Backend {
-	b := &Backend{}
+// backendMetrics are a backend's resolved metric children (label lookups done once, not per request).
+type backendMetrics struct {
+	ttftError  prometheus.Observer
+	queueDepth prometheus.Gauge
+	inflight   prometheus.Gauge
+}
+
+// NewBackend returns a healthy Backend with cfg, on the system clock. It has no prefix-index share until a
+// Registry gives it one.
+func NewBackend(cfg *BackendConfig) *Backend { return newBackend(cfg, SystemClock{}) }
+
+func newBackend(cfg *BackendConfig, clk Clock) *Backend {
+	b := &Backend{clock: clk, nameHash: xxhash.Sum64String(cfg.Name)}
 	b.cfg.Store(cfg)
 	b.healthy.Store(true)
+	b.lat.init()
+	b.newTokAvg.store(512)
+	b.hitScale.store(1)
+	b.alpha.store(initialAlpha)
+	b.staleAfter.Store(int64(DefaultStaleAfter))
 	return b
 }
 
@@ -83,7 +143,8 @@ func (b *Backend) Name() string { return b.cfg.Load().Name }
 // Inflight returns the number of requests dispatched to b and not yet finished.
 func (b *Backend) Inflight() int64 { return b.inflight.Load() }
 
-// Prefilling returns the number of requests dispatched to b that have no first token yet, and their prompt tokens.
+// Prefilling returns the number of requests dispatched to b that have no first token yet, and their uncached
+// prompt tokens (all prompt tokens for attempts begun with Begin).
 func (b *Backend) Prefilling() (requests, tokens int64) {
 	return b.prefilling.Load(), b.prefillTok.Load()
 }
@@ -103,53 +164,326 @@ func (b *Backend) Requests() uint64 { return b.requests.Load() }
 // Failures returns the number of attempts that failed because of b.
 func (b *Backend) Failures() uint64 { return b.failures.Load() }
 
-// Attempt is the accounting of one request sent to a backend, from dispatch to its end. The request path owns
-// it; its methods must be called in order: FirstToken at most once, then End exactly once.
-type Attempt struct {
-	b          *Backend
-	prefillTok int64
-	first      bool
-	ended      bool
+// Engine returns the last engine-metrics snapshot, or nil if b was never scraped. Check Fresh before trusting it.
+func (b *Backend) Engine() *EngineStats { return b.engine.Load() }
+
+// RTT returns the smoothed round trip to b: the larger of the probe EWMA and the connection-setup EWMA (a
+// simulator's injected delay shows in probes but not in TCP handshakes; on real networks they agree). 0 until
+// measured.
+func (b *Backend) RTT() time.Duration { return duration(b.rtt()) }
+
+func (b *Backend) rtt() float64 { return max(b.rttProbe.load(), b.rttConn.load()) }
+
+// rttAlpha is the EWMA weight of one RTT sample (routing.md 4.2).
+const rttAlpha = 0.2
+
+// ObserveRTT folds one connection-setup time into b's RTT: the proxy calls it when it opens a new upstream
+// connection (TCP connect, plus TLS handshake divided by its round trips if it can tell them apart).
+func (b *Backend) ObserveRTT(d time.Duration) { foldRTT(&b.rttConn, d) }
+
+// observeProbe folds one probe round trip into b's RTT (the Monitor calls it).
+func (b *Backend) observeProbe(d time.Duration) { foldRTT(&b.rttProbe, d) }
+
+func foldRTT(f *afloat, d time.Duration) {
+	s := max(d.Seconds(), 0)
+	if f.load() == 0 {
+		f.store(s)
+		return
+	}
+	f.ewma(s, rttAlpha)
 }
 
-// Begin records a request with promptTokens of prefill work dispatched to b.
+// prefixOwner returns b's share of the prefix index, or nil.
+func (b *Backend) prefixOwner() *cache.Owner { return b.owner.Load() }
+
+// load is a backend's state as the cost function sees it at one instant.
+type load struct {
+	queuedTok float64 // prefill tokens ahead of a new request
+	running   float64 // sequences decoding
+	waiting   float64 // engine queue (0 when unknown)
+	kv        float64 // KV usage 0..1 (0 when unknown)
+	fresh     bool    // engine metrics are fresh
+}
+
+// loadAt combines local accounting with the engine's view: the larger of the two (DESIGN.md section 5), so
+// traffic from other gateway replicas counts too. Engine metrics count only while fresh.
+func (b *Backend) loadAt(now time.Time) load {
+	_, tok := b.Prefilling()
+	l := load{queuedTok: float64(tok), running: float64(b.decoding.Load())}
+	if e := b.engine.Load(); e.Fresh(now, time.Duration(b.staleAfter.Load())) {
+		l.fresh = true
+		l.waiting = e.Waiting
+		l.kv = e.KVUsage
+		l.running = max(l.running, e.Running)
+		l.queuedTok = max(l.queuedTok, e.Waiting*b.newTokAvg.load())
+	}
+	return l
+}
+
+// Attempt is the accounting of one request sent to a backend, from dispatch to its end. The request path owns
+// it; its methods must be called from one goroutine, in order: FirstToken at most once, ObserveUsage at most
+// once, then End exactly once. An Attempt is a value: keep it where the request path keeps its state.
+type Attempt struct {
+	b          *Backend
+	prefillTok int64 // added to b.prefillTok at dispatch
+	first      bool
+	ended      bool
+
+	start, firstAt time.Time
+	// Features captured at dispatch for the TTFT model, and what was predicted from them.
+	promptTok, hitTok        int
+	uncached, queued, runAt0 float64
+	rtt, predTTFT            float64 // seconds: RTT, and the engine's mean TTFT predicted at dispatch
+	runAtFirst               float64
+	hashes                   []uint64
+	owner                    *cache.Owner
+	completionTok            int
+	gotUsage                 bool
+}
+
+// Begin records a request with promptTokens of prefill work dispatched to b. It knows nothing of the prompt's
+// prefix: prefer Dispatch, which also keeps the prefix index and the latency models exact.
 func (b *Backend) Begin(promptTokens int) Attempt {
+	now := b.clock.Now()
+	l := b.loadAt(now)
+	a := Attempt{b: b, start: now, promptTok: promptTokens, uncached: float64(promptTokens),
+		queued: l.queuedTok, runAt0: l.running, rtt: b.rtt()}
+	a.predTTFT = b.lat.ttftMean(a.uncached, a.queued, a.runAt0)
+	b.begin(&a, int64(promptTokens))
+	return a
+}
+
+// Dispatch begins an attempt for r on b: call it right before sending r upstream to b (after Pick chose b, and
+// again for each retry or hedge on another backend). It records the request in b's accounting with the prefill
+// work b must do (the prompt minus the prefix b is believed to hold), inserts r's prompt blocks into b's share of
+// the prefix index speculatively (so a burst sharing a prefix follows it), and captures the features and the
+// prediction that FirstToken will score. r's prefix hashes are kept by the Attempt: do not Reset r until every
+// Attempt begun for it has ended.
+func (b *Backend) Dispatch(r *Request) Attempt {
+	now := b.clock.Now()
+	l := b.loadAt(now)
+	a := Attempt{b: b, start: now, queued: l.queuedTok, runAt0: l.running, rtt: b.rtt()}
+	a.promptTok = r.promptTokens()
+	a.owner = b.prefixOwner()
+	if r.hb != nil && a.owner != nil && len(r.hb.Hashes) > 0 {
+		a.hashes = r.hb.Hashes
+		blocks := 0
+		if r.dec.Backend == b {
+			blocks = r.dec.blocks
+		} else {
+			var c [1]int
+			a.owner.Index().Lookup(a.hashes, []*cache.Owner{a.owner}, c[:])
+			blocks = c[0]
+		}
+		a.hitTok = hitTokens(blocks, a.promptTok, 1)
+	}
+	a.uncached = float64(uncachedTokens(a.promptTok, a.hitTok))
+	a.predTTFT = b.lat.ttftMean(a.uncached, a.queued, a.runAt0)
+	b.begin(&a, int64(a.uncached))
+	b.newTokAvg.ewma(a.uncached, 0.1)
+	if a.promptTok > 0 {
+		b.predRate.ewma(float64(a.hitTok)/float64(a.promptTok), hitRateAlpha)
+	}
+	if a.hashes != nil {
+		a.owner.Insert(a.hashes, now)
+	}
+	return a
+}
+
+func (b *Backend) begin(a *Attempt, prefillTok int64) {
+	a.prefillTok = prefillTok
 	b.inflight.Add(1)
 	b.prefilling.Add(1)
-	b.prefillTok.Add(int64(promptTokens))
+	b.prefillTok.Add(prefillTok)
 	b.requests.Add(1)
-	return Attempt{b: b, prefillTok: int64(promptTokens)}
+}
+
+// hitTokens converts matched blocks to the cached tokens the engine should report, scaled by the backend's
+// calibrated precision: never the whole prompt, since engines always compute the last token.
+func hitTokens(blocks, promptTok int, scale float64) int {
+	h := int(float64(blocks*blockTokens) * scale)
+	return max(min(h, promptTok-1), 0)
+}
+
+// uncachedTokens is the prefill work left: at least one block's worth (or the whole prompt if shorter).
+func uncachedTokens(promptTok, hitTok int) int {
+	return max(promptTok-hitTok, min(promptTok, blockTokens))
 }
 
 // Backend returns the backend the attempt went to.
 func (a *Attempt) Backend() *Backend { return a.b }
 
-// FirstToken records that the backend finished the request's prefill and started decoding.
+// PredictedTTFT returns the TTFT predicted at dispatch (mean, RTT included).
+func (a *Attempt) PredictedTTFT() time.Duration { return duration(a.rtt + a.predTTFT) }
+
+// FirstToken records that the backend finished the request's prefill and started decoding: call it when the
+// first token (the first SSE data chunk with content) arrives. The time since Dispatch is the observed TTFT: it
+// trains b's TTFT model and feeds switchyard_ttft_prediction_error_ratio, and the prefix blocks are confirmed.
 func (a *Attempt) FirstToken() {
 	if a.first || a.ended {
 		return
 	}
+	b := a.b
 	a.first = true
-	a.b.prefilling.Add(-1)
-	a.b.prefillTok.Add(-a.prefillTok)
-	a.b.decoding.Add(1)
+	b.prefilling.Add(-1)
+	b.prefillTok.Add(-a.prefillTok)
+	b.decoding.Add(1)
+	now := b.clock.Now()
+	a.firstAt = now
+	a.runAtFirst = float64(b.decoding.Load())
+	ttft := now.Sub(a.start).Seconds()
+	b.observeTTFT(a, ttft)
+	if a.hashes != nil {
+		a.owner.Confirm(a.hashes, now)
+	}
+}
+
+func (b *Backend) observeTTFT(a *Attempt, ttft float64) {
+	// The engine's part: what the gateway waited minus one round trip, kept above a tenth of the whole so an
+	// RTT estimate larger than a fast answer cannot make it vanish.
+	engine := max(ttft-a.rtt, ttft/10)
+	b.lat.observeTTFT(a.uncached, a.queued, a.runAt0, engine)
+	b.ttftCount.Add(1)
+	if m := b.obs.Load(); m != nil && m.ttftError != nil {
+		if pred := a.rtt + a.predTTFT; pred > 0 {
+			m.ttftError.Observe(math.Abs(ttft-pred) / pred)
+		}
+	}
+}
+
+// Usage is what the backend reported in the response's usage object.
+type Usage struct {
+	// PromptTokens is usage.prompt_tokens.
+	PromptTokens int
+	// CompletionTokens is usage.completion_tokens (or, without usage, the number of content chunks relayed).
+	CompletionTokens int
+	// CachedTokens is usage.prompt_tokens_details.cached_tokens; meaningful only when HasCached.
+	CachedTokens int
+	// HasCached says the backend reported cached_tokens (vLLM with --enable-prompt-tokens-details, SGLang).
+	HasCached bool
+}
+
+const (
+	initialAlpha = 0.8  // share of the engine's KV blocks the index may assume it holds (routing.md 4.4)
+	minAlpha     = 0.1  // calibration never shrinks the index below this share
+	hitRateAlpha = 0.05 // EWMA weight of the prefix hit rate shown in /debug/backends
+)
+
+// ObserveUsage records the usage the backend reported (call it when the final usage chunk arrives, before End;
+// the gateway always asks for it upstream). Completion tokens let End measure the request's mean inter-token
+// latency for the ITL model. Cached tokens calibrate the prefix index against the engine's truth: when the engine
+// holds less than predicted, b's index capacity shrinks by 5% and predicted hits are discounted; when it holds
+// more, the capacity grows by 1% (AIMD, routing.md 4.4).
+func (a *Attempt) ObserveUsage(u Usage) {
+	if a.ended {
+		return
+	}
+	a.gotUsage = true
+	a.completionTok = u.CompletionTokens
+	if !u.HasCached {
+		return
+	}
+	b := a.b
+	prompt := u.PromptTokens
+	if prompt <= 0 {
+		prompt = a.promptTok
+	}
+	if prompt > 0 {
+		b.usageSeen.Store(true)
+		b.hitRate.ewma(min(float64(u.CachedTokens)/float64(prompt), 1), hitRateAlpha)
+	}
+	if a.hashes == nil {
+		return
+	}
+	switch pred := a.hitTok; {
+	case pred-u.CachedTokens > blockTokens: // the engine lost blocks we thought it held
+		b.alpha.store(max(b.alpha.load()*0.95, minAlpha))
+		b.hitScale.ewma(float64(u.CachedTokens)/float64(pred), 0.1)
+		b.applyCapacity()
+	case u.CachedTokens-pred > blockTokens: // it kept more than we thought
+		b.alpha.store(min(b.alpha.load()+0.01, 1))
+		b.hitScale.ewma(1, 0.1)
+		b.applyCapacity()
+	case pred > 0:
+		b.hitScale.ewma(1, 0.1)
+	}
 }
 
 // End records the end of the attempt. backendFailed says the backend is to blame (a connect error, a 5xx, a
-// broken stream), not the client.
+// broken stream, a timeout), not the client. Before a first token, the speculative prefix entries are dropped,
+// and a failure that took longer than predicted (a first-byte timeout) counts as a TTFT of at least that long,
+// so a stalled backend's model learns it. After a first token with usage reported, the request's mean
+// inter-token latency trains the ITL model.
 func (a *Attempt) End(backendFailed bool) {
 	if a.ended {
 		return
 	}
 	a.ended = true
+	b := a.b
 	if a.first {
-		a.b.decoding.Add(-1)
+		b.decoding.Add(-1)
 	} else {
-		a.b.prefilling.Add(-1)
-		a.b.prefillTok.Add(-a.prefillTok)
+		b.prefilling.Add(-1)
+		b.prefillTok.Add(-a.prefillTok)
 	}
-	a.b.inflight.Add(-1)
+	b.inflight.Add(-1)
 	if backendFailed {
-		a.b.failures.Add(1)
+		b.failures.Add(1)
 	}
+	if !a.first {
+		if a.hashes != nil {
+			a.owner.Drop(a.hashes)
+		}
+		if backendFailed {
+			if waited := b.clock.Now().Sub(a.start).Seconds(); waited > 2*(a.rtt+a.predTTFT) {
+				b.observeTTFT(a, waited)
+			}
+		}
+		return
+	}
+	if backendFailed || !a.gotUsage || a.completionTok < 2 {
+		return
+	}
+	elapsed := b.clock.Now().Sub(a.firstAt).Seconds()
+	running := (a.runAtFirst + float64(b.decoding.Load()) + 1) / 2
+	if e := b.engine.Load(); e.Fresh(b.clock.Now(), time.Duration(b.staleAfter.Load())) {
+		running = max(running, e.Running)
+	}
+	b.lat.observeITL(running, elapsed/float64(a.completionTok-1))
+}
+
+// applyCapacity sets b's prefix-index capacity to its KV blocks (scraped, configured or default) times the
+// calibrated share, when that moved by more than 2%.
+func (b *Backend) applyCapacity() {
+	o := b.prefixOwner()
+	if o == nil {
+		return
+	}
+	base := float64(b.kvBlocks.Load())
+	if c := b.cfg.Load().PrefixCapacity; c > 0 {
+		base = float64(c)
+	}
+	if base <= 0 {
+		base = cache.DefaultCapacity
+	}
+	want := max(int(base*b.alpha.load()), 1)
+	if cur := o.Capacity(); math.Abs(float64(want-cur)) > 0.02*float64(cur) {
+		o.SetCapacity(want)
+	}
+}
+
+// PredictTTFT returns b's predicted TTFT for a prompt of promptTokens of which cachedTokens are in its prefix
+// cache, under its current load, RTT included: the mean and the p90. Lock-free.
+func (b *Backend) PredictTTFT(promptTokens, cachedTokens int) (mean, p90 time.Duration) {
+	l := b.loadAt(b.clock.Now())
+	u := float64(uncachedTokens(promptTokens, cachedTokens))
+	m := b.lat.ttftMean(u, l.queuedTok, l.running)
+	return duration(b.rtt() + m), duration(b.rtt() + m*b.lat.ttftSpread.load())
+}
+
+// PredictITL returns b's predicted inter-token latency with one more sequence decoding: mean and p90.
+func (b *Backend) PredictITL() (mean, p90 time.Duration) {
+	l := b.loadAt(b.clock.Now())
+	m := b.lat.itlMean(l.running + 1)
+	return duration(m), duration(m * b.lat.itlSpread.load())
 }

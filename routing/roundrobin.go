@@ -11,12 +11,28 @@ type RoundRobin struct {
 var _ Strategy = (*RoundRobin)(nil)
 
 // Pick implements Strategy.
-func (rr *RoundRobin) Pick(_ *Request, targets []Target) (Target, error) {
-	var buf [16]Target
-	hs := healthy(buf[:0], targets)
-	if len(hs) == 0 {
+func (rr *RoundRobin) Pick(r *Request, targets []Target) (Target, error) {
+	n := healthyCount(targets)
+	if n == 0 {
 		return Target{}, ErrNoBackend
 	}
-	n := rr.next.Add(1) - 1
-	return hs[n%uint64(len(hs))], nil
+	k := int((rr.next.Add(1) - 1) % uint64(n))
+	for _, t := range targets {
+		if !t.Backend.Healthy() {
+			continue
+		}
+		if k == 0 {
+			r.dec = Decision{Backend: t.Backend}
+			return t, nil
+		}
+		k--
+	}
+	// A target turned unhealthy between the two loops: take any healthy one.
+	for _, t := range targets {
+		if t.Backend.Healthy() {
+			r.dec = Decision{Backend: t.Backend}
+			return t, nil
+		}
+	}
+	return Target{}, ErrNoBackend
 }

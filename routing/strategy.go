@@ -2,11 +2,21 @@ package routing
 
 import (
 	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/switchyard/switchyard/cache"
+	"github.com/switchyard/switchyard/metrics"
 )
 
 // ErrNoBackend is returned when no backend can take a request: none serves the model, all are unhealthy, or all
 // were already tried.
 var ErrNoBackend = errors.New("routing: no backend available")
+
+// ErrUnknownStrategy is returned by NewStrategy for a name it does not know.
+var ErrUnknownStrategy = errors.New("routing: unknown strategy")
 
 // Target is one way to serve a public model: a backend and the model name to send it upstream.
 type Target struct {
@@ -15,16 +25,76 @@ type Target struct {
 	Model string
 }
 
-// Request is what a strategy knows about the request it routes. The request path owns it and reuses it.
+// Request is what a strategy knows about the request it routes. The request path owns it and may reuse it for
+// another request after Reset.
+//
+// On its first Pick a Request hashes its Prompt into 64-byte prefix blocks (cache.AppendHashes, seeded by Model)
+// and keeps the hashes, in a pooled buffer, for later Picks (retries, hedges, late binding) and for the Attempts
+// that Dispatch begins. Pick also records its Decision.
 type Request struct {
-	// Model is the public model name the client asked for.
+	// Model is the public model name the client asked for; it seeds the prefix hashes.
 	Model string
-	// PromptTokens estimates the prompt's length in tokens.
+	// PromptTokens estimates the prompt's length in tokens; 0 means len(Prompt)/4.
 	PromptTokens int
 	// MaxTokens is the client's output bound (0 when unset).
 	MaxTokens int
-	// Prompt is the canonical prompt (openai.AppendPrompt), for prefix hashing; valid during Pick only.
+	// Prompt is the canonical prompt (openai.AppendPrompt), for prefix hashing; read during the first Pick only.
 	Prompt []byte
+	// ITLSLO, when set, is the inter-token latency the model promises: the adaptive strategy avoids backends
+	// whose predicted p90 ITL with this request added exceeds it, unless all do.
+	ITLSLO time.Duration
+
+	hb     *cache.HashBuf
+	hashed bool
+	dec    Decision
+}
+
+// Decision is what the last Pick chose and predicted, for admission (early SLO checks), logs and Dispatch.
+type Decision struct {
+	// Backend is the chosen backend, nil before a successful Pick.
+	Backend *Backend
+	// CachedTokens is the prefix the chosen backend is believed to hold, in tokens.
+	CachedTokens int
+	// TTFT is the predicted p90 time to first token on the chosen backend, RTT included (adaptive only).
+	TTFT time.Duration
+	// Cost is the adaptive strategy's cost of the choice (TTFT plus penalties); 0 for other strategies.
+	Cost time.Duration
+	// Saturated says that every healthy candidate was saturated: the pick is the least bad, and admission
+	// control may prefer to queue or shed.
+	Saturated bool
+
+	blocks int // leading prefix blocks the chosen backend holds
+}
+
+// Decision returns what the last Pick on r chose and predicted.
+func (r *Request) Decision() Decision { return r.dec }
+
+// Reset clears r for another request and returns its hash buffer to the pool. Call it only after every Attempt
+// begun for r has ended (they read its hashes).
+func (r *Request) Reset() {
+	if r.hb != nil {
+		cache.ReleaseHashBuf(r.hb)
+	}
+	*r = Request{}
+}
+
+// hashes returns r's prefix-block hashes, computing them on first use.
+func (r *Request) hashes(maxBlocks int) []uint64 {
+	if !r.hashed {
+		if r.hb == nil {
+			r.hb = cache.AcquireHashBuf()
+		}
+		r.hb.Hashes = cache.AppendHashes(r.hb.Hashes[:0], cache.Seed(r.Model), r.Prompt, maxBlocks)
+		r.hashed = true
+	}
+	return r.hb.Hashes
+}
+
+func (r *Request) promptTokens() int {
+	if r.PromptTokens > 0 {
+		return r.PromptTokens
+	}
+	return (len(r.Prompt) + bytesPerToken - 1) / bytesPerToken
 }
 
 // Strategy picks the target to send a request to. Implementations are safe for concurrent use.
@@ -34,12 +104,140 @@ type Strategy interface {
 	Pick(r *Request, targets []Target) (Target, error)
 }
 
-// healthy returns the targets whose backend is healthy, appended to dst.
-func healthy(dst, targets []Target) []Target {
+// Strategy names, as the policy spells them (`strategy:` of a model).
+const (
+	StrategyAdaptive     = "adaptive"
+	StrategyRoundRobin   = "round_robin"
+	StrategyLeastRequest = "least_request"
+	StrategyRandom       = "random"
+	StrategyCacheAware   = "cache_aware"
+	StrategyPrefixHash   = "prefix_hash"
+)
+
+// DefaultStrategy is the strategy of a model whose policy names none.
+const DefaultStrategy = StrategyAdaptive
+
+// StrategyEnv is what NewStrategy needs besides the name. One strategy serves one public model; its zero value
+// works (no metrics, no region, default parameters, the system clock).
+type StrategyEnv struct {
+	// Region is the gateway's own region: backends elsewhere pay the adaptive strategy's cross-region margin.
+	// Empty means "no region": no backend pays it.
+	Region string
+	// Model is the public model name, used as the label of the prefix-lookup metrics.
+	Model string
+	// Metrics receives switchyard_prefix_cache_lookups_total and _hits_total; nil disables them.
+	Metrics *metrics.Gateway
+	// Clock is the time source for staleness checks; nil means the system clock.
+	Clock Clock
+	// Adaptive tunes the adaptive strategy; nil means DefaultAdaptiveParams. Other strategies ignore it.
+	Adaptive *AdaptiveParams
+}
+
+var strategyTable = map[string]func(StrategyEnv) (Strategy, error){
+	StrategyAdaptive: func(env StrategyEnv) (Strategy, error) {
+		p := DefaultAdaptiveParams()
+		if env.Adaptive != nil {
+			p = *env.Adaptive
+		}
+		return NewAdaptive(env, p)
+	},
+	StrategyRoundRobin:   func(StrategyEnv) (Strategy, error) { return &RoundRobin{}, nil },
+	StrategyLeastRequest: func(StrategyEnv) (Strategy, error) { return LeastRequest{}, nil },
+	StrategyRandom:       func(StrategyEnv) (Strategy, error) { return Random{}, nil },
+	StrategyCacheAware:   func(env StrategyEnv) (Strategy, error) { return NewCacheAware(env), nil },
+	StrategyPrefixHash:   func(env StrategyEnv) (Strategy, error) { return NewPrefixHash(env), nil },
+}
+
+// NewStrategy returns a new instance of the strategy called name (one of StrategyNames; "" means
+// DefaultStrategy) for one model. Each call returns an independent instance: give each model its own. The error
+// wraps ErrUnknownStrategy for an unknown name, or says which parameter is invalid.
+func NewStrategy(name string, env StrategyEnv) (Strategy, error) {
+	if name == "" {
+		name = DefaultStrategy
+	}
+	mk, ok := strategyTable[name]
+	if !ok {
+		return nil, fmt.Errorf("%w %q (known: %v)", ErrUnknownStrategy, name, StrategyNames())
+	}
+	return mk(env)
+}
+
+// StrategyNames returns the names NewStrategy knows, sorted.
+func StrategyNames() []string {
+	names := make([]string, 0, len(strategyTable))
+	for n := range strategyTable {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// healthyCount returns the number of targets whose backend is healthy.
+func healthyCount(targets []Target) int {
+	n := 0
 	for _, t := range targets {
 		if t.Backend.Healthy() {
-			dst = append(dst, t)
+			n++
 		}
 	}
-	return dst
+	return n
 }
+
+// pickScratch is per-Pick working memory, pooled so that picking allocates nothing.
+type pickScratch struct {
+	owners []*cache.Owner
+	counts []int
+	cands  []cand
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(pickScratch) }}
+
+func acquireScratch(n int) *pickScratch {
+	s := scratchPool.Get().(*pickScratch)
+	if cap(s.owners) < n {
+		s.owners = make([]*cache.Owner, n)
+		s.counts = make([]int, n)
+	}
+	s.owners, s.counts = s.owners[:n], s.counts[:n]
+	s.cands = s.cands[:0]
+	return s
+}
+
+func releaseScratch(s *pickScratch) {
+	clear(s.owners) // do not pin owners of removed backends
+	scratchPool.Put(s)
+}
+
+// prefixMatch looks up r's prefix among targets' backends: counts[i] is the number of leading 64-byte blocks
+// targets[i]'s backend is believed to hold. It returns the longest match. Backends without a prefix-index share
+// (not in a Registry) count 0.
+func prefixMatch(r *Request, targets []Target, s *pickScratch, maxBlocks int) int {
+	hs := r.hashes(maxBlocks)
+	var ix *cache.Index
+	for i, t := range targets {
+		o := t.Backend.prefixOwner()
+		s.owners[i] = o
+		if ix == nil && o != nil {
+			ix = o.Index()
+		}
+	}
+	if ix == nil || len(hs) == 0 {
+		clear(s.counts)
+		return 0
+	}
+	return ix.Lookup(hs, s.owners, s.counts)
+}
+
+// mix64 is splitmix64's finalizer: a cheap, well-mixed hash of x, for rendezvous scores.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// rendezvous is the highest-random-weight score of backend b for key: every gateway replica computes the same
+// scores from the same names, so they agree on the winner without talking.
+func rendezvous(key uint64, b *Backend) uint64 { return mix64(key ^ b.nameHash) }

@@ -1,0 +1,293 @@
+package routing
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard/switchyard/cache"
+)
+
+// AdaptiveParams tune the adaptive strategy. DefaultAdaptiveParams gives routing.md section 4.8's defaults;
+// Validate says what is out of range.
+type AdaptiveParams struct {
+	// QueueThreshold is the engine queue (waiting requests) at which a backend counts as fully loaded. Default 4.
+	QueueThreshold float64
+	// KVThreshold is the KV-cache usage (0 to 1) at which a backend counts as fully loaded. Default 0.85.
+	KVThreshold float64
+	// Headroom is how far past QueueThreshold a backend's queue may go before it is filtered out as saturated:
+	// it is saturated when waiting > QueueThreshold*(1+Headroom) or kv > KVThreshold (KV usage cannot exceed 1,
+	// so it gets no headroom). Default 0.2.
+	Headroom float64
+	// RegionMargin is added to the cost of a backend outside the gateway's region (hysteresis against flapping
+	// between regions; its RTT is counted separately). Default 100ms.
+	RegionMargin time.Duration
+	// Interference weighs the stall a request's prefill imposes on the sequences already decoding on a
+	// backend: running * prefill_time * Interference seconds are added to its cost. Default 0.05.
+	Interference float64
+	// TieRelative and TieAbsolute define near-ties: candidates whose cost is within best*(1+TieRelative) +
+	// TieAbsolute. Defaults 0.1 and 10ms.
+	TieRelative float64
+	TieAbsolute time.Duration
+	// TieMax caps how many near-tied candidates are sampled among (the cheapest ones). Default 3.
+	TieMax int
+	// Temperature is the softmax temperature of sampling among near-ties, relative to the best cost (at least
+	// 50 ms): P(b) ~ exp(-(cost_b - best) / (Temperature * max(best, 50ms))). Default 0.1.
+	Temperature float64
+	// MaxBlocks caps the prompt blocks hashed and matched (64 bytes each). Default cache.DefaultMaxBlocks.
+	MaxBlocks int
+	// UseMean makes the cost use the mean predicted TTFT instead of the p90. Default false (p90).
+	UseMean bool
+}
+
+// DefaultAdaptiveParams returns the default parameters.
+func DefaultAdaptiveParams() AdaptiveParams {
+	return AdaptiveParams{
+		QueueThreshold: 4,
+		KVThreshold:    0.85,
+		Headroom:       0.2,
+		RegionMargin:   100 * time.Millisecond,
+		Interference:   0.05,
+		TieRelative:    0.1,
+		TieAbsolute:    10 * time.Millisecond,
+		TieMax:         3,
+		Temperature:    0.1,
+		MaxBlocks:      cache.DefaultMaxBlocks,
+	}
+}
+
+// Validate reports the first parameter out of range, naming it as the policy spells it.
+func (p AdaptiveParams) Validate() error {
+	var errs []error
+	check := func(ok bool, name string, v any, want string) {
+		if !ok {
+			errs = append(errs, fmt.Errorf("%s: %v: must be %s", name, v, want))
+		}
+	}
+	check(p.QueueThreshold > 0, "queue_threshold", p.QueueThreshold, "> 0")
+	check(p.KVThreshold > 0 && p.KVThreshold <= 1, "kv_threshold", p.KVThreshold, "in (0, 1]")
+	check(p.Headroom >= 0, "headroom", p.Headroom, ">= 0")
+	check(p.RegionMargin >= 0, "region_margin", p.RegionMargin, ">= 0")
+	check(p.Interference >= 0, "interference", p.Interference, ">= 0")
+	check(p.TieRelative >= 0, "tie_relative", p.TieRelative, ">= 0")
+	check(p.TieAbsolute >= 0, "tie_absolute", p.TieAbsolute, ">= 0")
+	check(p.TieMax >= 1 && p.TieMax <= maxTies, "tie_max", p.TieMax, fmt.Sprintf("in [1, %d]", maxTies))
+	check(p.Temperature > 0, "temperature", p.Temperature, "> 0")
+	check(p.MaxBlocks > 0, "max_blocks", p.MaxBlocks, "> 0")
+	return errors.Join(errs...)
+}
+
+const maxTies = 8
+
+// Adaptive is the project's default strategy (routing.md section 4.5): every term of its cost is a predicted
+// time, so prompt length, prefix hits, GPU speed, load and distance trade in one unit.
+//
+//	filter:  healthy; then not saturated (engine queue, KV usage, MaxConcurrency); then, if the request has an
+//	         ITL objective, predicted p90 ITL within it. Each filter fails open when it would leave nothing.
+//	cost_b = RTT_b + TTFT_b,p90(uncached_b, queued_b, running_b) + Interference*running_b*prefill_b
+//	         + RegionMargin (if b is in another region)
+//	pick:    among candidates within best*(1+TieRelative)+TieAbsolute: for a prefix no candidate holds, the
+//	         rendezvous-hash winner of the first block (every replica agrees); otherwise a softmax sample among
+//	         the TieMax cheapest.
+//
+// uncached_b is the prompt minus the prefix b is believed to hold, so the owner of a hot prefix keeps it until
+// its queue costs more than the prefill saved elsewhere. Safe for concurrent use; picking among 64 backends with
+// an 8 KiB prompt takes microseconds and allocates nothing.
+type Adaptive struct {
+	p      AdaptiveParams
+	region string
+	clock  Clock
+	lookup prometheus.Counter // nil without metrics
+	hits   prometheus.Counter
+}
+
+var _ Strategy = (*Adaptive)(nil)
+
+// NewAdaptive returns an adaptive strategy for one model with parameters p (see DefaultAdaptiveParams).
+func NewAdaptive(env StrategyEnv, p AdaptiveParams) (*Adaptive, error) {
+	if err := p.Validate(); err != nil {
+		return nil, fmt.Errorf("adaptive: %w", err)
+	}
+	s := &Adaptive{p: p, region: env.Region, clock: env.Clock}
+	if s.clock == nil {
+		s.clock = SystemClock{}
+	}
+	s.lookup, s.hits = prefixCounters(env)
+	return s, nil
+}
+
+func prefixCounters(env StrategyEnv) (lookups, hits prometheus.Counter) {
+	if env.Metrics == nil {
+		return nil, nil
+	}
+	return env.Metrics.PrefixLookups.WithLabelValues(env.Model), env.Metrics.PrefixHits.WithLabelValues(env.Model)
+}
+
+func countLookup(lookups, hits prometheus.Counter, longest int) {
+	if lookups == nil {
+		return
+	}
+	lookups.Inc()
+	if longest > 0 {
+		hits.Inc()
+	}
+}
+
+// cand is one candidate backend as a strategy evaluates it.
+type cand struct {
+	i      int     // index in targets
+	tier   uint8   // 0 eligible, 1 misses the ITL objective, 2 saturated
+	blocks int     // leading prefix blocks held
+	hit    int     // cached tokens predicted
+	cost   float64 // seconds
+	ttft   float64 // p90 TTFT, RTT included, seconds
+	load   float64 // strategy-specific load
+}
+
+// Pick implements Strategy.
+func (s *Adaptive) Pick(r *Request, targets []Target) (Target, error) {
+	if len(targets) == 0 {
+		return Target{}, ErrNoBackend
+	}
+	sc := acquireScratch(len(targets))
+	defer releaseScratch(sc)
+	longest := prefixMatch(r, targets, sc, s.p.MaxBlocks)
+	countLookup(s.lookup, s.hits, longest)
+	now := s.clock.Now()
+	prompt := r.promptTokens()
+	best := uint8(255)
+	for i, t := range targets {
+		if !t.Backend.Healthy() {
+			continue
+		}
+		c := s.evaluate(t.Backend, now, prompt, sc.counts[i], r.ITLSLO)
+		c.i = i
+		sc.cands = append(sc.cands, c)
+		best = min(best, c.tier)
+	}
+	if len(sc.cands) == 0 {
+		return Target{}, ErrNoBackend
+	}
+	// Keep the best tier only: the filters fail open.
+	cs := sc.cands[:0]
+	minCost, cold := math.Inf(1), true
+	for _, c := range sc.cands {
+		if c.tier == best {
+			cs = append(cs, c)
+			minCost = min(minCost, c.cost)
+			cold = cold && c.blocks == 0
+		}
+	}
+	band := minCost*(1+s.p.TieRelative) + s.p.TieAbsolute.Seconds()
+	var chosen cand
+	if cold {
+		chosen = pickRendezvous(cs, band, coldKey(r), targets)
+	} else {
+		chosen = s.sample(cs, minCost, band)
+	}
+	t := targets[chosen.i]
+	r.dec = Decision{Backend: t.Backend, CachedTokens: chosen.hit, TTFT: duration(chosen.ttft),
+		Cost: duration(chosen.cost), Saturated: best == 2, blocks: chosen.blocks}
+	return t, nil
+}
+
+// evaluate computes b's tier and cost for a prompt of prompt tokens of which b holds blocks leading blocks.
+func (s *Adaptive) evaluate(b *Backend, now time.Time, prompt, blocks int, itlSLO time.Duration) cand {
+	cfg := b.Config()
+	l := b.loadAt(now)
+	hit := hitTokens(blocks, prompt, b.hitScale.load())
+	u := float64(uncachedTokens(prompt, hit))
+	mean := b.lat.ttftMean(u, l.queuedTok, l.running)
+	p90 := mean * b.lat.ttftSpread.load()
+	ttft := p90
+	if s.p.UseMean {
+		ttft = mean
+	}
+	rtt := b.rtt()
+	cost := rtt + ttft + s.p.Interference*l.running*b.lat.prefillPerToken()*u
+	if s.region != "" && cfg.Region != "" && cfg.Region != s.region {
+		cost += s.p.RegionMargin.Seconds()
+	}
+	c := cand{blocks: blocks, hit: hit, cost: cost, ttft: rtt + p90}
+	switch {
+	case l.fresh && (l.waiting > s.p.QueueThreshold*(1+s.p.Headroom) || l.kv > s.p.KVThreshold):
+		c.tier = 2
+	case cfg.MaxConcurrency > 0 && b.Inflight() >= int64(cfg.MaxConcurrency):
+		c.tier = 2
+	case itlSLO > 0 && b.lat.itlMean(l.running+1)*b.lat.itlSpread.load() > itlSLO.Seconds():
+		c.tier = 1
+	}
+	return c
+}
+
+// coldKey is the rendezvous key of a prompt no backend holds: its first block's hash, or for a prompt shorter
+// than a block the hash of the whole prompt.
+func coldKey(r *Request) uint64 {
+	if r.hb != nil && len(r.hb.Hashes) > 0 {
+		return r.hb.Hashes[0]
+	}
+	return xxhash.Sum64(r.Prompt) ^ cache.Seed(r.Model)
+}
+
+// pickRendezvous returns, among the candidates whose cost is within band, the one with the highest rendezvous
+// score for key. Every candidate in the band is considered (not only the cheapest few) so that replicas whose
+// views differ slightly still agree.
+func pickRendezvous(cs []cand, band float64, key uint64, targets []Target) cand {
+	var best cand
+	var bestScore uint64
+	found := false
+	for _, c := range cs {
+		if c.cost > band {
+			continue
+		}
+		if sc := rendezvous(key, targets[c.i].Backend); !found || sc > bestScore {
+			best, bestScore, found = c, sc, true
+		}
+	}
+	return best
+}
+
+// sample draws among the TieMax cheapest candidates within band, with P ~ exp(-(cost-min)/(T*max(min, 50ms))).
+func (s *Adaptive) sample(cs []cand, minCost, band float64) cand {
+	var top [maxTies]cand
+	n := 0
+	for _, c := range cs {
+		if c.cost > band {
+			continue
+		}
+		// Insertion into the sorted top list.
+		if n < s.p.TieMax {
+			n++
+		} else if c.cost >= top[n-1].cost {
+			continue
+		}
+		j := n - 1
+		for j > 0 && top[j-1].cost > c.cost {
+			top[j] = top[j-1]
+			j--
+		}
+		top[j] = c
+	}
+	if n == 1 {
+		return top[0]
+	}
+	scale := s.p.Temperature * max(minCost, 0.05)
+	var w [maxTies]float64
+	total := 0.0
+	for i := range n {
+		w[i] = math.Exp(-(top[i].cost - minCost) / scale)
+		total += w[i]
+	}
+	x := rand.Float64() * total
+	for i := range n {
+		if x -= w[i]; x < 0 {
+			return top[i]
+		}
+	}
+	return top[n-1]
+}

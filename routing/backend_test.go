@@ -1,0 +1,254 @@
+package routing
+
+import (
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard/switchyard/cache"
+	"github.com/switchyard/switchyard/metrics"
+)
+
+// matched returns how many blocks of prompt the index believes b holds.
+func matched(f *fleet, name string, prompt []byte) int {
+	hs := cache.AppendHashes(nil, cache.Seed("m"), prompt, 0)
+	var c [1]int
+	f.reg.Index().Lookup(hs, []*cache.Owner{f.b(name).prefixOwner()}, c[:])
+	return c[0]
+}
+
+func TestDispatchInsertsSpeculativelyAndFirstTokenConfirms(t *testing.T) {
+	f := newFleet(t, local(2)...)
+	p := text(1, 4096) // 64 blocks, 1,024 tokens
+	r := &Request{Model: "m", Prompt: p}
+	tg, err := adaptive(t, f, "").Pick(r, f.targets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := tg.Backend.Dispatch(r)
+	name := tg.Backend.Name()
+	if got := matched(f, name, p); got != 64 {
+		t.Fatalf("after Dispatch: %d blocks indexed, want 64 (speculative)", got)
+	}
+	if req, tok := tg.Backend.Prefilling(); req != 1 || tok != 1024 {
+		t.Fatalf("prefilling %d/%d, want 1/1024", req, tok)
+	}
+	// A second request with the same prompt, dispatched there before the first answers, is charged only the
+	// last block of prefill (engines always compute the last token).
+	r2 := &Request{Model: "m", Prompt: p}
+	r2.hashes(cache.DefaultMaxBlocks)
+	a2 := tg.Backend.Dispatch(r2)
+	if _, tok := tg.Backend.Prefilling(); tok != 1024+16 {
+		t.Fatalf("queued prefill %d, want 1040", tok)
+	}
+	f.clk.Advance(100 * time.Millisecond)
+	a.FirstToken()
+	f.clk.Advance(3 * time.Second) // past the speculative TTL
+	f.reg.Index().Sweep(f.clk.Now())
+	if got := matched(f, name, p); got != 64 {
+		t.Fatalf("confirmed entries expired: %d blocks", got)
+	}
+	a2.End(false)
+	a.End(false)
+	if tg.Backend.Inflight() != 0 {
+		t.Fatalf("inflight %d", tg.Backend.Inflight())
+	}
+	r.Reset()
+	r2.Reset()
+}
+
+func TestFailureBeforeFirstTokenDropsSpeculativeEntries(t *testing.T) {
+	f := newFleet(t, local(1)...)
+	p := text(2, 2048)
+	r := &Request{Model: "m", Prompt: p}
+	if _, err := adaptive(t, f, "").Pick(r, f.targets); err != nil {
+		t.Fatal(err)
+	}
+	a := f.b("b0").Dispatch(r)
+	a.End(true)
+	if got := matched(f, "b0", p); got != 0 {
+		t.Fatalf("after a failure before the first token: %d blocks still indexed", got)
+	}
+	if f.b("b0").Failures() != 1 {
+		t.Fatal("failure not counted")
+	}
+}
+
+func TestDispatchWithoutPickLooksUpItsBackend(t *testing.T) {
+	f := newFleet(t, local(2)...)
+	p := text(3, 2048)
+	f.hold("b1", p)
+	r := &Request{Model: "m", Prompt: p}
+	if _, err := (&RoundRobin{}).Pick(r, f.targets); err != nil { // round_robin does not hash
+		t.Fatal(err)
+	}
+	r.hashes(cache.DefaultMaxBlocks)
+	a := f.b("b1").Dispatch(r)
+	if a.hitTok != 511 { // 32 blocks of 16 tokens, capped at the prompt minus one token
+		t.Fatalf("hit tokens %d, want 511", a.hitTok)
+	}
+	a.End(false)
+}
+
+func TestUsageCalibratesTheIndex(t *testing.T) {
+	f := newFleet(t, local(1)...)
+	b := f.b("b0")
+	p := text(4, 4096)
+	f.hold("b0", p)
+	capBefore := b.prefixOwner().Capacity()
+	for range 10 {
+		r := &Request{Model: "m", Prompt: p}
+		if _, err := adaptive(t, f, "").Pick(r, f.targets); err != nil {
+			t.Fatal(err)
+		}
+		a := b.Dispatch(r)
+		f.clk.Advance(50 * time.Millisecond)
+		a.FirstToken()
+		// The engine says it had nothing cached: the index is too optimistic.
+		a.ObserveUsage(Usage{PromptTokens: 1024, CompletionTokens: 5, CachedTokens: 0, HasCached: true})
+		a.End(false)
+		r.Reset()
+	}
+	if c := b.prefixOwner().Capacity(); c >= capBefore*7/10 {
+		t.Fatalf("capacity %d after 10 false hits, want well below %d", c, capBefore)
+	}
+	if s := b.hitScale.load(); s > 0.5 {
+		t.Fatalf("hit scale %v after 10 false hits, want < 0.5", s)
+	}
+	if st := b.Status(); st.PrefixHitRate > 0.01 {
+		t.Fatalf("prefix hit rate %v, want the engine's 0", st.PrefixHitRate)
+	}
+}
+
+func TestTimeoutBeforeFirstTokenTeachesTheModel(t *testing.T) {
+	f := newFleet(t, local(1)...)
+	b := f.b("b0")
+	before, _ := b.PredictTTFT(500, 0)
+	for range 3 {
+		a := b.Begin(500)
+		f.clk.Advance(10 * time.Second) // a first-byte timeout
+		a.End(true)
+	}
+	if after, _ := b.PredictTTFT(500, 0); after < 5*before {
+		t.Fatalf("after three 10 s timeouts the prediction moved from %v to %v only", before, after)
+	}
+	// A fast failure (connection refused) says nothing about TTFT.
+	g := newFleet(t, local(1)...)
+	gb := g.b("b0")
+	before, _ = gb.PredictTTFT(500, 0)
+	a := gb.Begin(500)
+	a.End(true)
+	if after, _ := gb.PredictTTFT(500, 0); after != before {
+		t.Fatalf("a fast failure moved the prediction from %v to %v", before, after)
+	}
+}
+
+func TestEndTrainsTheITLModel(t *testing.T) {
+	f := newFleet(t, local(1)...)
+	b := f.b("b0")
+	for range 100 {
+		a := b.Begin(100)
+		f.clk.Advance(50 * time.Millisecond)
+		a.FirstToken()
+		f.clk.Advance(99 * 8 * time.Millisecond) // 100 tokens, 8 ms apart
+		a.ObserveUsage(Usage{PromptTokens: 100, CompletionTokens: 100})
+		a.End(false)
+	}
+	if m, _ := b.PredictITL(); m < 7*time.Millisecond || m > 9*time.Millisecond {
+		t.Fatalf("ITL %v, want about 8ms", m)
+	}
+}
+
+// errorSamples returns the number of series of switchyard_ttft_prediction_error_ratio and their total count.
+func errorSamples(t *testing.T, g prometheus.Gatherer) (series int, count uint64) {
+	t.Helper()
+	fams, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() == "switchyard_ttft_prediction_error_ratio" {
+			for _, m := range f.GetMetric() {
+				series++
+				count += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return series, count
+}
+
+func TestTTFTPredictionErrorIsExported(t *testing.T) {
+	pr := prometheus.NewRegistry()
+	m := metrics.New(pr)
+	clk := newFakeClock()
+	reg := NewRegistry(WithClock(clk), WithMetrics(m))
+	b := reg.Sync(local(1))[0]
+	for range 5 {
+		a := b.Begin(1000)
+		clk.Advance(200 * time.Millisecond)
+		a.FirstToken()
+		a.End(false)
+	}
+	if series, n := errorSamples(t, pr); series != 1 || n != 5 {
+		t.Fatalf("%d series with %d observations, want 1 with 5", series, n)
+	}
+	// A backend removed by a reload takes its series with it.
+	reg.Sync(nil)
+	if series, _ := errorSamples(t, pr); series != 0 {
+		t.Fatalf("%d series after removal, want 0", series)
+	}
+}
+
+func TestRegistryRemovalDropsPrefixShare(t *testing.T) {
+	f := newFleet(t, local(2)...)
+	p := text(5, 1024)
+	f.hold("b0", p)
+	old := f.b("b0")
+	kept := f.reg.Sync(local(2)[1:])
+	if kept[0] != f.b("b1") {
+		t.Fatal("b1 was not kept")
+	}
+	if old.prefixOwner() != nil {
+		t.Fatal("a removed backend kept its prefix share")
+	}
+	// Its attempts still end cleanly.
+	r := &Request{Model: "m", Prompt: p}
+	r.hashes(cache.DefaultMaxBlocks)
+	a := old.Dispatch(r)
+	a.FirstToken()
+	a.End(false)
+}
+
+func TestStatus(t *testing.T) {
+	f := newFleet(t, local(1)...)
+	b := f.b("b0")
+	b.observeProbe(20 * time.Millisecond)
+	f.engine("b0", 3, 5, 0.4)
+	b.Begin(100)
+	s := f.reg.Status()[0]
+	if s.Name != "b0" || s.Region != "us-east" || !s.Healthy || s.Inflight != 1 || s.QueueDepth != 3 ||
+		s.KVUsage != 0.4 || s.Stale || s.RTTms != 20 {
+		t.Fatalf("status %+v", s)
+	}
+	if s.TTFTms <= s.RTTms || s.TTFTp90ms < s.TTFTms || s.ITLms <= 0 {
+		t.Fatalf("predictions %v/%v/%v", s.TTFTms, s.TTFTp90ms, s.ITLms)
+	}
+	hosted := newFleet(t, &BackendConfig{Name: "h", URL: "https://api.example", Engine: EngineOpenAI})
+	if hosted.reg.Status()[0].Stale {
+		t.Fatal("a hosted backend, never scraped, reported stale")
+	}
+}
+
+func TestRTTTakesTheLargerEstimate(t *testing.T) {
+	b := NewBackend(&BackendConfig{Name: "x"})
+	b.ObserveRTT(time.Millisecond)
+	b.observeProbe(80 * time.Millisecond)
+	for range 20 {
+		b.observeProbe(80 * time.Millisecond)
+		b.ObserveRTT(time.Millisecond)
+	}
+	if rtt := b.RTT(); rtt < 79*time.Millisecond || rtt > 81*time.Millisecond {
+		t.Fatalf("RTT %v, want 80ms", rtt)
+	}
+}

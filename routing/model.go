@@ -1,0 +1,271 @@
+package routing
+
+import (
+	"math"
+	"sync"
+)
+
+// The online latency models of one backend (routing.md section 4.3), learned from every request it serves:
+//
+//	TTFT ~ a + b*uncached/1000 + c*queued/1000 + d*running/100     (seconds; the engine's part, RTT excluded)
+//	ITL  ~ e + f*running/100                                       (seconds per output token)
+//
+// uncached: this request's prompt tokens the engine must prefill; queued: prefill tokens dispatched to the
+// backend ahead of it without a first token yet; running: sequences decoding there. Features are scaled to
+// about 1 so that the recursive least squares (RLS) below stays well conditioned.
+//
+// RLS with forgetting factor lambda (0.995: about the last 200 observations matter) keeps a coefficient vector
+// theta and its covariance P. Each variance is bounded (by the prior's, or by a standard deviation of half the
+// coefficient if larger) so that directions the traffic never excites do not wind up, and theta is projected
+// onto [lo, hi] (non-negative, bounded) after every step. Observation noise is taken as proportional to the
+// prediction (10% plus a floor): latency errors are relative.
+//
+// Two additions make it react fast and robustly:
+//   - Regime change: an EWMA (weight 0.25) of the log error, each term clamped to +-1.5, crosses 0.5 after two
+//     consecutive errors of 4.5x or more (three of 2.5x): every coefficient is scaled by the geometric mean of
+//     the last two errors (a backend that slows down usually slows down across the board) and the covariance
+//     is reset, so the next few observations refine it. A single outlier never crosses it.
+//   - Outliers: an observation whose log error exceeds 3 sigma gets its noise variance inflated by
+//     (error/3 sigma)^2 (a Huber-like weight), so one stall does not drag theta away.
+//
+// The spread sigma is the EWMA (weight 0.05) of the squared log error of the prediction made before each
+// observation; the p90 is mean*exp(1.2816*sigma) (routing.md: the llm-d predictor's p90 objective at no cost).
+// Priors (the simulator's defaults, and llm-d-inference-sim's 8B-on-H100 profile) make a new backend usable at
+// once with sigma 0.3, which costs it a 1.47x p90 factor until it has been observed.
+
+const (
+	tokScale = 1000.0 // tokens per unit of the token features
+	runScale = 100.0  // sequences per unit of the running feature
+
+	rlsLambda     = 0.995
+	regimeAlpha   = 0.25
+	regimeClamp   = 1.5
+	regimeTrigger = 0.5
+	spreadAlpha   = 0.05
+	priorSigma    = 0.3
+	z90           = 1.2815515655446004
+	minPrediction = 0.0005 // seconds; predictions are floored here so log errors stay finite
+)
+
+// ttftPrior: a = 30 ms fixed cost (API server, one engine step), b = 0.15 ms per uncached token (6,700 prefill
+// tokens/s), c = 0.15 ms per queued token, d = 0.2 ms per running sequence.
+var (
+	ttftPrior = rlsSpec{
+		n:     4,
+		theta: [4]float64{0.030, 0.15, 0.15, 0.02},
+		sd:    [4]float64{0.05, 0.5, 0.5, 0.05},
+		lo:    [4]float64{0, 0, 0, 0},
+		hi:    [4]float64{30, 20, 20, 10},
+		noise: [2]float64{0.10, 0.002},
+	}
+	// itlPrior: e = 20 ms per token with one sequence, f = 0.1 ms per running sequence.
+	itlPrior = rlsSpec{
+		n:     2,
+		theta: [4]float64{0.020, 0.01},
+		sd:    [4]float64{0.03, 0.05},
+		lo:    [4]float64{0.0001, 0},
+		hi:    [4]float64{5, 10},
+		noise: [2]float64{0.10, 0.001},
+	}
+)
+
+type rlsSpec struct {
+	n         int
+	theta, sd [4]float64
+	lo, hi    [4]float64
+	noise     [2]float64 // relative, absolute (seconds)
+}
+
+// rls is one recursive-least-squares model with bounded forgetting. Not safe for concurrent use.
+type rls struct {
+	spec  *rlsSpec
+	theta [4]float64
+	p     [4][4]float64
+}
+
+func newRLS(s *rlsSpec) rls {
+	m := rls{spec: s, theta: s.theta}
+	m.resetCov()
+	return m
+}
+
+func (m *rls) resetCov() {
+	m.p = [4][4]float64{}
+	for i := 0; i < m.spec.n; i++ {
+		m.p[i][i] = m.pcap(i)
+	}
+}
+
+// pcap bounds coefficient i's variance: the prior's, or a quarter of the coefficient's square (a standard
+// deviation of half its value) when that is larger, so a coefficient far from its prior can still move.
+func (m *rls) pcap(i int) float64 {
+	return max(m.spec.sd[i]*m.spec.sd[i], m.theta[i]*m.theta[i]/4)
+}
+
+// rescale multiplies every coefficient by k (within bounds) and resets the covariance.
+func (m *rls) rescale(k float64) {
+	for i := 0; i < m.spec.n; i++ {
+		m.theta[i] = min(max(m.theta[i]*k, m.spec.lo[i]), m.spec.hi[i])
+	}
+	m.resetCov()
+}
+
+func (m *rls) predict(x *[4]float64) float64 {
+	s := 0.0
+	for i := 0; i < m.spec.n; i++ {
+		s += m.theta[i] * x[i]
+	}
+	return s
+}
+
+// update folds in observation y at features x with noise variance r.
+func (m *rls) update(x *[4]float64, y, r float64) {
+	n := m.spec.n
+	for i := 0; i < n; i++ {
+		for j := 0; j < n; j++ {
+			m.p[i][j] /= rlsLambda
+		}
+	}
+	for i := 0; i < n; i++ { // bound the forgetting (see pcap)
+		if lim := m.pcap(i); m.p[i][i] > lim {
+			f := math.Sqrt(lim / m.p[i][i])
+			for j := 0; j < n; j++ {
+				m.p[i][j] *= f
+				m.p[j][i] *= f
+			}
+		}
+	}
+	var px [4]float64
+	s := r
+	for i := 0; i < n; i++ {
+		for j := 0; j < n; j++ {
+			px[i] += m.p[i][j] * x[j]
+		}
+		s += x[i] * px[i]
+	}
+	e := y - m.predict(x)
+	for i := 0; i < n; i++ {
+		k := px[i] / s
+		m.theta[i] = min(max(m.theta[i]+k*e, m.spec.lo[i]), m.spec.hi[i])
+		for j := 0; j < n; j++ {
+			m.p[i][j] -= k * px[j]
+		}
+	}
+	for i := 0; i < n; i++ { // keep P symmetric against rounding
+		for j := i + 1; j < n; j++ {
+			v := (m.p[i][j] + m.p[j][i]) / 2
+			m.p[i][j], m.p[j][i] = v, v
+		}
+	}
+}
+
+// errStat tracks a model's log errors: the regime-change detector and the spread.
+type errStat struct {
+	shift  float64 // EWMA of clamped log errors
+	prevLE float64 // the previous log error
+	v      float64 // EWMA of squared log errors
+}
+
+// observe folds y (seconds, observed at x) into m and st and returns the prediction it made before.
+func observe(m *rls, st *errStat, x *[4]float64, y float64) float64 {
+	pred := max(m.predict(x), minPrediction)
+	y = max(y, minPrediction)
+	le := min(max(math.Log(y/pred), -3), 3)
+	sigma := math.Sqrt(st.v)
+	st.v += spreadAlpha * (le*le - st.v)
+	st.shift += regimeAlpha * (min(max(le, -regimeClamp), regimeClamp) - st.shift)
+	if math.Abs(st.shift) > regimeTrigger {
+		// The backend changed (a slowdown, a recovery, another GPU behind the same name): assume first that
+		// everything scaled by the ratio of the last two errors, then let the next observations refine it.
+		m.rescale(math.Exp((le + st.prevLE) / 2))
+		st.shift = 0
+	}
+	st.prevLE = le
+	// The noise scales with the prediction, not with y: weighting by y would favour observations that came out
+	// low and bias the model downwards.
+	noise := m.spec.noise[0]*max(m.predict(x), minPrediction) + m.spec.noise[1]
+	r := noise * noise
+	if lim := 3 * max(sigma, 0.1); math.Abs(le) > lim {
+		r *= (le / lim) * (le / lim)
+	}
+	m.update(x, y, r)
+	return pred
+}
+
+// latency holds a backend's TTFT and ITL models. Updates take mu; the coefficients and spreads are also
+// published as atomics after every update, so predictions on the request path never lock (a reader may see
+// coefficients from two consecutive updates mixed, which are both valid estimates).
+type latency struct {
+	mu          sync.Mutex
+	ttft, itl   rls
+	ttftE, itlE errStat
+	nTTFT, nITL int
+
+	pubTTFT    [4]afloat
+	pubITL     [2]afloat
+	ttftSpread afloat // exp(z90*sigma)
+	itlSpread  afloat
+}
+
+func (l *latency) init() {
+	l.ttft = newRLS(&ttftPrior)
+	l.itl = newRLS(&itlPrior)
+	l.ttftE.v = priorSigma * priorSigma
+	l.itlE.v = priorSigma * priorSigma
+	l.publish()
+}
+
+func (l *latency) publish() {
+	for i := range l.pubTTFT {
+		l.pubTTFT[i].store(l.ttft.theta[i])
+	}
+	for i := range l.pubITL {
+		l.pubITL[i].store(l.itl.theta[i])
+	}
+	l.ttftSpread.store(math.Exp(z90 * math.Sqrt(l.ttftE.v)))
+	l.itlSpread.store(math.Exp(z90 * math.Sqrt(l.itlE.v)))
+}
+
+func ttftX(uncached, queued, running float64) [4]float64 {
+	return [4]float64{1, uncached / tokScale, queued / tokScale, running / runScale}
+}
+
+// observeTTFT folds in one observed engine TTFT (seconds) with the features captured at dispatch and returns
+// the prediction made before it.
+func (l *latency) observeTTFT(uncached, queued, running, y float64) float64 {
+	x := ttftX(uncached, queued, running)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	pred := observe(&l.ttft, &l.ttftE, &x, y)
+	l.nTTFT++
+	l.publish()
+	return pred
+}
+
+// observeITL folds in one request's mean inter-token latency (seconds) with the mean running count it saw.
+func (l *latency) observeITL(running, y float64) {
+	x := [4]float64{1, running / runScale}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	observe(&l.itl, &l.itlE, &x, y)
+	l.nITL++
+	l.publish()
+}
+
+// ttftMean predicts the engine's TTFT (seconds, RTT excluded). Lock-free.
+func (l *latency) ttftMean(uncached, queued, running float64) float64 {
+	x := ttftX(uncached, queued, running)
+	s := 0.0
+	for i := range x {
+		s += l.pubTTFT[i].load() * x[i]
+	}
+	return max(s, minPrediction)
+}
+
+// prefillRate returns the predicted seconds of prefill per uncached token (b / 1000).
+func (l *latency) prefillPerToken() float64 { return l.pubTTFT[1].load() / tokScale }
+
+// itlMean predicts the inter-token latency (seconds) with running sequences decoding. Lock-free.
+func (l *latency) itlMean(running float64) float64 {
+	return max(l.pubITL[0].load()+l.pubITL[1].load()*running/runScale, minPrediction)
+}

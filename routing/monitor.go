@@ -1,0 +1,346 @@
+package routing
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+)
+
+// Monitor defaults (routing.md section 4.8).
+const (
+	// DefaultScrapeInterval is the mean time between two scrapes of one backend; each wait is drawn uniformly
+	// from [2/3, 4/3] of it (100-200 ms), so scrapes of many backends do not synchronise.
+	DefaultScrapeInterval = 150 * time.Millisecond
+	// DefaultStaleAfter is the age past which engine metrics are ignored (about three scrapes).
+	DefaultStaleAfter = 500 * time.Millisecond
+	// DefaultProbeInterval is the mean time between two RTT probes of one backend (jittered likewise).
+	DefaultProbeInterval = time.Second
+	// DefaultRestartGap is how long scrapes may fail before the backend is presumed restarted (its KV cache
+	// lost) once it answers again.
+	DefaultRestartGap = 10 * time.Second
+	// DefaultScrapeTimeout bounds one scrape or probe.
+	DefaultScrapeTimeout = time.Second
+	// sweepInterval is how often the Monitor expires prefix-index entries.
+	sweepInterval = time.Second
+)
+
+// MonitorOptions configure a Monitor. Zero fields take the defaults above.
+type MonitorOptions struct {
+	// ScrapeInterval is the mean time between scrapes of one backend.
+	ScrapeInterval time.Duration
+	// StaleAfter is the age past which a backend's engine metrics are ignored.
+	StaleAfter time.Duration
+	// ProbeInterval is the mean time between RTT probes of one backend.
+	ProbeInterval time.Duration
+	// RestartGap is how long scrapes may fail before the backend counts as restarted when it comes back.
+	RestartGap time.Duration
+	// Timeout bounds each scrape and probe.
+	Timeout time.Duration
+	// Client does the scrapes and HTTP probes; nil means a keep-alive client of the Monitor's own.
+	Client *http.Client
+	// Clock stamps snapshots and measures staleness and gaps; nil means the system clock. (The waits between
+	// scrapes always use real timers.)
+	Clock Clock
+	// OnScrape, when set, is called after every scrape attempt with its error (nil on success), from the
+	// backend's scraping goroutine: for logs and tests. It must not block.
+	OnScrape func(b *Backend, err error)
+}
+
+// Monitor keeps the registry's backends' engine metrics and RTT current: one goroutine per backend scrapes its
+// /metrics (vLLM or SGLang; hosted "openai" backends are only probed) every ScrapeInterval and probes its RTT
+// every ProbeInterval, and one more goroutine follows the registry across reloads (starting and stopping
+// backend goroutines) and expires prefix-index entries every second.
+//
+// A scrape publishes an immutable EngineStats on the Backend. A failed scrape publishes the last snapshot marked
+// Stale, so routing falls back to the gateway's own accounting. A restart — process_start_time_seconds changed,
+// a counter went backwards, or scrapes failed for RestartGap — wipes the backend's prefix-index entries.
+//
+// Start and Stop may be called from any goroutine; Stop waits for every goroutine the Monitor started.
+type Monitor struct {
+	reg    *Registry
+	opts   MonitorOptions
+	client *http.Client
+	ownsCl bool
+
+	mu      sync.Mutex
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	running map[*Backend]context.CancelFunc
+}
+
+// NewMonitor returns a Monitor of reg's backends. It does nothing until Start.
+func NewMonitor(reg *Registry, opts MonitorOptions) *Monitor {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&opts.ScrapeInterval, DefaultScrapeInterval)
+	def(&opts.StaleAfter, DefaultStaleAfter)
+	def(&opts.ProbeInterval, DefaultProbeInterval)
+	def(&opts.RestartGap, DefaultRestartGap)
+	def(&opts.Timeout, DefaultScrapeTimeout)
+	if opts.Clock == nil {
+		opts.Clock = SystemClock{}
+	}
+	m := &Monitor{reg: reg, opts: opts, client: opts.Client}
+	if m.client == nil {
+		m.client = &http.Client{Transport: &http.Transport{
+			Proxy:               nil, // backends are reached directly, never through HTTP_PROXY
+			DialContext:         (&net.Dialer{Timeout: opts.Timeout, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConnsPerHost: 2,
+			IdleConnTimeout:     90 * time.Second,
+		}}
+		m.ownsCl = true
+	}
+	return m
+}
+
+// Start launches the Monitor's goroutines. Calling it again while running does nothing.
+func (m *Monitor) Start() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.cancel != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m.cancel = cancel
+	m.running = make(map[*Backend]context.CancelFunc)
+	changes, unwatch := m.reg.watch()
+	m.reconcileLocked(ctx)
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		defer unwatch()
+		sweep := time.NewTicker(sweepInterval)
+		defer sweep.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-changes:
+				m.mu.Lock()
+				if ctx.Err() == nil {
+					m.reconcileLocked(ctx)
+				}
+				m.mu.Unlock()
+			case <-sweep.C:
+				m.reg.Index().Sweep(m.opts.Clock.Now())
+			}
+		}
+	}()
+}
+
+// Stop stops every goroutine the Monitor started and waits for them. The Monitor may be started again.
+func (m *Monitor) Stop() {
+	m.mu.Lock()
+	cancel := m.cancel
+	m.cancel = nil
+	m.running = nil
+	m.mu.Unlock()
+	if cancel == nil {
+		return
+	}
+	cancel()
+	m.wg.Wait()
+	if m.ownsCl {
+		m.client.CloseIdleConnections()
+	}
+}
+
+// reconcileLocked starts a goroutine for each backend of the registry without one and stops those of backends
+// it no longer holds. Callers hold m.mu.
+func (m *Monitor) reconcileLocked(ctx context.Context) {
+	want := make(map[*Backend]bool)
+	for _, b := range m.reg.Backends() {
+		want[b] = true
+		if _, ok := m.running[b]; ok {
+			continue
+		}
+		bctx, cancel := context.WithCancel(ctx)
+		m.running[b] = cancel
+		b.staleAfter.Store(int64(m.opts.StaleAfter))
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			m.run(bctx, b)
+		}()
+	}
+	for b, cancel := range m.running {
+		if !want[b] {
+			cancel()
+			delete(m.running, b)
+		}
+	}
+}
+
+// jitter returns d scaled by a uniform factor in [2/3, 4/3].
+func jitter(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (2.0/3 + rand.Float64()*2/3))
+}
+
+// run is one backend's scraping goroutine.
+func (m *Monitor) run(ctx context.Context, b *Backend) {
+	s := &scraper{m: m, b: b, br: bufio.NewReaderSize(nil, 16<<10)}
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	var nextProbe time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		if b.Config().Engine != EngineOpenAI {
+			err := s.scrape(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			if m.opts.OnScrape != nil {
+				m.opts.OnScrape(b, err)
+			}
+		}
+		if now := time.Now(); !now.Before(nextProbe) {
+			s.probe(ctx)
+			nextProbe = now.Add(jitter(m.opts.ProbeInterval))
+		}
+		if o := b.obs.Load(); o != nil {
+			o.inflight.Set(float64(b.Inflight()))
+		}
+		timer.Reset(jitter(m.opts.ScrapeInterval))
+	}
+}
+
+// scraper is one backend's scraping state, owned by its goroutine.
+type scraper struct {
+	m      *Monitor
+	b      *Backend
+	br     *bufio.Reader
+	last   *EngineStats // last successful scrape
+	lastOK time.Time
+}
+
+// scrape fetches and parses the backend's /metrics once and publishes the result.
+func (s *scraper) scrape(ctx context.Context) error {
+	st, err := s.fetch(ctx)
+	now := s.m.opts.Clock.Now()
+	b := s.b
+	if err != nil {
+		if cur := b.engine.Load(); cur != nil && !cur.Stale {
+			stale := *cur
+			stale.Stale = true
+			b.engine.Store(&stale)
+		}
+		return err
+	}
+	st.At = now
+	if s.restarted(st, now) {
+		if o := b.prefixOwner(); o != nil {
+			o.Clear()
+		}
+	}
+	if st.Has&HasCacheConfig != 0 && st.BlockSize > 0 {
+		blocks := int64(st.NumGPUBlocks) * int64(st.BlockSize) / blockTokens
+		if b.kvBlocks.Swap(blocks) != blocks {
+			b.applyCapacity()
+		}
+	}
+	s.last, s.lastOK = st, now
+	b.engine.Store(st)
+	if o := b.obs.Load(); o != nil {
+		o.queueDepth.Set(st.Waiting)
+	}
+	return nil
+}
+
+// restarted reports whether st comes from a different engine process than the last good scrape.
+func (s *scraper) restarted(st *EngineStats, now time.Time) bool {
+	p := s.last
+	if p == nil {
+		return false
+	}
+	both := func(f EngineFields) bool { return p.Has&f != 0 && st.Has&f != 0 }
+	switch {
+	case now.Sub(s.lastOK) > s.m.opts.RestartGap:
+		return true
+	case both(HasStartTime) && math.Abs(st.StartTime-p.StartTime) > 0.5:
+		return true
+	case both(HasPreemptions) && st.Preemptions < p.Preemptions:
+		return true
+	case both(HasPrefixCounters) && st.PrefixQueries < p.PrefixQueries:
+		return true
+	}
+	return false
+}
+
+func (s *scraper) fetch(ctx context.Context) (*EngineStats, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.m.opts.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.b.Config().URL+"/metrics", nil)
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", s.b.Name(), err)
+	}
+	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	resp, err := s.m.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", s.b.Name(), err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return nil, fmt.Errorf("scrape %s: status %d", s.b.Name(), resp.StatusCode)
+	}
+	st := &EngineStats{}
+	if err := ParseEngineMetrics(resp.Body, s.br, st); err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", s.b.Name(), err)
+	}
+	s.br.Reset(nil) // do not keep the body reachable
+	return st, nil
+}
+
+// probe measures one round trip to the backend: a GET /health on a kept-alive connection for engines we run
+// (any HTTP answer is a round trip), a TCP connect for hosted APIs. A failed probe is not a measurement.
+func (s *scraper) probe(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, s.m.opts.Timeout)
+	defer cancel()
+	cfg := s.b.Config()
+	start := time.Now()
+	if cfg.Engine == EngineOpenAI {
+		u, err := url.Parse(cfg.URL)
+		if err != nil {
+			return
+		}
+		host := u.Host
+		if u.Port() == "" {
+			host = net.JoinHostPort(u.Hostname(), map[bool]string{true: "443", false: "80"}[u.Scheme == "https"])
+		}
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", host)
+		if err != nil {
+			return
+		}
+		s.b.observeProbe(time.Since(start))
+		c.Close()
+		return
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cfg.URL+"/health", nil)
+	if err != nil {
+		return
+	}
+	resp, err := s.m.client.Do(req)
+	if err != nil {
+		return
+	}
+	d := time.Since(start)
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+	resp.Body.Close()
+	s.b.observeProbe(d)
+}

@@ -1,0 +1,83 @@
+package routing
+
+import "time"
+
+// BackendStatus is one backend as /debug/backends shows it: a plain, JSON-ready copy of its live state and of
+// the models' current predictions. Durations are in milliseconds, shares in [0, 1].
+type BackendStatus struct {
+	Name   string `json:"name"`
+	Region string `json:"region"`
+	Engine string `json:"engine"`
+	// Healthy is the backend's health flag (SetHealthy); the proxy adds its breaker state itself.
+	Healthy bool `json:"healthy"`
+	// Inflight, Prefilling and Decoding are the gateway's own counts of requests; PrefillTokens is the uncached
+	// prompt tokens dispatched without a first token yet.
+	Inflight      int64 `json:"inflight"`
+	Prefilling    int64 `json:"prefilling"`
+	PrefillTokens int64 `json:"prefill_tokens"`
+	Decoding      int64 `json:"decoding"`
+	// QueueDepth, Running and KVUsage are the engine's last scraped values (0 when never scraped).
+	QueueDepth float64 `json:"queue_depth"`
+	Running    float64 `json:"running"`
+	KVUsage    float64 `json:"kv_usage"`
+	// TTFTms is the predicted mean TTFT (RTT included) of a short prompt (128 uncached tokens) sent now;
+	// TTFTp90ms its p90. ITLms is the predicted mean inter-token latency with one more sequence decoding.
+	TTFTms    float64 `json:"ttft_ms"`
+	TTFTp90ms float64 `json:"ttft_p90_ms"`
+	ITLms     float64 `json:"itl_ms"`
+	// RTTms is the smoothed round trip (0 until measured).
+	RTTms float64 `json:"rtt_ms"`
+	// PrefillMsPerKTok is the learned prefill time per 1,000 uncached tokens.
+	PrefillMsPerKTok float64 `json:"prefill_ms_per_ktok"`
+	// TTFTSamples is how many first tokens trained the TTFT model.
+	TTFTSamples int64 `json:"ttft_samples"`
+	// PrefixHitRate is the share of prompt tokens served from the engine's prefix cache, smoothed: from the
+	// cached_tokens the engine reports when it does, else as the prefix index predicted.
+	PrefixHitRate float64 `json:"prefix_hit_rate"`
+	// PrefixBlocks and PrefixCapacity are the 64-byte blocks the index believes the backend holds, and its
+	// bound (the engine's KV capacity times the calibrated share).
+	PrefixBlocks   int `json:"prefix_blocks"`
+	PrefixCapacity int `json:"prefix_capacity"`
+	// Stale says the engine's metrics are missing, old or the last scrape failed: routing uses the gateway's
+	// own accounting only. Always false for engines that are not scraped (openai).
+	Stale bool `json:"stale"`
+	// ScrapedAt is when the engine's metrics were last scraped successfully (zero if never).
+	ScrapedAt time.Time `json:"scraped_at"`
+	// Requests and Failures count attempts dispatched to the backend and those it failed.
+	Requests uint64 `json:"requests"`
+	Failures uint64 `json:"failures"`
+}
+
+// statusPromptTokens is the "short prompt" of BackendStatus.TTFTms.
+const statusPromptTokens = 128
+
+// Status returns b's current state and predictions. Safe for concurrent use; it reads atomics only.
+func (b *Backend) Status() BackendStatus {
+	cfg := b.Config()
+	now := b.clock.Now()
+	l := b.loadAt(now)
+	req, tok := b.Prefilling()
+	s := BackendStatus{
+		Name: cfg.Name, Region: cfg.Region, Engine: cfg.Engine, Healthy: b.Healthy(),
+		Inflight: b.Inflight(), Prefilling: req, PrefillTokens: tok, Decoding: b.Decoding(),
+		RTTms: b.rtt() * 1e3, TTFTSamples: b.ttftCount.Load(), Requests: b.Requests(), Failures: b.Failures(),
+		PrefillMsPerKTok: b.lat.pubTTFT[1].load() * 1e3,
+	}
+	mean := b.lat.ttftMean(statusPromptTokens, l.queuedTok, l.running)
+	s.TTFTms = (b.rtt() + mean) * 1e3
+	s.TTFTp90ms = (b.rtt() + mean*b.lat.ttftSpread.load()) * 1e3
+	s.ITLms = b.lat.itlMean(l.running+1) * 1e3
+	if b.usageSeen.Load() {
+		s.PrefixHitRate = b.hitRate.load()
+	} else {
+		s.PrefixHitRate = b.predRate.load()
+	}
+	if o := b.prefixOwner(); o != nil {
+		s.PrefixBlocks, s.PrefixCapacity = o.Len(), o.Capacity()
+	}
+	if e := b.engine.Load(); e != nil {
+		s.QueueDepth, s.Running, s.KVUsage, s.ScrapedAt = e.Waiting, e.Running, e.KVUsage, e.At
+	}
+	s.Stale = cfg.Engine != EngineOpenAI && !l.fresh
+	return s
+}
