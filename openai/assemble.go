@@ -15,6 +15,7 @@ type StreamError struct {
 	Type    string // the upstream's error type, if any
 }
 
+// Error returns the upstream's message with a prefix naming the stream as its source.
 func (e *StreamError) Error() string { return "openai: error in upstream stream: " + e.Message }
 
 // An Assembler re-assembles a streamed answer into the body a non-streaming request would have got, for

@@ -32,6 +32,7 @@ type SyntaxError struct {
 	Msg    string // what was wrong there
 }
 
+// Error returns the message with the offset where the problem was found.
 func (e *SyntaxError) Error() string {
 	return fmt.Sprintf("invalid JSON at byte %d: %s", e.Offset, e.Msg)
 }

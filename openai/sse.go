@@ -38,6 +38,9 @@ type Event struct {
 // An EventReader reads server-sent events (the WHATWG EventSource format) from an upstream stream. It accepts
 // LF, CRLF and CR line endings, events split across reads at any byte, several data lines in one event and
 // comment lines, and it bounds the size of an event. Blank lines between events are not events and are skipped.
+// An event is returned as soon as its blank line has been read, with one exception: when the bytes read so far
+// end in a CR, the reader waits for the next byte, which may be the LF of a CRLF (only servers that end lines
+// with a lone CR, which no inference engine does, see their events one read late).
 // It is not safe for concurrent use; Reset makes it reusable for another stream without allocating.
 type EventReader struct {
 	r    io.Reader

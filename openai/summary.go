@@ -32,6 +32,7 @@ type RequestError struct {
 	Code string
 }
 
+// Error returns "param: message", or the message alone when Param is empty.
 func (e *RequestError) Error() string {
 	if e.Param == "" {
 		return e.Message
@@ -44,6 +45,7 @@ func (e *RequestError) Error() string {
 // requests (for example one per connection, or from a sync.Pool) parses without allocating. It is not safe for
 // concurrent use.
 type Summary struct {
+	// Endpoint is the endpoint the body was parsed for.
 	Endpoint Endpoint
 	// Model is the unescaped "model" string. It aliases the body when the string has no escapes, else a buffer
 	// the Summary owns; either way it is valid until the next Parse and until the body is reused.
