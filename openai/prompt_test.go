@@ -51,6 +51,59 @@ func TestAppendPromptMatchesReference(t *testing.T) {
 	}
 }
 
+// TestAppendPromptLenient covers what the reference accepts although a request would be refused: AppendPrompt
+// must build the same bytes for it (the simulator calls AppendPrompt on whatever it is sent).
+func TestAppendPromptLenient(t *testing.T) {
+	for _, tc := range []struct {
+		e    Endpoint
+		body string
+	}{
+		{Chat, `null`},
+		{Chat, `{}`},
+		{Chat, `{"messages":null,"tools":null}`},
+		{Chat, `{"messages":[null,{"role":"u","content":[{"text":null},{"text":5},"s",{"type":"x"},null,{"text":"a","text":"b"}]}]}`},
+		{Chat, "{\"messages\":[{\"role\":\"u\xff\",\"content\":\"a\xc3\\n\xe2\x82\"}]}"},
+		{Chat, "{\"messages\":[{\"role\":\"u\",\"content\":\"\xed\xa0\x80 \xef\xbf\xbd\"}]}"},
+		{Chat, `{"messages":[{"role":"u","content":"\ud800x\udc00\ud83d\ude00\ud800\u0041\uDBFF\uDFFF"}]}`},
+		{Chat, `{"messages":[{"role":"a","role":null,"content":"x"}]}`},
+		{Chat, `{"messages":[{"content":"x","tool_calls":5,"content":null}]}`},
+		{Chat, `{"tools":{"a":1},"messages":[{"role":"u"}],"tools":"t"}`},
+		{Chat, `{"messages":[{"role":"u","content":"x"}],"tools":[1],"tools":null}`},
+		{Chat, `{"tools":[1],"messages":[{"role":"u","content":"x"}],"tools":[2]}`},
+		{Completions, `null`},
+		{Completions, `{"prompt":null}`},
+		{Completions, `{"prompt":[]}`},
+		{Completions, `{"prompt":[null]}`},
+		{Completions, `{"prompt":[{}, "x"]}`},
+		{Completions, `{"prompt":[1.5e3, -2]}`},
+		{Completions, `{"prompt":[[], "x"]}`},
+		{Completions, `{"prompt":["a\u00e9", 1]}`},
+		{Completions, `{"prompt":"a","prompt":"b"}`},
+		{Embeddings, `{"input":"x","prompt":"y"}`},
+	} {
+		want, err := AppendPromptReference([]byte("pre"), tc.e, []byte(tc.body))
+		if err != nil {
+			t.Fatalf("reference rejects %s: %v", tc.body, err)
+		}
+		got, err := AppendPrompt([]byte("pre"), tc.e, []byte(tc.body))
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("AppendPrompt(%v, %s) = %q, %v; want %q", tc.e, tc.body, got, err, want)
+		}
+	}
+	for _, tc := range []struct {
+		e    Endpoint
+		body string
+	}{
+		{Chat, `[]`}, {Chat, `{"messages":{}}`}, {Chat, `{"messages":["x"]}`}, {Chat, `{"messages":[{"role":1}]}`},
+		{Chat, `{"messages":[{"content":{}}]}`}, {Completions, `{"prompt":{}}`}, {Completions, `{"prompt":1}`},
+		{Embeddings, `{"input":true}`}, {Chat, `{"messages":[]`}, {Endpoint(9), `{}`},
+	} {
+		if _, err := AppendPrompt(nil, tc.e, []byte(tc.body)); err == nil {
+			t.Errorf("AppendPrompt(%v, %s) accepted", tc.e, tc.body)
+		}
+	}
+}
+
 // referenceQuirk reports whether the reference's answer for body depends on encoding/json behaviour the fast
 // scanner deliberately does not copy: case-insensitive key matching ("Messages", "ROLE", "meſſages"), and the
 // merging of a repeated "messages" array into the elements decoded from an earlier one.

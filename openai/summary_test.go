@@ -336,3 +336,19 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestRequestErrorString(t *testing.T) {
+	if got := (&RequestError{Param: "model", Message: "m"}).Error(); got != "model: m" {
+		t.Errorf("got %q", got)
+	}
+	if got := (&RequestError{Message: "m"}).Error(); got != "m" {
+		t.Errorf("got %q", got)
+	}
+	var s Summary
+	if err := s.Parse(Endpoint(0), []byte(`{}`)); err == nil {
+		t.Error("Parse accepted an unknown endpoint")
+	}
+	if Chat.String() != "/v1/chat/completions" || Endpoint(7).String() != "Endpoint(7)" {
+		t.Errorf("String: %v %v", Chat, Endpoint(7))
+	}
+}
