@@ -560,7 +560,7 @@ func TestNewStrategy(t *testing.T) {
 
 // benchFleet is 64 backends; 4 hold the whole 8 KiB prompt and all hold its first 8 blocks (a shared system
 // prompt), and every backend has fresh engine metrics.
-func benchFleet(b *testing.B) (*fleet, []byte) {
+func benchFleet(b testing.TB) (*fleet, []byte) {
 	cfgs := local(64)
 	for i := 48; i < 64; i++ {
 		cfgs[i].Region = "eu-west"
@@ -640,5 +640,27 @@ func BenchmarkDispatchLifecycle(b *testing.B) {
 		a.FirstToken()
 		a.ObserveUsage(Usage{PromptTokens: 2048, CompletionTokens: 100, CachedTokens: 2032, HasCached: true})
 		a.End(false)
+	}
+}
+
+// TestPickAllocatesNothing holds the hot path to its budget: with a reused Request, hashing, lookup and picking
+// among 64 backends allocate nothing.
+func TestPickAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("sync.Pool is lossy under the race detector")
+	}
+	f, p := benchFleet(t)
+	for _, s := range []Strategy{adaptive(t, f, "us-east"), NewCacheAware(StrategyEnv{}), NewPrefixHash(StrategyEnv{})} {
+		var r Request
+		n := testing.AllocsPerRun(200, func() {
+			r.Reset()
+			r.Model, r.Prompt = "m", p
+			if _, err := s.Pick(&r, f.targets); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if n != 0 {
+			t.Fatalf("%T: %v allocations per pick, want 0", s, n)
+		}
 	}
 }

@@ -98,6 +98,7 @@ type Backend struct {
 
 	lat       latency
 	ttftCount atomic.Int64
+	lastTTFT  atomic.Int64 // UnixNano (backend clock) of the last TTFT observation
 
 	newTokAvg afloat // EWMA of uncached tokens per dispatched request: converts the engine queue to tokens
 	hitScale  afloat // EWMA of (cached tokens the engine reported / cached tokens predicted), in [0, 1]
@@ -344,6 +345,7 @@ func (b *Backend) observeTTFT(a *Attempt, ttft float64) {
 	engine := max(ttft-a.rtt, ttft/10)
 	b.lat.observeTTFT(a.uncached, a.queued, a.runAt0, engine)
 	b.ttftCount.Add(1)
+	b.lastTTFT.Store(b.clock.Now().UnixNano())
 	if m := b.obs.Load(); m != nil && m.ttftError != nil {
 		if pred := a.rtt + a.predTTFT; pred > 0 {
 			m.ttftError.Observe(math.Abs(ttft-pred) / pred)

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -250,5 +251,82 @@ func TestRTTTakesTheLargerEstimate(t *testing.T) {
 	}
 	if rtt := b.RTT(); rtt < 79*time.Millisecond || rtt > 81*time.Millisecond {
 		t.Fatalf("RTT %v, want 80ms", rtt)
+	}
+}
+
+// TestConcurrentRequestPath runs picks and whole attempts from several goroutines while another publishes
+// engine snapshots, reloads the registry and sweeps the index (run it with -race). Accounting must come back
+// to zero.
+func TestConcurrentRequestPath(t *testing.T) {
+	clk := newFakeClock()
+	reg := NewRegistry(WithClock(clk))
+	cfgs := local(6)
+	bs := reg.Sync(cfgs)
+	targets := make([]Target, len(bs))
+	for i, b := range bs {
+		targets[i] = Target{Backend: b, Model: "m"}
+	}
+	strategies := []Strategy{adaptive(t, &fleet{t: t, reg: reg, clk: clk}, "us-east"),
+		NewCacheAware(StrategyEnv{}), NewPrefixHash(StrategyEnv{}), &RoundRobin{}}
+	prompts := make([][]byte, 8)
+	for i := range prompts {
+		prompts[i] = text(uint64(i), 500+i*700)
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // the Monitor's side
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			b := bs[i%len(bs)]
+			b.engine.Store(&EngineStats{Waiting: float64(i % 7), Running: float64(i % 30), KVUsage: 0.5,
+				Has: HasWaiting | HasRunning | HasKVUsage, At: clk.Now()})
+			b.observeProbe(time.Duration(i%5) * time.Millisecond)
+			if i%50 == 0 {
+				reg.Sync(cfgs) // a reload that keeps every backend
+				reg.Index().Sweep(clk.Now())
+			}
+			_ = reg.Status()
+		}
+	}()
+	var workers sync.WaitGroup
+	for g := range 4 {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			var r Request
+			for i := range 300 {
+				r.Reset()
+				r.Model, r.Prompt = "m", prompts[(g+i)%len(prompts)]
+				tg, err := strategies[(g+i)%len(strategies)].Pick(&r, targets)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				a := tg.Backend.Dispatch(&r)
+				clk.Advance(time.Millisecond)
+				if i%5 == 0 {
+					a.End(true)
+					continue
+				}
+				a.FirstToken()
+				a.ObserveUsage(Usage{PromptTokens: 300, CompletionTokens: 20, CachedTokens: 64, HasCached: true})
+				a.End(false)
+			}
+			r.Reset()
+		}()
+	}
+	workers.Wait()
+	close(done)
+	wg.Wait()
+	for _, b := range bs {
+		if req, tok := b.Prefilling(); b.Inflight() != 0 || req != 0 || tok != 0 || b.Decoding() != 0 {
+			t.Fatalf("%s: inflight %d prefilling %d/%d decoding %d", b.Name(), b.Inflight(), req, tok, b.Decoding())
+		}
 	}
 }

@@ -3,6 +3,7 @@ package routing
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -10,7 +11,10 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -28,6 +32,12 @@ const (
 	DefaultRestartGap = 10 * time.Second
 	// DefaultScrapeTimeout bounds one scrape or probe.
 	DefaultScrapeTimeout = time.Second
+	// DefaultIdleProbeAfter is how long a backend may go without a first token before the Monitor sends it a
+	// one-token completion to measure its TTFT (so a backend that routing avoids after a slowdown is seen to
+	// recover); the probes repeat at this interval while it stays idle.
+	DefaultIdleProbeAfter = 5 * time.Second
+	// idleProbeTimeout bounds one idle probe: a backend slower than this teaches the model by the timeout.
+	idleProbeTimeout = 10 * time.Second
 	// sweepInterval is how often the Monitor expires prefix-index entries.
 	sweepInterval = time.Second
 )
@@ -44,6 +54,9 @@ type MonitorOptions struct {
 	RestartGap time.Duration
 	// Timeout bounds each scrape and probe.
 	Timeout time.Duration
+	// IdleProbeAfter is how long a backend may go without a first token before it is sent a one-token
+	// completion (never for hosted "openai" backends, which bill per request). Negative disables idle probes.
+	IdleProbeAfter time.Duration
 	// Client does the scrapes and HTTP probes; nil means a keep-alive client of the Monitor's own.
 	Client *http.Client
 	// Clock stamps snapshots and measures staleness and gaps; nil means the system clock. (The waits between
@@ -88,6 +101,9 @@ func NewMonitor(reg *Registry, opts MonitorOptions) *Monitor {
 	def(&opts.ProbeInterval, DefaultProbeInterval)
 	def(&opts.RestartGap, DefaultRestartGap)
 	def(&opts.Timeout, DefaultScrapeTimeout)
+	if opts.IdleProbeAfter == 0 {
+		opts.IdleProbeAfter = DefaultIdleProbeAfter
+	}
 	if opts.Clock == nil {
 		opts.Clock = SystemClock{}
 	}
@@ -193,6 +209,7 @@ func (m *Monitor) run(ctx context.Context, b *Backend) {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var nextProbe time.Time
+	var idle atomic.Bool // an idle probe is running
 	for {
 		select {
 		case <-ctx.Done():
@@ -212,6 +229,17 @@ func (m *Monitor) run(ctx context.Context, b *Backend) {
 			s.probe(ctx)
 			nextProbe = now.Add(jitter(m.opts.ProbeInterval))
 		}
+		if !idle.Load() && s.idleProbeDue() {
+			// In its own goroutine: a slow backend must not hold up its scrapes.
+			s.lastIdleP = b.clock.Now()
+			idle.Store(true)
+			m.wg.Add(1)
+			go func() {
+				defer m.wg.Done()
+				defer idle.Store(false)
+				s.idleProbe(ctx)
+			}()
+		}
 		if o := b.obs.Load(); o != nil {
 			o.inflight.Set(float64(b.Inflight()))
 		}
@@ -221,11 +249,12 @@ func (m *Monitor) run(ctx context.Context, b *Backend) {
 
 // scraper is one backend's scraping state, owned by its goroutine.
 type scraper struct {
-	m      *Monitor
-	b      *Backend
-	br     *bufio.Reader
-	last   *EngineStats // last successful scrape
-	lastOK time.Time
+	m         *Monitor
+	b         *Backend
+	br        *bufio.Reader
+	last      *EngineStats // last successful scrape
+	lastOK    time.Time
+	lastIdleP time.Time // last idle probe, on the backend's clock
 }
 
 // scrape fetches and parses the backend's /metrics once and publishes the result.
@@ -343,4 +372,51 @@ func (s *scraper) probe(ctx context.Context) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 	resp.Body.Close()
 	s.b.observeProbe(d)
+}
+
+// idleProbeDue reports whether the backend has gone IdleProbeAfter without a first token (nor an idle probe).
+func (s *scraper) idleProbeDue() bool {
+	after := s.m.opts.IdleProbeAfter
+	cfg := s.b.Config()
+	if after < 0 || cfg.Engine == EngineOpenAI || len(cfg.Models) == 0 || !s.b.Healthy() {
+		return false
+	}
+	now := s.b.clock.Now()
+	return now.Sub(time.Unix(0, s.b.lastTTFT.Load())) >= after && now.Sub(s.lastIdleP) >= after
+}
+
+// idleProbe sends the backend a one-token completion and feeds its latency to the TTFT model as a one-token
+// prompt under the backend's current load. Routing avoids a backend its model predicts slow; without traffic
+// the model would never learn that it recovered. A failed probe teaches nothing (health is the breaker's job),
+// except a timeout, which is a TTFT of at least that long.
+func (s *scraper) idleProbe(ctx context.Context) {
+	b := s.b
+	cfg := b.Config()
+	ctx, cancel := context.WithTimeout(ctx, idleProbeTimeout)
+	defer cancel()
+	body := `{"model":` + strconv.Quote(cfg.Models[0]) + `,"prompt":"ping","max_tokens":1,"stream":false}`
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, cfg.URL+"/v1/completions", strings.NewReader(body))
+	if err != nil {
+		return
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if cfg.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+cfg.APIKey)
+	}
+	l := b.loadAt(b.clock.Now())
+	a := Attempt{b: b, uncached: 1, queued: l.queuedTok, runAt0: l.running, rtt: b.rtt()}
+	a.predTTFT = b.lat.ttftMean(a.uncached, a.queued, a.runAt0)
+	start := time.Now()
+	resp, err := s.m.client.Do(req)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+			b.observeTTFT(&a, time.Since(start).Seconds())
+		}
+		return
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		b.observeTTFT(&a, time.Since(start).Seconds())
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -263,5 +264,67 @@ func TestMonitorFollowsRegistry(t *testing.T) {
 	m.mu.Unlock()
 	if running != nil {
 		t.Fatal("Stop left goroutines registered")
+	}
+}
+
+func TestIdleProbeTeachesTheModel(t *testing.T) {
+	var mu sync.Mutex
+	delay := 250 * time.Millisecond
+	var seen []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/completions" || r.Method != http.MethodPost {
+			http.NotFound(w, r)
+			return
+		}
+		var body [256]byte
+		n, _ := r.Body.Read(body[:])
+		mu.Lock()
+		d := delay
+		seen = append(seen, string(body[:n]))
+		mu.Unlock()
+		select {
+		case <-time.After(d):
+		case <-r.Context().Done():
+		}
+		_, _ = w.Write([]byte(`{"choices":[{"text":"p"}]}`))
+	}))
+	defer srv.Close()
+	clk := newFakeClock()
+	reg := NewRegistry(WithClock(clk))
+	b := reg.Sync([]*BackendConfig{{Name: "e", URL: srv.URL, Engine: EngineVLLM, Models: []string{"up-model"}}})[0]
+	m := NewMonitor(reg, MonitorOptions{Clock: clk})
+	defer m.client.CloseIdleConnections()
+	s := &scraper{m: m, b: b}
+	if !s.idleProbeDue() {
+		t.Fatal("a backend never observed is not due a probe")
+	}
+	before, _ := b.PredictTTFT(1, 0)
+	for range 3 {
+		s.lastIdleP = clk.Now()
+		s.idleProbe(context.Background())
+		clk.Advance(DefaultIdleProbeAfter)
+	}
+	after, _ := b.PredictTTFT(1, 0)
+	if after < 2*before || b.Status().TTFTSamples != 3 {
+		t.Fatalf("three 250 ms probes moved the one-token prediction from %v to %v (%d samples)", before, after,
+			b.Status().TTFTSamples)
+	}
+	mu.Lock()
+	if len(seen) != 3 || !strings.Contains(seen[0], `"model":"up-model"`) || !strings.Contains(seen[0], `"max_tokens":1`) {
+		t.Fatalf("probe bodies %q", seen)
+	}
+	mu.Unlock()
+	// Traffic makes probes unnecessary.
+	a := b.Begin(10)
+	a.FirstToken()
+	a.End(false)
+	if s.idleProbeDue() {
+		t.Fatal("probe due right after a first token")
+	}
+	// Hosted APIs are never probed with completions.
+	hosted := NewRegistry(WithClock(clk)).Sync([]*BackendConfig{{Name: "h", URL: srv.URL, Engine: EngineOpenAI,
+		Models: []string{"gpt"}}})[0]
+	if (&scraper{m: m, b: hosted}).idleProbeDue() {
+		t.Fatal("a hosted backend is due a completion probe")
 	}
 }
