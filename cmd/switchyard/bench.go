@@ -60,13 +60,13 @@ func benchUsage(w io.Writer) {
 
 // workloadFlags are the overrides every subcommand accepts.
 type workloadFlags struct {
-	model              string
-	rate               float64
-	duration, warmup   time.Duration
-	seed               uint64
-	sloTTFT, sloITL    time.Duration
-	timeout            time.Duration
-	withModel          bool
+	model            string
+	rate             float64
+	duration, warmup time.Duration
+	seed             uint64
+	sloTTFT, sloITL  time.Duration
+	timeout          time.Duration
+	withModel        bool
 }
 
 func (f *workloadFlags) register(fs *flag.FlagSet) {
