@@ -388,7 +388,8 @@ func (d *decoder) record(path, pattern string, line int, val *yaml.Node, v refle
 		case yaml.SequenceNode, yaml.MappingNode:
 			f.empty = len(val.Content) == 0
 		case yaml.ScalarNode:
-			f.empty = v.Kind() == reflect.String && v.Len() == 0 || v.Kind() == reflect.Bool && !v.Bool()
+			// false is not empty: prefix_affinity: false asks to turn off what a strategy does by itself.
+			f.empty = v.Kind() == reflect.String && v.Len() == 0
 		}
 	}
 	d.fields[path] = f

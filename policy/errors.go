@@ -72,7 +72,7 @@ type field struct {
 	pattern string // the schema path: indices as "[]", map keys as ".*" (models[].strategy, regions.*.failover)
 	line    int    // line of the key (or of the list item)
 	null    bool   // the value was null: the field counts as not set
-	empty   bool   // the value asks for nothing: null, "", [], {} or false
+	empty   bool   // the value asks for nothing: null, "", [] or {}
 }
 
 func newReport(file string) *report {

@@ -44,7 +44,10 @@ func FuzzParse(f *testing.F) {
 			}
 			return
 		}
-		s := c.Compile(routing.NewRegistry(), nil)
+		s, err := c.Compile(routing.NewRegistry(), nil, nil)
+		if err != nil {
+			t.Fatalf("a valid file does not compile: %v", err)
+		}
 		if len(s.Models) != len(c.Models) || len(s.Backends) != len(c.Backends) {
 			t.Fatalf("snapshot does not match config")
 		}

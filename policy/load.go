@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/switchyard/switchyard/metrics"
 	"github.com/switchyard/switchyard/proxy"
 	"github.com/switchyard/switchyard/routing"
 )
@@ -52,15 +53,28 @@ func Load(path string, reg *routing.Registry) (*Config, *proxy.Snapshot, error) 
 	if err != nil {
 		return nil, nil, err
 	}
-	return c, c.Compile(reg, nil), nil
+	s, err := c.Compile(reg, nil, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	return c, s, nil
 }
 
 // Compile builds the runtime snapshot of a valid Config. It syncs reg to the Config's backends, so a backend that
 // keeps its name and URL keeps its *routing.Backend and what was learned about it; prev, the snapshot being
-// replaced (nil on the first load), keeps each surviving model's creation time. Every model gets new strategy
-// instances. c must come from Parse or Load; reg must not be nil.
-func (c *Config) Compile(reg *routing.Registry, prev *proxy.Snapshot) *proxy.Snapshot {
+// replaced (nil on the first load), keeps each surviving model's creation time. Every model gets a new strategy
+// instance, reporting its prefix-cache lookups to m (nil: no metrics). c must come from Parse; reg must not be
+// nil. An error (a strategy that cannot be built, which validation rules out) leaves reg untouched.
+func (c *Config) Compile(reg *routing.Registry, prev *proxy.Snapshot, m *metrics.Gateway) (*proxy.Snapshot, error) {
 	now := time.Now()
+	strats := make([]routing.Strategy, len(c.Models))
+	for i := range c.Models {
+		s, err := newStrategy(c, &c.Models[i], m)
+		if err != nil {
+			return nil, fmt.Errorf("policy: models[%d].strategy: %w", i, err)
+		}
+		strats[i] = s
+	}
 	cfgs := make([]*routing.BackendConfig, len(c.Backends))
 	for i, b := range c.Backends {
 		cfgs[i] = &routing.BackendConfig{
@@ -94,11 +108,11 @@ func (c *Config) Compile(reg *routing.Registry, prev *proxy.Snapshot) *proxy.Sna
 		Loaded:     now,
 		Hash:       c.Hash,
 	}
-	for _, m := range c.Models {
+	for i, m := range c.Models {
 		pm := &proxy.Model{
 			Name:         m.Name,
 			Targets:      make([]routing.Target, len(m.Targets)),
-			Strategy:     strategies[m.Strategy](),
+			Strategy:     strats[i],
 			StrategyName: m.Strategy,
 			SLO:          proxy.SLO{TTFT: m.SLO.TTFT, ITL: m.SLO.ITL},
 			Retries:      m.Retries,
@@ -115,5 +129,5 @@ func (c *Config) Compile(reg *routing.Registry, prev *proxy.Snapshot) *proxy.Sna
 		s.Models[m.Name] = pm
 		s.ModelNames = append(s.ModelNames, m.Name)
 	}
-	return s
+	return s, nil
 }

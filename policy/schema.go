@@ -60,8 +60,8 @@ type Backend struct {
 	// APIKey, when set, is sent upstream as "Authorization: Bearer <api_key>" in place of the client's
 	// credentials. Write it as ${ENV_VAR}; it is never printed. Default: none.
 	APIKey Secret `yaml:"api_key"`
-	// Weight is the backend's relative share of traffic for the least_request and random strategies (round_robin
-	// ignores it). Default 1; must be > 0 (0, draining, is not supported yet).
+	// Weight is the backend's relative share of traffic for the least_request and random strategies (the others
+	// ignore it). Default 1; must be > 0 (0, draining, is not supported yet).
 	Weight float64 `yaml:"weight"`
 	// MaxConcurrency caps the requests in flight to the backend; 0 means an adaptive cap that keeps the engine's
 	// queue shallow. Default: no cap. Not supported yet.
@@ -108,12 +108,13 @@ type Model struct {
 	// backend whose models list Name, under the same name.
 	Targets []Target `yaml:"targets"`
 	// Strategy picks a target for each request: adaptive, round_robin, least_request, random, cache_aware or
-	// prefix_hash (see strategies for which are available). Default DefaultStrategy.
+	// prefix_hash (routing.NewStrategy builds them). Default DefaultStrategy (adaptive).
 	Strategy string `yaml:"strategy"`
 	// SLO is the latency the model promises. Default: no objective.
 	SLO SLO `yaml:"slo"`
-	// PrefixAffinity keeps requests that share a prompt prefix on the backend that holds it in its KV cache.
-	// Default false. Not supported yet (unless false).
+	// PrefixAffinity turns prefix-cache affinity (keeping requests that share a prompt prefix on the backend that
+	// holds it) on or off for the model. Default: as the strategy does (adaptive, cache_aware and prefix_hash use
+	// the prefix cache). Not supported yet: setting it, to true or false, is an error.
 	PrefixAffinity bool `yaml:"prefix_affinity"`
 	// Retries is how many other backends a request may try after a failure before its first byte (never after).
 	// Default 2; 0 disables retries; at most 10.

@@ -1,36 +1,24 @@
 package policy
 
 import (
-	"maps"
-	"slices"
+	"errors"
+	"fmt"
+	"strings"
 
+	"github.com/switchyard/switchyard/metrics"
 	"github.com/switchyard/switchyard/routing"
 )
 
-// DefaultStrategy is the strategy of a model that names none. It becomes "adaptive" when routing's adaptive
-// strategy lands.
-const DefaultStrategy = "least_request"
+// DefaultStrategy is the strategy of a model that names none: routing's default, adaptive.
+const DefaultStrategy = routing.DefaultStrategy
 
-// strategies maps every strategy name the schema knows to its constructor, in this one place. A nil constructor
-// is a name whose strategy has not landed in routing yet: a file that uses it is rejected as "not supported yet".
-// Each model gets its own instance, built at every load, so strategies with state (round_robin's counter) never
-// share it between models.
-var strategies = map[string]func() routing.Strategy{
-	"adaptive":      nil,
-	"round_robin":   func() routing.Strategy { return &routing.RoundRobin{} },
-	"least_request": func() routing.Strategy { return routing.LeastRequest{} },
-	"random":        func() routing.Strategy { return routing.Random{} },
-	"cache_aware":   nil,
-	"prefix_hash":   nil,
-}
-
-// strategyNames returns the known strategy names, or only those available now, sorted.
-func strategyNames(availableOnly bool) []string {
-	var names []string
-	for _, n := range slices.Sorted(maps.Keys(strategies)) {
-		if !availableOnly || strategies[n] != nil {
-			names = append(names, n)
-		}
+// newStrategy builds model m's strategy. routing.NewStrategy is the one table from strategy names to
+// constructors; every call returns a new instance, so models never share state (round_robin's counter). m may be
+// nil (validation builds strategies without metrics, to find invalid names before anything is swapped).
+func newStrategy(c *Config, m *Model, mt *metrics.Gateway) (routing.Strategy, error) {
+	s, err := routing.NewStrategy(m.Strategy, routing.StrategyEnv{Region: c.Region, Model: m.Name, Metrics: mt})
+	if errors.Is(err, routing.ErrUnknownStrategy) {
+		return nil, fmt.Errorf("unknown strategy %q (one of: %s)", m.Strategy, strings.Join(routing.StrategyNames(), ", "))
 	}
-	return names
+	return s, err
 }

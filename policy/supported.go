@@ -7,7 +7,7 @@ import (
 
 // supported is THE table of the schema's fields: path (indices as "[]", map keys as ".*") -> whether the gateway
 // implements its behaviour today. A file that sets a field marked false, or a field below one, to anything but an
-// empty value (null, "", [], {}, false) is rejected with "PATH: not supported yet", so that no setting is silently
+// empty value (null, "", [], {}) is rejected with "PATH: not supported yet", so that no setting is silently
 // ignored. Landing a feature is flipping its line to true; TestSupportedTableCoversSchema keeps the table in step
 // with the schema types and TestNotSupportedYet proves every false line is enforced.
 var supported = map[string]bool{

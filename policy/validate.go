@@ -221,11 +221,8 @@ func (r *report) validateModels(c *Config, regions map[string]bool) {
 	}
 	for i, m := range c.Models {
 		p := fmt.Sprintf("models[%d]", i)
-		switch ctor, known := strategies[m.Strategy]; {
-		case !known:
-			r.errorf(p+".strategy", fmt.Sprintf("unknown strategy %q (one of: %s)", m.Strategy, strings.Join(strategyNames(false), ", ")))
-		case ctor == nil:
-			r.errorf(p+".strategy", fmt.Sprintf("%q is not supported yet (available now: %s)", m.Strategy, strings.Join(strategyNames(true), ", ")))
+		if _, err := newStrategy(c, &m, nil); err != nil {
+			r.errorf(p+".strategy", err.Error())
 		}
 		r.targets(p, m, backends)
 		for _, f := range []struct {

@@ -58,14 +58,25 @@ func NewWatcher(path string, reg *routing.Registry, m *metrics.Gateway, log *slo
 		log = slog.Default()
 	}
 	w := &Watcher{path: path, reg: reg, m: m, log: log}
-	c, s, err := Load(path, reg)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		err = fmt.Errorf("policy: %w", err)
+		w.failed(err)
+		return nil, err
+	}
+	c, err := Parse(path, data)
+	if err != nil {
+		w.failed(err)
+		return nil, err
+	}
+	s, err := c.Compile(reg, nil, m)
 	if err != nil {
 		w.failed(err)
 		return nil, err
 	}
 	w.cfg.Store(c)
 	w.snap.Store(s)
-	w.succeeded()
+	w.succeeded(true)
 	return w, nil
 }
 
@@ -98,7 +109,7 @@ func (w *Watcher) Reload() error {
 	}
 	cur := w.snap.Load()
 	if hash(data) == cur.Hash {
-		w.succeeded()
+		w.succeeded(false)
 		w.log.Debug("config unchanged", "file", w.path, "hash", short(cur.Hash))
 		return nil
 	}
@@ -108,10 +119,14 @@ func (w *Watcher) Reload() error {
 		return err
 	}
 	w.keepStatic(c, w.cfg.Load())
-	s := c.Compile(w.reg, cur)
+	s, err := c.Compile(w.reg, cur, w.m)
+	if err != nil {
+		w.failed(err)
+		return err
+	}
 	w.cfg.Store(c)
 	w.snap.Store(s)
-	w.succeeded()
+	w.succeeded(true)
 	w.log.Info("config reloaded", "file", w.path, "hash", short(s.Hash), "backends", len(s.Backends), "models", len(s.Models))
 	return nil
 }
@@ -143,10 +158,14 @@ func (w *Watcher) keepStatic(c, old *Config) {
 	}
 }
 
-func (w *Watcher) succeeded() {
+// succeeded records that the file on disk is the policy in force; loaded says it was (re)loaded just now.
+func (w *Watcher) succeeded(loaded bool) {
 	w.lastErr.Store(nil)
-	if w.m != nil {
-		w.m.ConfigReloadSuccess.Set(1)
+	if w.m == nil {
+		return
+	}
+	w.m.ConfigReloadSuccess.Set(1)
+	if loaded {
 		w.m.ConfigReloadTime.Set(float64(time.Now().UnixNano()) / 1e9)
 	}
 }
@@ -195,6 +214,9 @@ func (w *Watcher) Run(ctx context.Context) error {
 		}
 	}
 
+	// The file may have changed between NewWatcher and now, before the watch was in place.
+	_ = w.Reload()
+
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
@@ -210,7 +232,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 			if ev.Op == fsnotify.Chmod {
 				continue // noise (indexers, chmod by editors); a real change comes with another event
 			}
-			if n := filepath.Base(ev.Name); n == base || n == "..data" || ev.Name == target {
+			if n := filepath.Base(ev.Name); n == base || n == "..data" || mustAbs(ev.Name) == target {
 				timer.Reset(debounce)
 			}
 		case err, ok := <-fw.Errors:

@@ -251,8 +251,13 @@ func TestWatcherFollowsKubernetesSymlinkSwap(t *testing.T) {
 func TestReloadWithoutFileEvent(t *testing.T) {
 	f := newFixture(t, policyText("round_robin", "a"), false) // no Run: only Reload (SIGHUP) reloads
 	old := f.w.Snapshot()
+	loaded := gauge(t, f.m.ConfigReloadTime)
+	time.Sleep(10 * time.Millisecond)
 	if err := f.w.Reload(); err != nil || f.w.Snapshot() != old {
 		t.Fatalf("reloading the same bytes: err %v, snapshot replaced %v", err, f.w.Snapshot() != old)
+	}
+	if got := gauge(t, f.m.ConfigReloadTime); got != loaded {
+		t.Errorf("reloading the same bytes moved the load timestamp from %v to %v", loaded, got)
 	}
 	writeFile(t, f.path, policyText("random", "a", "b"))
 	if err := f.w.Reload(); err != nil {
@@ -272,6 +277,14 @@ func TestReloadWithoutFileEvent(t *testing.T) {
 	if err := f.w.Reload(); err == nil || f.w.Snapshot().Models["m"].StrategyName != "random" {
 		t.Fatalf("a missing file: err %v; the policy must stay", err)
 	}
+}
+
+func TestRunPicksUpAnEditMadeBeforeIt(t *testing.T) {
+	f := newFixture(t, policyText("round_robin", "a"), false)
+	old := f.w.Snapshot()
+	writeFile(t, f.path, policyText("random", "a"))
+	f.run(t, f.w)
+	waitFor(t, "the edit made before Run", func() bool { return f.w.Snapshot() != old })
 }
 
 func TestStaticFieldsNeedARestart(t *testing.T) {

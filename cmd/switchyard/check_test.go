@@ -64,7 +64,7 @@ func TestCheckAcceptsTheShippedConfig(t *testing.T) {
 		"../../config.yaml: valid (sha256 ",
 		"us-east  use-1 use-2 use-3 use-4  (local)",
 		"eu-west  euw-1 euw-2",
-		"sim-model     strategy least_request  retries 2  slo ttft 500ms itl 50ms",
+		"sim-model     strategy adaptive  retries 2  slo ttft 500ms itl 50ms",
 		"targets use-1 use-2 use-3 use-4 euw-1 euw-2",
 	} {
 		if !strings.Contains(out, s) {
