@@ -586,6 +586,8 @@ func BenchmarkPickAdaptive64(b *testing.B) {
 	s := adaptive(b, f, "us-east")
 	var r Request
 	b.ReportAllocs()
+	start := processCPU()
+	defer func() { reportCPU(b, start) }()
 	for b.Loop() {
 		r.Reset()
 		r.Model, r.Prompt = "m", p
@@ -601,6 +603,8 @@ func BenchmarkPickCacheAware64(b *testing.B) {
 	s := NewCacheAware(StrategyEnv{})
 	var r Request
 	b.ReportAllocs()
+	start := processCPU()
+	defer func() { reportCPU(b, start) }()
 	for b.Loop() {
 		r.Reset()
 		r.Model, r.Prompt = "m", p
@@ -615,6 +619,8 @@ func BenchmarkPickLeastRequest64(b *testing.B) {
 	f, p := benchFleet(b)
 	var r Request
 	b.ReportAllocs()
+	start := processCPU()
+	defer func() { reportCPU(b, start) }()
 	for b.Loop() {
 		r.Reset()
 		r.Model, r.Prompt = "m", p
@@ -631,6 +637,8 @@ func BenchmarkDispatchLifecycle(b *testing.B) {
 	s := adaptive(b, f, "us-east")
 	var r Request
 	b.ReportAllocs()
+	start := processCPU()
+	defer func() { reportCPU(b, start) }()
 	for b.Loop() {
 		r.Reset()
 		r.Model, r.Prompt = "m", p

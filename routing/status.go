@@ -5,6 +5,7 @@ import "time"
 // BackendStatus is one backend as /debug/backends shows it: a plain, JSON-ready copy of its live state and of
 // the models' current predictions. Durations are in milliseconds, shares in [0, 1].
 type BackendStatus struct {
+	// Name, Region and Engine are the backend's configuration.
 	Name   string `json:"name"`
 	Region string `json:"region"`
 	Engine string `json:"engine"`
