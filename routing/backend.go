@@ -231,6 +231,7 @@ type Attempt struct {
 	ended      bool
 
 	start, firstAt time.Time
+	usageAt        time.Time // when ObserveUsage was called: the end of decoding
 	// Features captured at dispatch for the TTFT model, and what was predicted from them.
 	promptTok, hitTok        int
 	uncached, queued, runAt0 float64
@@ -372,8 +373,8 @@ const (
 )
 
 // ObserveUsage records the usage the backend reported (call it when the final usage chunk arrives, before End;
-// the gateway always asks for it upstream). Completion tokens let End measure the request's mean inter-token
-// latency for the ITL model. Cached tokens calibrate the prefix index against the engine's truth: when the engine
+// the gateway always asks for it upstream). Completion tokens and the time from the first token to this call
+// give the request's mean inter-token latency, which End feeds to the ITL model. Cached tokens calibrate the prefix index against the engine's truth: when the engine
 // holds less than predicted, b's index capacity shrinks by 5% and predicted hits are discounted; when it holds
 // more, the capacity grows by 1% (AIMD, routing.md 4.4).
 func (a *Attempt) ObserveUsage(u Usage) {
@@ -381,6 +382,7 @@ func (a *Attempt) ObserveUsage(u Usage) {
 		return
 	}
 	a.gotUsage = true
+	a.usageAt = a.b.clock.Now()
 	a.completionTok = u.CompletionTokens
 	if !u.HasCached {
 		return
@@ -446,7 +448,7 @@ func (a *Attempt) End(backendFailed bool) {
 	if backendFailed || !a.gotUsage || a.completionTok < 2 {
 		return
 	}
-	elapsed := b.clock.Now().Sub(a.firstAt).Seconds()
+	elapsed := a.usageAt.Sub(a.firstAt).Seconds()
 	running := (a.runAtFirst + float64(b.decoding.Load()) + 1) / 2
 	if e := b.engine.Load(); e.Fresh(b.clock.Now(), time.Duration(b.staleAfter.Load())) {
 		running = max(running, e.Running)

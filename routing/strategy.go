@@ -26,7 +26,8 @@ type Target struct {
 }
 
 // Request is what a strategy knows about the request it routes. The request path owns it and may reuse it for
-// another request after Reset.
+// another request after Reset. It is not safe for concurrent use: Pick and Dispatch for one request (including
+// its hedges) must not run at the same time.
 //
 // On its first Pick a Request hashes its Prompt into 64-byte prefix blocks (cache.AppendHashes, seeded by Model)
 // and keeps the hashes, in a pooled buffer, for later Picks (retries, hedges, late binding) and for the Attempts
