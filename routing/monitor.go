@@ -74,7 +74,9 @@ type MonitorOptions struct {
 //
 // A scrape publishes an immutable EngineStats on the Backend. A failed scrape publishes the last snapshot marked
 // Stale, so routing falls back to the gateway's own accounting. A restart — process_start_time_seconds changed,
-// a counter went backwards, or scrapes failed for RestartGap — wipes the backend's prefix-index entries.
+// a counter went backwards, or scrapes failed for RestartGap — wipes the backend's prefix-index entries; new
+// preemptions shrink the share of its KV capacity the index assumes by 5%. The engine's cache_config_info sizes
+// its prefix-index capacity.
 //
 // Start and Stop may be called from any goroutine; Stop waits for every goroutine the Monitor started.
 type Monitor struct {
@@ -275,6 +277,12 @@ func (s *scraper) scrape(ctx context.Context) error {
 		if o := b.prefixOwner(); o != nil {
 			o.Clear()
 		}
+	} else if p := s.last; p != nil && p.Has&st.Has&HasPreemptions != 0 && st.Preemptions > p.Preemptions {
+		// Preemptions mean the KV cache ran out: the engine is evicting cached prefixes faster than the index
+		// assumes. Shrink the share of its capacity the index may count on (routing.md 4.4, eviction-pressure
+		// aging); cached_tokens feedback grows it back.
+		b.alpha.store(max(b.alpha.load()*0.95, minAlpha))
+		b.applyCapacity()
 	}
 	if st.Has&HasCacheConfig != 0 && st.BlockSize > 0 {
 		blocks := int64(st.NumGPUBlocks) * int64(st.BlockSize) / blockTokens

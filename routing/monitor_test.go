@@ -328,3 +328,24 @@ func TestIdleProbeTeachesTheModel(t *testing.T) {
 		t.Fatal("a hosted backend is due a completion probe")
 	}
 }
+
+func TestPreemptionsShrinkPrefixCapacity(t *testing.T) {
+	e := newFakeEngine(t)
+	e.set("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"1000\"} 1\nvllm:num_preemptions_total 3\n", http.StatusOK)
+	s, b, _ := scraperFor(t, e.srv.URL, EngineVLLM)
+	for range 2 { // the second scrape sees no new preemption
+		if err := s.scrape(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c := b.prefixOwner().Capacity(); c != 800 {
+		t.Fatalf("capacity %d, want 800", c)
+	}
+	e.set("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"1000\"} 1\nvllm:num_preemptions_total 9\n", http.StatusOK)
+	if err := s.scrape(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if c := b.prefixOwner().Capacity(); c != 760 {
+		t.Fatalf("capacity after preemptions %d, want 760", c)
+	}
+}
