@@ -50,9 +50,9 @@ type Watcher struct {
 var _ proxy.Source = (*Watcher)(nil)
 
 // NewWatcher loads the policy file at path through reg (which the caller owns and must not sync elsewhere) and
-// returns a Watcher serving it. m (may be nil) receives the reload metrics; log (nil: slog.Default) receives
-// every reload's outcome. An invalid file at start is an error: a gateway must not start without a policy.
-// Call Run to follow the file's changes.
+// returns a Watcher serving it. m (may be nil) receives the reload metrics and the strategies' prefix-cache
+// lookups; log (nil: slog.Default) receives every reload's outcome. An invalid file at start is an error: a
+// gateway must not start without a policy. Call Run to follow the file's changes.
 func NewWatcher(path string, reg *routing.Registry, m *metrics.Gateway, log *slog.Logger) (*Watcher, error) {
 	if log == nil {
 		log = slog.Default()
