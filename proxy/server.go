@@ -1,0 +1,412 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/switchyard/switchyard/metrics"
+	"github.com/switchyard/switchyard/openai"
+	"github.com/switchyard/switchyard/routing"
+)
+
+// Options are the gateway's static settings: they take effect at start and need a restart to change. Every
+// zero field means its documented default.
+type Options struct {
+	// MaxBodyBytes bounds a client's request body; larger bodies get 413. Default 32 MiB.
+	MaxBodyBytes int
+	// MaxResponseBytes bounds a non-streamed upstream answer (embeddings). Default 64 MiB.
+	MaxResponseBytes int
+	// HeaderTimeout bounds reading a client's request (headers and body), against slow clients. Default 30 s.
+	HeaderTimeout time.Duration
+	// IdleTimeout closes a client's keep-alive connection after this long without a request. Default 120 s.
+	IdleTimeout time.Duration
+	// PingInterval is how often a waiting or streaming request checks that its client is still there, and how
+	// long an upstream may be silent before the client gets a ": ping" SSE comment. Default 250 ms (a peek
+	// syscall per request per tick: negligible, and a vanished client is noticed well within a second).
+	PingInterval time.Duration
+	// Timeouts are the defaults for backends that set none. Defaults: connect 3 s, first byte 60 s, idle 60 s,
+	// total 30 min.
+	Timeouts routing.Timeouts
+	// Metrics receives the gateway's metrics; required.
+	Metrics *metrics.Gateway
+	// Logger receives the gateway's logs; default slog.Default().
+	Logger *slog.Logger
+}
+
+func (o *Options) setDefaults() {
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = 32 << 20
+	}
+	if o.MaxResponseBytes <= 0 {
+		o.MaxResponseBytes = 64 << 20
+	}
+	if o.HeaderTimeout <= 0 {
+		o.HeaderTimeout = 30 * time.Second
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = 120 * time.Second
+	}
+	if o.PingInterval <= 0 {
+		o.PingInterval = 250 * time.Millisecond
+	}
+	def := routing.Timeouts{Connect: 3 * time.Second, FirstByte: 60 * time.Second, Idle: 60 * time.Second, Total: 30 * time.Minute}
+	if o.Timeouts.Connect <= 0 {
+		o.Timeouts.Connect = def.Connect
+	}
+	if o.Timeouts.FirstByte <= 0 {
+		o.Timeouts.FirstByte = def.FirstByte
+	}
+	if o.Timeouts.Idle <= 0 {
+		o.Timeouts.Idle = def.Idle
+	}
+	if o.Timeouts.Total <= 0 {
+		o.Timeouts.Total = def.Total
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+}
+
+// Server is the client-facing gateway: the OpenAI-compatible API on fasthttp and the request path behind it.
+//
+// Concurrency: one Server serves many connections; its state is atomics, pools and the snapshot Source.
+type Server struct {
+	src  Source
+	opts Options
+	m    *metrics.Gateway
+	log  *slog.Logger
+	ups  *upstreams
+	srv  *fasthttp.Server
+
+	exchanges    sync.Pool
+	active       sync.WaitGroup
+	draining     atomic.Bool // set at Shutdown: /readyz fails, new requests are still served until the listener closes
+	drainExpired atomic.Bool // set when the drain timeout ends: in-flight requests are ended
+}
+
+// New returns a Server reading its routing policy from src. It does not listen; call Serve.
+func New(src Source, opts Options) (*Server, error) {
+	if src == nil {
+		return nil, errors.New("proxy: nil Source")
+	}
+	if opts.Metrics == nil {
+		return nil, errors.New("proxy: Options.Metrics is required")
+	}
+	opts.setDefaults()
+	s := &Server{src: src, opts: opts, m: opts.Metrics, log: opts.Logger, ups: newUpstreams()}
+	s.srv = &fasthttp.Server{
+		Handler:               s.handle,
+		ErrorHandler:          s.handleError,
+		Name:                  "switchyard",
+		MaxRequestBodySize:    opts.MaxBodyBytes,
+		ReadTimeout:           opts.HeaderTimeout,
+		IdleTimeout:           opts.IdleTimeout,
+		ReadBufferSize:        16 << 10, // also the bound on request header size
+		NoDefaultServerHeader: true,
+		// No WriteTimeout: it would cut long streams. A vanished client shows up as a failed write or peek.
+		CloseOnShutdown:               true,
+		DisableHeaderNamesNormalizing: false,
+		Logger:                        fasthttpLogger{opts.Logger},
+	}
+	return s, nil
+}
+
+// Serve accepts connections on ln until Shutdown. It returns nil after a clean shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	if err := s.srv.Serve(ln); err != nil {
+		return fmt.Errorf("proxy: serve: %w", err)
+	}
+	return nil
+}
+
+// Ready reports whether the gateway should receive traffic: not draining, and at least one backend healthy.
+func (s *Server) Ready() (bool, string) {
+	if s.draining.Load() {
+		return false, "draining"
+	}
+	snap := s.src.Snapshot()
+	if snap == nil {
+		return false, "no policy loaded"
+	}
+	for _, b := range snap.Backends {
+		if b.Healthy() {
+			return true, "ok"
+		}
+	}
+	return false, "no healthy backend"
+}
+
+// Shutdown drains the gateway: /readyz fails at once, the listener closes, idle connections close, and
+// in-flight requests may finish until ctx ends. Then the remaining streams get an SSE error event
+// ("shutting_down") and [DONE], and Shutdown waits (at most a few seconds) for them to go.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.draining.Store(true)
+	done := make(chan error, 1)
+	go func() { done <- s.srv.ShutdownWithContext(ctx) }()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	s.drainExpired.Store(true)
+	ended := make(chan struct{})
+	go func() { s.active.Wait(); close(ended) }()
+	select {
+	case <-ended:
+	case <-time.After(3*s.opts.PingInterval + time.Second):
+	}
+	select {
+	case err2 := <-done:
+		if err == nil {
+			err = err2
+		}
+	case <-time.After(time.Second):
+	}
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("proxy: shutdown: %w", err)
+	}
+	return nil
+}
+
+// timeouts returns the effective timeouts for a backend: its own, else the gateway's defaults.
+func (s *Server) timeouts(c *routing.BackendConfig) routing.Timeouts {
+	t := c.Timeouts
+	d := s.opts.Timeouts
+	if t.Connect <= 0 {
+		t.Connect = d.Connect
+	}
+	if t.FirstByte <= 0 {
+		t.FirstByte = d.FirstByte
+	}
+	if t.Idle <= 0 {
+		t.Idle = d.Idle
+	}
+	if t.Total <= 0 {
+		t.Total = d.Total
+	}
+	return t
+}
+
+var (
+	pathChat        = []byte("/v1/chat/completions")
+	pathCompletions = []byte("/v1/completions")
+	pathEmbeddings  = []byte("/v1/embeddings")
+	pathModels      = []byte("/v1/models")
+	pathModelsSlash = []byte("/v1/models/")
+)
+
+func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	path := ctx.Path()
+	switch {
+	case bytes.Equal(path, pathChat):
+		s.serveProxy(ctx, openai.Chat)
+	case bytes.Equal(path, pathCompletions):
+		s.serveProxy(ctx, openai.Completions)
+	case bytes.Equal(path, pathEmbeddings):
+		s.serveProxy(ctx, openai.Embeddings)
+	case bytes.Equal(path, pathModels) || bytes.HasPrefix(path, pathModelsSlash):
+		s.serveModels(ctx, path)
+	default:
+		s.plainError(ctx, fasthttp.StatusNotFound, "invalid_request_error", "not_found", "unknown path "+string(path))
+	}
+}
+
+// handleError renders fasthttp's own request errors (body too large, bad request, timeouts) as OpenAI errors.
+func (s *Server) handleError(ctx *fasthttp.RequestCtx, err error) {
+	ctx.Response.Header.SetBytesV(headerRequestID, appendRequestID(nil, nil))
+	ctx.Response.Header.Set(headerBackend, "none")
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		writeError(ctx, err)
+		ctx.SetConnectionClose()
+		return
+	}
+	s.plainError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "bad_request", "malformed HTTP request")
+	ctx.SetConnectionClose()
+}
+
+func (s *Server) plainError(ctx *fasthttp.RequestCtx, code int, typ, ecode, msg string) {
+	if len(ctx.Response.Header.Peek(headerRequestID)) == 0 {
+		ctx.Response.Header.SetBytesV(headerRequestID, appendRequestID(nil, ctx.Request.Header.Peek(headerRequestID)))
+	}
+	ctx.Response.Header.Set(headerBackend, "none")
+	ctx.SetStatusCode(code)
+	ctx.SetContentType("application/json")
+	ctx.Response.SetBodyRaw(openai.AppendError(nil, msg, typ, ecode, ""))
+}
+
+// serveProxy is the request path of DESIGN section 3 for one inference request.
+func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, e openai.Endpoint) {
+	if !ctx.IsPost() {
+		ctx.Response.Header.Set(fasthttp.HeaderAllow, fasthttp.MethodPost)
+		s.plainError(ctx, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use POST")
+		return
+	}
+	s.active.Add(1)
+	ex := s.acquireExchange()
+	ex.arrival = time.Now()
+	ex.endpoint = e
+	ex.path = append(ex.path[:0], ctx.Path()...)
+	ex.reqID = appendRequestID(ex.reqID[:0], ctx.Request.Header.Peek(headerRequestID))
+	ctx.Response.Header.SetBytesV(headerRequestID, ex.reqID)
+	ex.client = ctx.Conn()
+	ex.clientIP = ctx.RemoteIP()
+	ex.body = append(ex.body[:0], ctx.PostBody()...)
+
+	err := ex.sum.Parse(e, ex.body)
+	if err == nil {
+		err = ex.route(&ctx.Request.Header)
+	}
+	if err == nil {
+		ex.startWatchdog(s.opts.PingInterval)
+		err = ex.run()
+	}
+	backend := "none"
+	if ex.target.Backend != nil {
+		backend = ex.target.Backend.Name()
+	} else if n := len(ex.tried); n > 0 {
+		backend = ex.tried[n-1].Name()
+	}
+	ctx.Response.Header.Set(headerBackend, backend)
+	if err != nil {
+		e := writeError(ctx, err)
+		ex.stopWatchdog()
+		var ue *upstreamError
+		ex.closeAttempt(errors.As(err, &ue) && ue.backendFault())
+		if errors.Is(err, errClientGone) {
+			s.m.ClientDisconnects.WithLabelValues("waiting").Inc()
+		}
+		ex.done = true
+		ex.record(e.status, backend)
+		s.releaseExchange(ex)
+		s.active.Done()
+		return
+	}
+	if ex.endpoint != openai.Embeddings && ex.sum.Stream {
+		ctx.SetStatusCode(fasthttp.StatusOK)
+		ctx.SetContentType("text/event-stream")
+		ctx.Response.Header.Set(fasthttp.HeaderCacheControl, "no-cache")
+		ctx.Response.Header.Set("X-Accel-Buffering", "no")
+		ctx.SetBodyStream(streamBody{ex}, -1) // the relay owns ex from here; Close releases it
+		return
+	}
+	var body []byte
+	if ex.endpoint == openai.Embeddings {
+		body = ex.scratch
+	} else {
+		ex.pending = ex.asm.AppendBody(ex.pending[:0])
+		body = ex.pending
+		if u, ok := ex.asm.Usage(); ok {
+			ex.usage, ex.hasUsage = u, true
+		}
+	}
+	if up, pub := ex.target.Model, ex.model.Name; up != "" && up != pub {
+		ex.modelBuf = rewriteModel(ex.modelBuf[:0], body, up, pub)
+		body = ex.modelBuf
+	}
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
+	ex.finish(nil)
+	s.releaseExchange(ex)
+	s.active.Done()
+}
+
+// streamBody hands the exchange to fasthttp as the response body and marks the end of the request for
+// Shutdown when fasthttp closes it.
+type streamBody struct{ *exchange }
+
+func (b streamBody) Close() error {
+	s := b.s
+	err := b.exchange.Close()
+	s.active.Done()
+	return err
+}
+
+// route resolves the model and prepares what every attempt needs.
+func (ex *exchange) route(h *fasthttp.RequestHeader) error {
+	snap := ex.s.src.Snapshot()
+	if snap == nil {
+		return routing.ErrNoBackend
+	}
+	m := snap.Models[string(ex.sum.Model)]
+	if m == nil {
+		return fmt.Errorf("proxy: the model %q does not exist: %w", ex.sum.Model, errModelNotFound)
+	}
+	ex.snap, ex.model = snap, m
+	ex.rreq = routing.Request{
+		Model:        m.Name,
+		PromptTokens: ex.sum.PromptTokens,
+		MaxTokens:    ex.sum.MaxTokens,
+		Prompt:       ex.sum.Prompt,
+	}
+	ex.injectedUsage = ex.endpoint != openai.Embeddings && !(ex.sum.Stream && ex.sum.IncludeUsage)
+	copyRequestHeaders(&ex.fwd, h)
+	return nil
+}
+
+// serveModels answers GET /v1/models and GET /v1/models/{id} from the policy: the models the gateway serves.
+func (s *Server) serveModels(ctx *fasthttp.RequestCtx, path []byte) {
+	if !ctx.IsGet() {
+		ctx.Response.Header.Set(fasthttp.HeaderAllow, fasthttp.MethodGet)
+		s.plainError(ctx, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use GET")
+		return
+	}
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	snap := s.src.Snapshot()
+	if snap == nil {
+		s.plainError(ctx, fasthttp.StatusServiceUnavailable, "server_error", "overloaded", "no policy loaded")
+		return
+	}
+	var out any
+	if id := path[len(pathModels):]; len(id) > 1 {
+		m := snap.Models[string(id[1:])]
+		if m == nil {
+			s.plainError(ctx, fasthttp.StatusNotFound, "invalid_request_error", "model_not_found",
+				fmt.Sprintf("the model %q does not exist", id[1:]))
+			return
+		}
+		out = model{ID: m.Name, Object: "model", Created: m.Created, OwnedBy: "switchyard"}
+	} else {
+		list := struct {
+			Object string  `json:"object"`
+			Data   []model `json:"data"`
+		}{Object: "list", Data: make([]model, 0, len(snap.ModelNames))}
+		for _, name := range snap.ModelNames {
+			if m := snap.Models[name]; m != nil {
+				list.Data = append(list.Data, model{ID: m.Name, Object: "model", Created: m.Created, OwnedBy: "switchyard"})
+			}
+		}
+		out = list
+	}
+	body, _ := json.Marshal(out)
+	ctx.Response.Header.SetBytesV(headerRequestID, appendRequestID(nil, ctx.Request.Header.Peek(headerRequestID)))
+	ctx.Response.Header.Set(headerBackend, "none")
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
+}
+
+// fasthttpLogger sends fasthttp's own messages to slog at debug level: they are about single connections
+// (a client that left, a malformed request) and the request path already counts those in metrics.
+type fasthttpLogger struct{ l *slog.Logger }
+
+func (f fasthttpLogger) Printf(format string, args ...any) {
+	if f.l.Enabled(context.Background(), slog.LevelDebug) {
+		f.l.Debug(fmt.Sprintf(format, args...), "component", "fasthttp")
+	}
+}

@@ -1,0 +1,151 @@
+package proxy
+
+import (
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// upstreams holds one fasthttp.HostClient (a keep-alive connection pool) per backend URL and connect timeout,
+// shared by every routing.Backend with that URL across reloads, and a registry of the pools' live connections.
+//
+// Why the registry: fasthttp applies a request's timeout as one read deadline for the response headers AND the
+// streamed body, and hides the connection. Streaming needs different bounds (first event, then idle between
+// events) and a way to interrupt a blocked read when the client leaves. The registry maps a response's
+// (local, remote) address pair, which fasthttp records, to the connection, so the relay can set its deadlines.
+//
+// Concurrency: safe for concurrent use.
+type upstreams struct {
+	mu      sync.Mutex
+	clients map[upstreamKey]*upstream
+	conns   sync.Map // connKey -> *upConn
+}
+
+type upstreamKey struct {
+	url     string
+	connect time.Duration
+}
+
+// upstream is the pool for one backend URL.
+type upstream struct {
+	hc   *fasthttp.HostClient
+	host string // Host header value
+	base string // path prefix from the backend URL, without a trailing slash
+	tls  bool
+}
+
+type connKey struct{ local, remote netip.AddrPort }
+
+// upConn is a pooled upstream connection that knows how to leave the registry.
+type upConn struct {
+	net.Conn
+	reg    *upstreams
+	key    connKey
+	closed atomic.Bool
+}
+
+func (c *upConn) Close() error {
+	if c.closed.CompareAndSwap(false, true) {
+		c.reg.conns.Delete(c.key)
+	}
+	return c.Conn.Close()
+}
+
+func newUpstreams() *upstreams {
+	return &upstreams{clients: make(map[upstreamKey]*upstream)}
+}
+
+// get returns the pool for rawURL, creating it on first use.
+func (u *upstreams) get(rawURL string, connectTimeout time.Duration) (*upstream, error) {
+	k := upstreamKey{rawURL, connectTimeout}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if up, ok := u.clients[k]; ok {
+		return up, nil
+	}
+	parsed, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: backend url: %w", err)
+	}
+	if parsed.Scheme != "http" && parsed.Scheme != "https" {
+		return nil, fmt.Errorf("proxy: backend url %q: scheme must be http or https", rawURL)
+	}
+	isTLS := parsed.Scheme == "https"
+	addr := parsed.Host
+	if parsed.Port() == "" {
+		if isTLS {
+			addr += ":443"
+		} else {
+			addr += ":80"
+		}
+	}
+	dialer := &net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second}
+	up := &upstream{
+		host: parsed.Host,
+		base: trimSlash(parsed.Path),
+		tls:  isTLS,
+	}
+	up.hc = &fasthttp.HostClient{
+		Addr:  addr,
+		IsTLS: isTLS,
+		Dial: func(addr string) (net.Conn, error) {
+			c, err := dialer.Dial("tcp", addr)
+			if err != nil {
+				return nil, err
+			}
+			uc := &upConn{Conn: c, reg: u}
+			if uc.key, err = keyOf(c.LocalAddr(), c.RemoteAddr()); err == nil {
+				u.conns.Store(uc.key, uc)
+			}
+			return uc, nil
+		},
+		TLSConfig:                     &tls.Config{ServerName: parsed.Hostname(), MinVersion: tls.VersionTLS12},
+		MaxConns:                      1 << 16,
+		MaxIdleConnDuration:           90 * time.Second,
+		ReadBufferSize:                64 << 10,
+		WriteBufferSize:               64 << 10,
+		StreamResponseBody:            true,
+		NoDefaultUserAgentHeader:      true,
+		DisableHeaderNamesNormalizing: false,
+		// The gateway retries on another backend itself; fasthttp must never resend a POST on its own.
+		RetryIfErr:                func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
+		MaxIdemponentCallAttempts: 1,
+	}
+	u.clients[k] = up
+	return up, nil
+}
+
+// conn returns the registered connection a response was read from, or nil.
+func (u *upstreams) conn(resp *fasthttp.Response) *upConn {
+	k, err := keyOf(resp.LocalAddr(), resp.RemoteAddr())
+	if err != nil {
+		return nil
+	}
+	if c, ok := u.conns.Load(k); ok {
+		return c.(*upConn)
+	}
+	return nil
+}
+
+func keyOf(local, remote net.Addr) (connKey, error) {
+	l, ok1 := local.(*net.TCPAddr)
+	r, ok2 := remote.(*net.TCPAddr)
+	if !ok1 || !ok2 {
+		return connKey{}, fmt.Errorf("proxy: not a TCP connection")
+	}
+	return connKey{l.AddrPort(), r.AddrPort()}, nil
+}
+
+func trimSlash(s string) string {
+	for len(s) > 0 && s[len(s)-1] == '/' {
+		s = s[:len(s)-1]
+	}
+	return s
+}
