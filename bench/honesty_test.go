@@ -13,11 +13,12 @@ import (
 // time, so no batching): its TTFT must be Overhead + prompt/PrefillTPS (the first step prefills the prompt and
 // ends with the first token) and its inter-token gap one step, ITL; the harness must report both within 5%.
 //
-// The figures compared are medians over the requests of TTFT and of each request's mean gap: the simulator runs
-// its steps on nominal times, so a late wake-up shortens the next gap and the per-request mean stays exact, while
-// a single gap is at the mercy of the scheduler. Timing noise from other processes on a shared 2-core machine
-// (CI runs the packages' tests side by side under -race) can only add delay, so the test takes up to three
-// attempts; a measurement bug (a wrong origin, a missed or merged event) fails all three.
+// Timing noise from other processes on a shared 2-core machine (CI runs the packages' tests side by side under
+// -race, and the simulator runs in this process) can only add delay to a request's first token, so the TTFT
+// compared is the smallest of the run (the median is logged). The ITL compared is the median of each request's
+// mean gap: the simulator runs its steps on nominal times, so a late wake-up shortens the next gap and the
+// per-request mean stays exact while a single gap is at the mercy of the scheduler. The test takes up to three
+// attempts; a measurement bug (a wrong origin, a missed or merged event, a wrong unit) fails all three.
 func TestMeasurementHonesty(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -76,9 +77,10 @@ output: {dist: fixed, value: 16}
 		}
 		slices.Sort(tpot)
 		itl := Percentile(tpot, 50)
-		t.Logf("attempt %d: TTFT p50 %.2fms (set %.0fms), per-request mean ITL p50 %.2fms (set %.0fms), gap p50 %.2fms",
-			attempt, r.TTFT.P50, wantTTFT, itl, wantITL, r.ITL.P50)
-		if ok(r.TTFT.P50, wantTTFT) && ok(itl, wantITL) {
+		minTTFT := slices.MinFunc(res.Samples, func(a, b Sample) int { return int(a.TTFT - b.TTFT) }).TTFT
+		t.Logf("attempt %d: TTFT min %.2fms p50 %.2fms (set %.0fms), per-request mean ITL p50 %.2fms (set %.0fms), gap p50 %.2fms",
+			attempt, ms(minTTFT), r.TTFT.P50, wantTTFT, itl, wantITL, r.ITL.P50)
+		if ok(ms(minTTFT), wantTTFT) && ok(itl, wantITL) {
 			return
 		}
 	}

@@ -361,6 +361,19 @@ func PrintRun(out io.Writer, r *RunReport) {
 	for _, k := range slices.Sorted(maps.Keys(r.ErrorSamples)) {
 		fmt.Fprintf(out, "first %s: %s\n", k, r.ErrorSamples[k])
 	}
+	warnLate(out, r)
+}
+
+// LateWarning is the send lateness (p99) above which a report warns that the load generator could not keep its
+// schedule: the latencies still count from the scheduled times (so the target is not flattered), but part of
+// what they show is the harness's own machine.
+const LateWarning = 25 * time.Millisecond
+
+func warnLate(out io.Writer, r *RunReport) {
+	if r.SendLate.P99 > ms(LateWarning) {
+		fmt.Fprintf(out, "warning: %s: the load generator sent requests late (p99 %s ms, max %s ms after schedule): "+
+			"this machine is too busy for the tail figures to be trusted\n", r.Name, f3(r.SendLate.P99), f3(r.SendLate.Max))
+	}
 }
 
 // PrintCompare writes the runs side by side, each with its ratio to the first run.
@@ -437,6 +450,9 @@ func PrintCompare(out io.Writer, all []*RunReport) {
 		for _, e := range r.Events {
 			fmt.Fprintf(out, "event at %.1fs: %s%s\n", e.At.Seconds(), e.Label, errSuffix(e.Err))
 		}
+	}
+	for _, r := range runs {
+		warnLate(out, r)
 	}
 }
 

@@ -1,0 +1,219 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/switchyard/switchyard/sim"
+)
+
+// helperEnv makes the test binary act as "switchyard sim -fleet FILE" or "switchyard serve -config FILE" when
+// Compare starts it as a child, so that compare is tested end to end (child processes, readiness, events,
+// metrics scraping, stop) without building the real binary. The fake gateway implements only the contract
+// compare relies on: the generated config's listen, admin_listen and backends, /readyz, X-Switchyard-Backend.
+const helperEnv = "SWITCHYARD_BENCH_TEST_HELPER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) == "1" && len(os.Args) >= 4 {
+		os.Exit(helperMain(os.Args[1], os.Args[3]))
+	}
+	os.Exit(m.Run())
+}
+
+func helperMain(cmd, file string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	switch cmd {
+	case "sim":
+		cfgs, err := sim.LoadFleet(file)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		f, err := sim.StartFleet(ctx, cfgs)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		<-ctx.Done()
+		_ = f.Close()
+		return 0
+	case "serve":
+		return fakeGateway(ctx, file)
+	}
+	return 2
+}
+
+func fakeGateway(ctx context.Context, file string) int {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return 2
+	}
+	var cfg struct {
+		Listen      string `yaml:"listen"`
+		AdminListen string `yaml:"admin_listen"`
+		Region      string `yaml:"region"`
+		Backends    []struct {
+			Name   string   `yaml:"name"`
+			URL    string   `yaml:"url"`
+			Region string   `yaml:"region"`
+			Engine string   `yaml:"engine"`
+			Models []string `yaml:"models"`
+		} `yaml:"backends"`
+		Models []struct {
+			Name     string         `yaml:"name"`
+			Strategy string         `yaml:"strategy"`
+			SLO      map[string]any `yaml:"slo"`
+		} `yaml:"models"`
+	}
+	dec := yaml.NewDecoder(strings.NewReader(string(data)))
+	dec.KnownFields(true) // the generated config must stay within the stable core
+	if err := dec.Decode(&cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "fake gateway:", err)
+		return 2
+	}
+	if len(cfg.Models) != 1 || cfg.Models[0].Strategy == "broken" {
+		fmt.Fprintln(os.Stderr, "switchyard serve: not yet")
+		return 2
+	}
+	var proxies []*httputil.ReverseProxy
+	for _, b := range cfg.Backends {
+		u, err := url.Parse(b.URL)
+		if err != nil {
+			return 2
+		}
+		name := b.Name
+		p := httputil.NewSingleHostReverseProxy(u)
+		p.FlushInterval = -1
+		p.ModifyResponse = func(r *http.Response) error {
+			r.Header.Set("X-Switchyard-Backend", name)
+			return nil
+		}
+		proxies = append(proxies, p)
+	}
+	var next atomic.Uint64
+	srv := &http.Server{Addr: cfg.Listen, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		proxies[next.Add(1)%uint64(len(proxies))].ServeHTTP(w, r)
+	})}
+	admin := &http.Server{Addr: cfg.AdminListen, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/readyz" {
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+		http.NotFound(w, r)
+	})}
+	go func() { _ = srv.ListenAndServe() }()
+	go func() { _ = admin.ListenAndServe() }()
+	<-ctx.Done()
+	_ = srv.Close()
+	_ = admin.Close()
+	return 0
+}
+
+func TestCompareEndToEnd(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(helperEnv, "1")
+	dir := t.TempDir()
+	write := func(name, text string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("fleet.yaml", `
+- {name: sim-x, region: here, prefill_tps: 50000, itl: 5ms, overhead: 1ms, seed: 1}
+- {name: sim-y, region: here, prefill_tps: 50000, itl: 5ms, overhead: 1ms, seed: 1}
+`)
+	write("wl.yaml", `
+arrival: {process: fixed, rate: 20}
+warmup: 500ms
+duration: 2s
+prompt: {dist: fixed, value: 40}
+output: {dist: fixed, value: 8}
+prefix: {groups: 2, tokens: 128}
+`)
+	write("scenario.yaml", `
+name: e2e
+fleet: fleet.yaml
+workload: wl.yaml
+slo: {ttft: 1s}
+columns:
+  - {name: direct, strategy: direct}
+  - {strategy: round_robin}
+  - {name: not-ready, strategy: broken}
+events:
+  - {at: 1s, backend: sim-y, control: {slowdown: 2}, label: sim-y slower}
+  - {at: 2s, backend: sim-y, control: {}}
+`)
+	sc, err := LoadScenario(filepath.Join(dir, "scenario.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log strings.Builder
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	runs, err := Compare(ctx, CompareOptions{Env: Env{Exe: exe, WorkDir: dir, Log: &log, Timeout: 10 * time.Second,
+		Ready: 20 * time.Second}, Scenario: sc})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	if len(runs) != 3 {
+		t.Fatalf("%d runs", len(runs))
+	}
+	direct, rr, broken := runs[0], runs[1], runs[2]
+	for _, r := range runs[:2] {
+		if r.Error != "" || r.OK != r.Requests || r.Requests != 40 {
+			t.Fatalf("%s: error %q, %d of %d ok (%v %v)\n%s", r.Name, r.Error, r.OK, r.Requests, r.Errors, r.ErrorSamples, log.String())
+		}
+		if len(r.Events) != 2 || r.Events[0].Err != "" || r.Events[1].Err != "" || r.Events[1].Label != `sim-y {}` {
+			t.Errorf("%s: events %+v", r.Name, r.Events)
+		}
+		if r.PrefixHitRate == nil || *r.PrefixHitRate <= 0 {
+			t.Errorf("%s: no prefix hit rate from the simulators' metrics", r.Name)
+		}
+	}
+	if direct.Backends["sim-x"] != 40 || len(direct.Backends) != 1 {
+		t.Errorf("direct went to %v, want only the first backend", direct.Backends)
+	}
+	if rr.Backends["sim-x"] < 15 || rr.Backends["sim-y"] < 15 || rr.CPU == nil {
+		t.Errorf("through the gateway: backends %v, cpu %+v", rr.Backends, rr.CPU)
+	}
+	if !strings.Contains(broken.Error, "not yet") {
+		t.Errorf("a gateway that exits should be reported with its output, got %q", broken.Error)
+	}
+	// Every child is gone: the direct column's simulator no longer accepts connections.
+	if c, err := net.DialTimeout("tcp", strings.TrimPrefix(direct.Target, "http://"), time.Second); err == nil {
+		c.Close()
+		t.Errorf("the simulator at %s is still running after Compare", direct.Target)
+	}
+	rep := NewReport("test")
+	rep.Runs = runs
+	out := filepath.Join(dir, "out")
+	if err := WriteArtifacts(out, "e2e", rep); err != nil {
+		t.Fatal(err)
+	}
+	svg, err := os.ReadFile(filepath.Join(out, "ttft-timeline.svg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	series, events, _ := parseSVG(t, svg)
+	if len(series) != 4 || len(events) != 2 {
+		t.Errorf("timeline has series %q and events %q", series, events)
+	}
+}
