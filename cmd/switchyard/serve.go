@@ -1,12 +1,164 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard/switchyard/metrics"
+	"github.com/switchyard/switchyard/policy"
+	"github.com/switchyard/switchyard/proxy"
+	"github.com/switchyard/switchyard/routing"
 )
 
 // runServe implements "switchyard serve".
 func runServe(args []string, stdout, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "switchyard serve: not yet")
-	return 2
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	config := fs.String("config", "config.yaml", "the policy file (YAML); it is reloaded when it changes and on SIGHUP")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "switchyard serve: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	log, err := newLogger(stderr, *logLevel)
+	if err != nil {
+		fmt.Fprintf(stderr, "switchyard serve: %v\n", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := serve(ctx, *config, log, nil); err != nil {
+		fmt.Fprintf(stderr, "switchyard serve: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func newLogger(w io.Writer, level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("-log-level: %w", err)
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+}
+
+// gatewayReady is called once the gateway listens, with its client and admin addresses.
+type gatewayReady func(client, admin string)
+
+// serve runs the gateway on the policy file at path until ctx ends, then drains it. It reloads the policy on
+// file changes and on SIGHUP.
+func serve(ctx context.Context, path string, log *slog.Logger, ready gatewayReady) error {
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg)
+	backends := routing.NewRegistry(routing.WithMetrics(m))
+	w, err := policy.NewWatcher(path, backends, m, log)
+	if err != nil {
+		var errs policy.Errors
+		if errors.As(err, &errs) {
+			return fmt.Errorf("invalid policy:\n%w", err)
+		}
+		return err
+	}
+	cfg := w.Config()
+	srv, err := proxy.New(w, proxy.Options{
+		MaxBodyBytes:  int(cfg.Limits.MaxBodyBytes),
+		HeaderTimeout: cfg.Limits.HeaderReadTimeout,
+		Metrics:       m,
+		Logger:        log,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	aln, err := net.Listen("tcp", cfg.AdminListen)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("admin listen: %w", err)
+	}
+	admin := proxy.NewAdmin(srv, reg)
+	admin.Describe = func(st *proxy.BackendStatus) {
+		for _, b := range w.Snapshot().Backends {
+			if b.Name() == st.Name {
+				rs := b.Status()
+				st.QueueDepth, st.KVUsage, st.TTFTMs, st.ITLMs, st.RTTMs, st.PrefixHitRate =
+					rs.QueueDepth, rs.KVUsage, rs.TTFTms, rs.ITLms, rs.RTTms, rs.PrefixHitRate
+				return
+			}
+		}
+	}
+	adminSrv := &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second}
+
+	monitor := routing.NewMonitor(backends, routing.MonitorOptions{})
+	monitor.Start()
+	defer monitor.Stop()
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 3)
+	go func() { errc <- w.Run(runCtx) }()
+	go func() { errc <- srv.Serve(ln) }()
+	go func() {
+		if err := adminSrv.Serve(aln); !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("admin: %w", err)
+			return
+		}
+		errc <- nil
+	}()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
+	log.Info("switchyard listening", "api", "http://"+ln.Addr().String()+"/v1", "admin", "http://"+aln.Addr().String(),
+		"config", path, "policy", w.Snapshot().Hash[:12])
+	if ready != nil {
+		ready(ln.Addr().String(), aln.Addr().String())
+	}
+	var runErr error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case <-hup:
+			if err := w.Reload(); err != nil {
+				log.Error("reload on SIGHUP failed; the previous policy stays in force", "err", err)
+			}
+		case err := <-errc:
+			if err != nil {
+				runErr = err
+				break loop
+			}
+		}
+	}
+	drain := w.Config().Limits.DrainTimeout
+	log.Info("draining", "timeout", drain)
+	dctx, dcancel := context.WithTimeout(context.Background(), drain)
+	defer dcancel()
+	if err := srv.Shutdown(dctx); err != nil {
+		log.Warn("drain", "err", err)
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer scancel()
+	_ = adminSrv.Shutdown(sctx)
+	cancel()
+	log.Info("stopped")
+	return runErr
 }
