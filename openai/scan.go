@@ -11,6 +11,13 @@ import (
 // re-assembly all walk their input with it in a single pass, validating the syntax of everything they skip.
 // It never allocates on valid input, and it never recurses: nesting is tracked in a bit stack whose size is fixed
 // by the caller, so a body nested 100,000 deep is rejected after maxDepth bytes without touching the Go stack.
+//
+// Why not github.com/tidwall/gjson, which the module graph already holds: measured in one run on the same machine,
+// Summary.Parse of an 8 KB chat body took 23 µs and 0 allocations against 112 µs and 53 allocations for the best
+// gjson rendering (ValidBytes, GetManyBytes, ForEach over the messages), and 3.2 ms / 0 against 10.4 ms / 6,041
+// for 1 MB. gjson also walks the body once to validate and again per lookup, returns the first of repeated keys
+// where every decoder upstream of us takes the last, validates recursively without a depth bound, and accepts
+// invalid UTF-8 and unpaired surrogates, which requests must not carry upstream.
 
 const (
 	// MaxDepth is the deepest nesting of arrays and objects that Summary.Parse accepts (the top-level object is
