@@ -58,11 +58,13 @@ type EventReader struct {
 }
 
 // NewEventReader returns a reader of the events in r, failing with ErrEventTooLarge on any event longer than
-// maxEventBytes (counting its line endings); maxEventBytes <= 0 means DefaultMaxEventBytes.
+// maxEventBytes (counting its line endings); maxEventBytes <= 0 means DefaultMaxEventBytes, and bounds above
+// 1 GiB are lowered to 1 GiB. The reader's buffer starts at 4 KiB and grows with the events, up to the bound.
 func NewEventReader(r io.Reader, maxEventBytes int) *EventReader {
 	if maxEventBytes <= 0 {
 		maxEventBytes = DefaultMaxEventBytes
 	}
+	maxEventBytes = min(maxEventBytes, 1<<30)
 	return &EventReader{r: r, max: maxEventBytes}
 }
 
