@@ -222,7 +222,7 @@ http {
 
 // haproxyConf: one thread, HTTP mode (which streams responses as they come), connection reuse to the backend.
 const haproxyConf = `global
-    maxconn 20000
+    maxconn 9000
     nbthread 1
 defaults
     mode http
