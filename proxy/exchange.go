@@ -65,6 +65,7 @@ type exchange struct {
 	// What the relay learned.
 	injectedUsage bool // the gateway asked upstream for usage; the client did not
 	gotFirst      bool // a content event arrived from the current attempt
+	complete      bool // the current attempt's stream ended with [DONE]
 	firstAt       time.Time
 	lastTokenAt   time.Time
 	tokens        int
@@ -477,6 +478,7 @@ func (ex *exchange) next(emit func([]byte) error) (done bool, err error) {
 	}
 	data := ev.Data
 	if bytes.Equal(data, []byte("[DONE]")) {
+		ex.complete = true
 		if emit != nil {
 			return true, emit(ev.Raw)
 		}
@@ -569,6 +571,18 @@ func (ex *exchange) closeAttempt(backendFailed bool) {
 	if ex.target.Backend == nil {
 		return
 	}
+	if ex.complete && !backendFailed && ex.cancelled() == nil {
+		// The stream ended with [DONE]; read on to the end of the HTTP body (the chunked terminator) so that
+		// fasthttp sees it fully read and pools the connection instead of closing it. A backend that keeps the
+		// stream open after [DONE] loses its connection after a short wait.
+		if c := ex.uconn; c != nil {
+			_ = c.SetReadDeadline(time.Now().Add(time.Second))
+		}
+		if _, err := ex.events.Next(); err != io.EOF {
+			ex.uresp.SetConnectionClose()
+		}
+	}
+	ex.complete = false
 	ex.setConn(nil)
 	_ = ex.uresp.CloseBodyStream()
 	ex.uresp.Reset()
