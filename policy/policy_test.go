@@ -388,6 +388,14 @@ func loadBytes(t *testing.T, src string) (*Config, *proxy.Snapshot, error) {
 	return c, s, err
 }
 
+func TestListenPortZeroTwice(t *testing.T) {
+	// Tests run gateways on free ports: port 0 for both servers is not a conflict.
+	src := "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nbackends: [{name: b, url: 'http://h:1', models: [m]}]\nmodels: [{name: m}]\n"
+	if _, err := Parse("f.yaml", []byte(src)); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestEmptyValuesOfUnsupportedFieldsAreAccepted(t *testing.T) {
 	if _, _, err := Load(filepath.Join("testdata", "valid", "unsupported_empty.yaml"), routing.NewRegistry()); err != nil {
 		t.Fatal(err)

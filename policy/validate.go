@@ -46,8 +46,8 @@ func (r *report) validate(c *Config) {
 func (r *report) validateTop(c *Config) {
 	r.addr("listen", c.Listen)
 	r.addr("admin_listen", c.AdminListen)
-	if c.Listen == c.AdminListen {
-		r.errorf("admin_listen", "must differ from listen")
+	if _, port, err := net.SplitHostPort(c.Listen); err == nil && port != "0" && c.Listen == c.AdminListen {
+		r.errorf("admin_listen", "must differ from listen") // port 0 is "any free port" for each of them
 	}
 	r.regionName("region", c.Region)
 	if c.Redis != "" {
