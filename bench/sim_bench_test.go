@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -40,19 +41,24 @@ func BenchmarkSimulatorITL(b *testing.B) {
 		r := runSimITL(b, backends, streams, maxTokens)
 		b.ReportMetric(r.meanGap.Seconds()*1e3, "mean-itl-ms")
 		b.ReportMetric(r.p50Gap.Seconds()*1e3, "p50-itl-ms")
+		b.ReportMetric(r.p90Gap.Seconds()*1e3, "p90-itl-ms")
 		b.ReportMetric(r.p99Gap.Seconds()*1e3, "p99-itl-ms")
 		b.ReportMetric(r.promised.Seconds()*1e3, "promised-itl-ms")
 		b.ReportMetric(r.meanGap.Seconds()/r.promised.Seconds(), "mean/promised")
 		b.ReportMetric(r.p99Gap.Seconds()/r.promised.Seconds(), "p99/promised")
 		b.ReportMetric(r.engineITL.Seconds()/r.promised.Seconds(), "engine/promised")
 		b.ReportMetric(r.cpu, "cpu-cores")
+		b.ReportMetric(r.within10, "share-within-10%")
 		b.Logf("streams %d over %d backends, batch %v per backend; steady window %v, %d gaps; "+
-			"client ITL mean %v p50 %v p99 %v max %v; promised %v; engine-side mean %v; "+
-			"ratios mean %.3f p99 %.3f; process CPU %.2f cores; errors %d",
+			"client ITL mean %v p50 %v p90 %v p95 %v p99 %v max %v; %.1f%% of gaps within 10%% of the promise; "+
+			"promised %v; engine-side mean %v; ratios mean %.3f p99 %.3f; engine loop lag mean %v, "+
+			"%.1f%% of steps ended >10ms late; process CPU %.2f cores; machine load %s; errors %d",
 			streams, backends, r.batch, r.window.Round(time.Millisecond), r.gaps, r.meanGap.Round(time.Microsecond),
-			r.p50Gap.Round(time.Microsecond), r.p99Gap.Round(time.Microsecond), r.maxGap.Round(time.Microsecond),
+			r.p50Gap.Round(time.Microsecond), r.p90Gap.Round(time.Microsecond), r.p95Gap.Round(time.Microsecond),
+			r.p99Gap.Round(time.Microsecond), r.maxGap.Round(time.Microsecond), 100*r.within10,
 			r.promised, r.engineITL.Round(time.Microsecond), r.meanGap.Seconds()/r.promised.Seconds(),
-			r.p99Gap.Seconds()/r.promised.Seconds(), r.cpu, r.errors)
+			r.p99Gap.Seconds()/r.promised.Seconds(), r.lagMean.Round(time.Microsecond), 100*r.lateSteps, r.cpu,
+			loadAvg(), r.errors)
 		if r.errors > 0 {
 			b.Errorf("%d streams failed", r.errors)
 		}
@@ -60,12 +66,16 @@ func BenchmarkSimulatorITL(b *testing.B) {
 }
 
 type simITLResult struct {
-	batch                           []float64
-	promised, engineITL             time.Duration
-	meanGap, p50Gap, p99Gap, maxGap time.Duration
-	window                          time.Duration
-	gaps, errors                    int
-	cpu                             float64 // process CPU time / wall time during the run
+	batch                   []float64
+	promised, engineITL     time.Duration
+	meanGap, p50Gap, p90Gap time.Duration
+	p95Gap, p99Gap, maxGap  time.Duration
+	window                  time.Duration
+	gaps, errors            int
+	within10                float64 // share of gaps within 10% of the promise
+	lagMean                 time.Duration
+	lateSteps               float64 // share of engine steps whose end was processed >10ms late
+	cpu                     float64 // process CPU time / wall time during the run
 }
 
 func runSimITL(b *testing.B, backends, streams, maxTokens int) simITLResult {
@@ -116,6 +126,14 @@ func runSimITL(b *testing.B, backends, streams, maxTokens int) simITLResult {
 		engCount += scrapeMetric(b, u, "vllm:inter_token_latency_seconds_count")
 	}
 	res.engineITL = time.Duration(engSum / engCount * 1e9)
+	var lagSum, lagCount, lagOK float64
+	for _, u := range urls {
+		lagSum += scrapeMetric(b, u, "sim_engine_loop_lag_seconds_sum")
+		lagCount += scrapeMetric(b, u, "sim_engine_loop_lag_seconds_count")
+		lagOK += scrapeMetric(b, u, `sim_engine_loop_lag_seconds_bucket{model_name="sim-model",le="0.01"}`)
+	}
+	res.lagMean = time.Duration(lagSum / lagCount * 1e9)
+	res.lateSteps = 1 - lagOK/lagCount
 
 	// Steady window: after the last first token, before the first last token.
 	var from, to time.Time
@@ -154,6 +172,8 @@ func runSimITL(b *testing.B, backends, streams, maxTokens int) simITLResult {
 	res.gaps = len(gaps)
 	res.meanGap = sum / time.Duration(len(gaps))
 	res.p50Gap = gaps[len(gaps)/2]
+	res.p90Gap = gaps[len(gaps)*90/100]
+	res.p95Gap = gaps[len(gaps)*95/100]
 	res.p99Gap = gaps[len(gaps)*99/100]
 	res.maxGap = gaps[len(gaps)-1]
 	// The model's promise at the batch the backends ran (their mean running count, sampled mid-run).
@@ -164,6 +184,13 @@ func runSimITL(b *testing.B, backends, streams, maxTokens int) simITLResult {
 	batch /= float64(len(res.batch))
 	c := sim.DefaultConfig()
 	res.promised = c.ITL + time.Duration(float64(c.ITLPerSeq)*(batch-1))
+	near := 0
+	for _, g := range gaps {
+		if d := g - res.promised; d <= res.promised/10 && -d <= res.promised/10 {
+			near++
+		}
+	}
+	res.within10 = float64(near) / float64(len(gaps))
 	return res
 }
 
@@ -219,6 +246,15 @@ func scrapeMetric(b *testing.B, base, name string) float64 {
 	}
 	b.Fatalf("%s: no %s", base, name)
 	return 0
+}
+
+// loadAvg is the machine's 1-minute load average, to say how busy the shared machine was during the run.
+func loadAvg() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.Fields(string(data))[0]
 }
 
 // cpuTime is this process's user + system CPU time.
