@@ -436,8 +436,10 @@ func TestAdaptiveSeesSlowdownWithinSeconds(t *testing.T) {
 	}
 	factor["b0"] = 5
 	run(100, 30) // three seconds
-	if m, _ := f.b("b0").PredictTTFT(500, 0); m < duration(3*simLaw.at(500, 0, 0)) {
-		t.Fatalf("3 s after a 5x slowdown, b0's predicted TTFT is %v, want >= 3x %v", m, duration(simLaw.at(500, 0, 0)))
+	// Once b0 looks slower it gets little traffic, so its model sees few slow observations: it need not have
+	// learned the whole 5x (TestTTFTModelSeesA5xSlowdownWithinSeconds checks that), only enough to be avoided.
+	if m, _ := f.b("b0").PredictTTFT(500, 0); m < duration(1.5*simLaw.at(500, 0, 0)) {
+		t.Fatalf("3 s after a 5x slowdown, b0's predicted TTFT is %v, want >= 1.5x %v", m, duration(simLaw.at(500, 0, 0)))
 	}
 	c = run(130, 50)
 	m, _ := f.b("b0").PredictTTFT(500, 0)

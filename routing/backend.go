@@ -2,6 +2,7 @@ package routing
 
 import (
 	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -73,7 +74,7 @@ const blockTokens = cache.BlockBytes / bytesPerToken
 //   - the gateway's own accounting (atomics): requests in flight, requests and prefill tokens dispatched without
 //     a first token yet, requests decoding;
 //   - the engine's metrics (EngineStats), an immutable snapshot the Monitor publishes behind an atomic.Pointer;
-//   - RTT (EWMAs of probe and connection timings);
+//   - RTT (windowed minima of probe and connection timings);
 //   - the latency models (see model.go), updated under a small mutex, read through atomics;
 //   - its share of the prefix index (a *cache.Owner) when it belongs to a Registry.
 //
@@ -93,8 +94,8 @@ type Backend struct {
 
 	engine     atomic.Pointer[EngineStats]
 	staleAfter atomic.Int64 // nanoseconds: engine metrics older than this are ignored
-	rttProbe   afloat       // EWMA of probe round trips, seconds; 0 until measured
-	rttConn    afloat       // EWMA of connection-setup times, seconds; 0 until measured
+	rttProbe   minWindow    // probe round trips, seconds
+	rttConn    minWindow    // connection-setup times, seconds
 
 	lat       latency
 	ttftCount atomic.Int64
@@ -168,31 +169,44 @@ func (b *Backend) Failures() uint64 { return b.failures.Load() }
 // Engine returns the last engine-metrics snapshot, or nil if b was never scraped. Check Fresh before trusting it.
 func (b *Backend) Engine() *EngineStats { return b.engine.Load() }
 
-// RTT returns the smoothed round trip to b: the larger of the probe EWMA and the connection-setup EWMA (a
-// simulator's injected delay shows in probes but not in TCP handshakes; on real networks they agree). 0 until
-// measured.
+// RTT returns the round trip to b: the larger of the minimum of the last 8 probes and the minimum of the last 8
+// connection setups. A minimum, not a mean, because delays on either end (a busy host, a scheduling hiccup)
+// only ever add to a round trip; the larger of the two because a simulator's injected delay shows in probes but
+// not in TCP handshakes (on real networks they agree). 0 until measured.
 func (b *Backend) RTT() time.Duration { return duration(b.rtt()) }
 
 func (b *Backend) rtt() float64 { return max(b.rttProbe.load(), b.rttConn.load()) }
 
-// rttAlpha is the EWMA weight of one RTT sample (routing.md 4.2).
-const rttAlpha = 0.2
+// ObserveRTT records one connection-setup time for b's RTT: the proxy calls it when it opens a new upstream
+// connection (the TCP connect; a TLS handshake takes further round trips).
+func (b *Backend) ObserveRTT(d time.Duration) { b.rttConn.add(max(d.Seconds(), 0)) }
 
-// ObserveRTT folds one connection-setup time into b's RTT: the proxy calls it when it opens a new upstream
-// connection (TCP connect, plus TLS handshake divided by its round trips if it can tell them apart).
-func (b *Backend) ObserveRTT(d time.Duration) { foldRTT(&b.rttConn, d) }
+// observeProbe records one probe round trip (the Monitor calls it).
+func (b *Backend) observeProbe(d time.Duration) { b.rttProbe.add(max(d.Seconds(), 0)) }
 
-// observeProbe folds one probe round trip into b's RTT (the Monitor calls it).
-func (b *Backend) observeProbe(d time.Duration) { foldRTT(&b.rttProbe, d) }
-
-func foldRTT(f *afloat, d time.Duration) {
-	s := max(d.Seconds(), 0)
-	if f.load() == 0 {
-		f.store(s)
-		return
-	}
-	f.ewma(s, rttAlpha)
+// minWindow is the minimum of the last len(buf) samples, readable lock-free.
+type minWindow struct {
+	mu  sync.Mutex
+	buf [8]float64
+	n   int
+	i   int
+	cur afloat
 }
+
+func (w *minWindow) add(x float64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf[w.i] = x
+	w.i = (w.i + 1) % len(w.buf)
+	w.n = min(w.n+1, len(w.buf))
+	m := w.buf[0]
+	for _, v := range w.buf[1:w.n] {
+		m = min(m, v)
+	}
+	w.cur.store(m)
+}
+
+func (w *minWindow) load() float64 { return w.cur.load() }
 
 // prefixOwner returns b's share of the prefix index, or nil.
 func (b *Backend) prefixOwner() *cache.Owner { return b.owner.Load() }

@@ -241,16 +241,22 @@ func TestStatus(t *testing.T) {
 	}
 }
 
-func TestRTTTakesTheLargerEstimate(t *testing.T) {
+func TestRTTTakesTheLargerWindowedMinimum(t *testing.T) {
 	b := NewBackend(&BackendConfig{Name: "x"})
-	b.ObserveRTT(time.Millisecond)
-	b.observeProbe(80 * time.Millisecond)
-	for range 20 {
-		b.observeProbe(80 * time.Millisecond)
+	for i := range 20 {
 		b.ObserveRTT(time.Millisecond)
+		// Probes of a far backend: 80 ms, with host delays on top of some of them.
+		b.observeProbe(80*time.Millisecond + time.Duration(i%3)*30*time.Millisecond)
 	}
-	if rtt := b.RTT(); rtt < 79*time.Millisecond || rtt > 81*time.Millisecond {
+	if rtt := b.RTT(); rtt != 80*time.Millisecond {
 		t.Fatalf("RTT %v, want 80ms", rtt)
+	}
+	// The window forgets: after 8 longer probes the old minimum is gone.
+	for range 8 {
+		b.observeProbe(100 * time.Millisecond)
+	}
+	if rtt := b.RTT(); rtt != 100*time.Millisecond {
+		t.Fatalf("RTT %v after the path got longer, want 100ms", rtt)
 	}
 }
 

@@ -21,15 +21,15 @@ import (
 // prediction (10% plus a floor): latency errors are relative.
 //
 // Two additions make it react fast and robustly:
-//   - Regime change: an EWMA (weight 0.25) of the log error, each term clamped to +-1.5, crosses 0.5 after two
-//     consecutive errors of 4.5x or more (three of 2.5x): every coefficient is scaled by the geometric mean of
-//     the last two errors (a backend that slows down usually slows down across the board) and the covariance
-//     is reset, so the next few observations refine it. A single outlier never crosses it.
+//   - Regime change: an EWMA (weight 0.2) of the log error, each term clamped to +-1.5, crosses 0.6 after three
+//     consecutive errors of 4.5x or more (five of 2.5x): every coefficient is scaled by the median of the last
+//     three errors (at most 10x; a backend that slows down usually slows down across the board) and the
+//     covariance is reset, so the next few observations refine it. One or two outliers never cross it.
 //   - Outliers: an observation whose log error exceeds 3 sigma gets its noise variance inflated by
 //     (error/3 sigma)^2 (a Huber-like weight), so one stall does not drag theta away.
 //
 // The spread sigma is the EWMA (weight 0.05) of the squared log error of the prediction made before each
-// observation; the p90 is mean*exp(1.2816*sigma) (routing.md: the llm-d predictor's p90 objective at no cost).
+// observation, each term winsorised at 4 sigma; the p90 is mean*exp(1.2816*sigma) (routing.md: the llm-d predictor's p90 objective at no cost).
 // Priors (the simulator's defaults, and llm-d-inference-sim's 8B-on-H100 profile) make a new backend usable at
 // once with sigma 0.3, which costs it a 1.47x p90 factor until it has been observed.
 
@@ -38,9 +38,10 @@ const (
 	runScale = 100.0  // sequences per unit of the running feature
 
 	rlsLambda     = 0.995
-	regimeAlpha   = 0.25
+	regimeAlpha   = 0.2
 	regimeClamp   = 1.5
-	regimeTrigger = 0.5
+	regimeTrigger = 0.6
+	regimeMaxStep = 10.0 // a regime change rescales the model by at most this factor
 	spreadAlpha   = 0.05
 	priorSigma    = 0.3
 	z90           = 1.2815515655446004
@@ -161,10 +162,13 @@ func (m *rls) update(x *[4]float64, y, r float64) {
 
 // errStat tracks a model's log errors: the regime-change detector and the spread.
 type errStat struct {
-	shift  float64 // EWMA of clamped log errors
-	prevLE float64 // the previous log error
-	v      float64 // EWMA of squared log errors
+	shift float64    // EWMA of clamped log errors
+	last  [3]float64 // the last three log errors, newest first
+	v     float64    // EWMA of squared log errors
 }
+
+// median3 returns the median of three values.
+func median3(a, b, c float64) float64 { return max(min(a, b), min(max(a, b), c)) }
 
 // observe folds y (seconds, observed at x) into m and st and returns the prediction it made before.
 func observe(m *rls, st *errStat, x *[4]float64, y float64) float64 {
@@ -172,15 +176,17 @@ func observe(m *rls, st *errStat, x *[4]float64, y float64) float64 {
 	y = max(y, minPrediction)
 	le := min(max(math.Log(y/pred), -3), 3)
 	sigma := math.Sqrt(st.v)
-	st.v += spreadAlpha * (le*le - st.v)
+	// Winsorised at 4 sigma: one outlier must not inflate the spread that bounds the next one's weight.
+	st.v += spreadAlpha * (min(le*le, 16*max(st.v, 0.01)) - st.v)
 	st.shift += regimeAlpha * (min(max(le, -regimeClamp), regimeClamp) - st.shift)
+	st.last = [3]float64{le, st.last[0], st.last[1]}
 	if math.Abs(st.shift) > regimeTrigger {
 		// The backend changed (a slowdown, a recovery, another GPU behind the same name): assume first that
-		// everything scaled by the ratio of the last two errors, then let the next observations refine it.
-		m.rescale(math.Exp((le + st.prevLE) / 2))
+		// everything scaled by the median of the last three errors, then let the next observations refine it.
+		k := math.Exp(median3(st.last[0], st.last[1], st.last[2]))
+		m.rescale(min(max(k, 1/regimeMaxStep), regimeMaxStep))
 		st.shift = 0
 	}
-	st.prevLE = le
 	// The noise scales with the prediction, not with y: weighting by y would favour observations that came out
 	// low and bias the model downwards.
 	noise := m.spec.noise[0]*max(m.predict(x), minPrediction) + m.spec.noise[1]
