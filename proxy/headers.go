@@ -29,6 +29,9 @@ func copyRequestHeaders(dst *fasthttp.RequestHeader, src *fasthttp.RequestHeader
 }
 
 func dropRequestHeader(k []byte) bool {
+	if len(k) > 13 && bytes.EqualFold(k[:13], []byte("X-Switchyard-")) {
+		return true
+	}
 	switch len(k) {
 	case 2:
 		return bytes.EqualFold(k, []byte("TE"))
@@ -55,7 +58,7 @@ func dropRequestHeader(k []byte) bool {
 	case 19:
 		return bytes.EqualFold(k, []byte("Proxy-Authorization"))
 	}
-	return len(k) > 13 && bytes.EqualFold(k[:13], []byte("X-Switchyard-"))
+	return false
 }
 
 // headerListed reports whether the comma-separated list names k.
