@@ -220,7 +220,8 @@ http {
 }
 `
 
-// haproxyConf: one thread, HTTP mode (which streams responses as they come), connection reuse to the backend.
+// haproxyConf: one thread, HTTP mode, connection reuse to the backend, and http-no-delay so that each SSE event is
+// forwarded as it arrives instead of being merged with the next ones.
 const haproxyConf = `global
     maxconn 9000
     nbthread 1
@@ -230,6 +231,7 @@ defaults
     timeout client 600s
     timeout server 600s
     option http-keep-alive
+    option http-no-delay
 frontend fe
     bind %s
     default_backend be
