@@ -41,6 +41,12 @@ type AdaptiveParams struct {
 	Temperature float64
 	// MaxBlocks caps the prompt blocks hashed and matched (64 bytes each). Default cache.DefaultMaxBlocks.
 	MaxBlocks int
+	// ImbalanceAbs and ImbalanceRel are a seatbelt that does not depend on the latency models: a backend with
+	// more than ImbalanceAbs requests in flight beyond the least loaded candidate, and more than ImbalanceRel
+	// times its count, is treated as saturated (SGLang's imbalance rule, with its defaults 64 and 1.5), so a
+	// model that has learned nonsense cannot pile the traffic onto one backend.
+	ImbalanceAbs float64
+	ImbalanceRel float64
 	// UseMean makes the cost use the mean predicted TTFT instead of the p90. Default false (p90).
 	UseMean bool
 }
@@ -58,6 +64,8 @@ func DefaultAdaptiveParams() AdaptiveParams {
 		TieMax:         3,
 		Temperature:    0.1,
 		MaxBlocks:      cache.DefaultMaxBlocks,
+		ImbalanceAbs:   64,
+		ImbalanceRel:   1.5,
 	}
 }
 
@@ -79,6 +87,8 @@ func (p AdaptiveParams) Validate() error {
 	check(p.TieMax >= 1 && p.TieMax <= maxTies, "tie_max", p.TieMax, fmt.Sprintf("in [1, %d]", maxTies))
 	check(p.Temperature > 0, "temperature", p.Temperature, "> 0")
 	check(p.MaxBlocks > 0, "max_blocks", p.MaxBlocks, "> 0")
+	check(p.ImbalanceAbs > 0, "imbalance_abs", p.ImbalanceAbs, "> 0")
+	check(p.ImbalanceRel >= 1, "imbalance_rel", p.ImbalanceRel, ">= 1")
 	return errors.Join(errs...)
 }
 
@@ -87,8 +97,9 @@ const maxTies = 8
 // Adaptive is the project's default strategy (routing.md section 4.5): every term of its cost is a predicted
 // time, so prompt length, prefix hits, GPU speed, load and distance trade in one unit.
 //
-//	filter:  healthy; then not saturated (engine queue, KV usage, MaxConcurrency); then, if the request has an
-//	         ITL objective, predicted p90 ITL within it. Each filter fails open when it would leave nothing.
+//	filter:  healthy; then not saturated (engine queue, KV usage, MaxConcurrency, in-flight imbalance); then,
+//	         if the request has an ITL objective, predicted p90 ITL within it. Each filter fails open when it
+//	         would leave nothing.
 //	cost_b = RTT_b + TTFT_b,p90(uncached_b, queued_b, running_b) + Interference*running_b*prefill_b
 //	         + RegionMargin (if b is in another region)
 //	pick:    among candidates within best*(1+TieRelative)+TieAbsolute: for a prefix no candidate holds, the
@@ -160,12 +171,18 @@ func (s *Adaptive) Pick(r *Request, targets []Target) (Target, error) {
 	countLookup(s.lookup, s.hits, longest)
 	now := s.clock.Now()
 	prompt := r.promptTokens()
+	minInflight := int64(math.MaxInt64)
+	for _, t := range targets {
+		if t.Backend.Healthy() {
+			minInflight = min(minInflight, t.Backend.Inflight())
+		}
+	}
 	best := uint8(255)
 	for i, t := range targets {
 		if !t.Backend.Healthy() {
 			continue
 		}
-		c := s.evaluate(t.Backend, now, prompt, sc.counts[i], r.ITLSLO)
+		c := s.evaluate(t.Backend, now, prompt, sc.counts[i], r.ITLSLO, float64(minInflight))
 		c.i = i
 		sc.cands = append(sc.cands, c)
 		best = min(best, c.tier)
@@ -197,7 +214,7 @@ func (s *Adaptive) Pick(r *Request, targets []Target) (Target, error) {
 }
 
 // evaluate computes b's tier and cost for a prompt of prompt tokens of which b holds blocks leading blocks.
-func (s *Adaptive) evaluate(b *Backend, now time.Time, prompt, blocks int, itlSLO time.Duration) cand {
+func (s *Adaptive) evaluate(b *Backend, now time.Time, prompt, blocks int, itlSLO time.Duration, minInflight float64) cand {
 	cfg := b.Config()
 	l := b.loadAt(now)
 	hit := hitTokens(blocks, prompt, b.hitScale.load())
@@ -218,6 +235,8 @@ func (s *Adaptive) evaluate(b *Backend, now time.Time, prompt, blocks int, itlSL
 	case l.fresh && (l.waiting > s.p.QueueThreshold*(1+s.p.Headroom) || l.kv > s.p.KVThreshold):
 		c.tier = 2
 	case cfg.MaxConcurrency > 0 && b.Inflight() >= int64(cfg.MaxConcurrency):
+		c.tier = 2
+	case float64(b.Inflight()) > max(minInflight+s.p.ImbalanceAbs, minInflight*s.p.ImbalanceRel):
 		c.tier = 2
 	case itlSLO > 0 && b.lat.itlMean(l.running+1)*b.lat.itlSpread.load() > itlSLO.Seconds():
 		c.tier = 1

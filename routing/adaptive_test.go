@@ -238,6 +238,19 @@ func TestAdaptiveChoices(t *testing.T) {
 			want:   []string{"b1"},
 		},
 		{
+			name: "a backend far more loaded than the others is avoided whatever its model says",
+			cfgs: local(2),
+			setup: func(f *fleet) {
+				f.train("b0", law{a: 0.001}, 300) // a model that learned the backend is free
+				f.hold("b0", text(15, 8192))
+				for range 70 {
+					f.b("b0").Begin(0)
+				}
+			},
+			prompt: text(15, 8192),
+			want:   []string{"b1"},
+		},
+		{
 			name: "an ITL objective avoids a backend with a big decode batch",
 			cfgs: local(2),
 			setup: func(f *fleet) {

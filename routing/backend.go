@@ -251,6 +251,8 @@ type Attempt struct {
 	uncached, queued, runAt0 float64
 	rtt, predTTFT            float64 // seconds: RTT, and the engine's mean TTFT predicted at dispatch
 	runAtFirst               float64
+	ttft                     float64 // observed at FirstToken, seconds
+	pendingTTFT              bool    // ttft awaits the usage's cached_tokens before training the model
 	hashes                   []uint64
 	owner                    *cache.Owner
 	completionTok            int
@@ -334,7 +336,8 @@ func (a *Attempt) PredictedTTFT() time.Duration { return duration(a.rtt + a.pred
 
 // FirstToken records that the backend finished the request's prefill and started decoding: call it when the
 // first token (the first SSE data chunk with content) arrives. The time since Dispatch is the observed TTFT: it
-// trains b's TTFT model and feeds switchyard_ttft_prediction_error_ratio, and the prefix blocks are confirmed.
+// trains b's TTFT model and feeds switchyard_ttft_prediction_error_ratio (at once, or, for an engine that
+// reports cached_tokens, when ObserveUsage brings them), and the prefix blocks are confirmed.
 func (a *Attempt) FirstToken() {
 	if a.first || a.ended {
 		return
@@ -347,8 +350,15 @@ func (a *Attempt) FirstToken() {
 	now := b.clock.Now()
 	a.firstAt = now
 	a.runAtFirst = float64(b.decoding.Load())
-	ttft := now.Sub(a.start).Seconds()
-	b.observeTTFT(a, ttft)
+	a.ttft = now.Sub(a.start).Seconds()
+	if b.usageSeen.Load() {
+		// The engine reports cached_tokens: wait for them, so the model learns from the prefill the engine
+		// really did rather than from the index's guess (a guess that is wrong in either direction would teach
+		// it a wrong prefill rate).
+		a.pendingTTFT = true
+	} else {
+		b.observeTTFT(a, a.ttft)
+	}
 	if a.hashes != nil {
 		a.owner.Confirm(a.hashes, now)
 	}
@@ -399,6 +409,10 @@ func (a *Attempt) ObserveUsage(u Usage) {
 	a.usageAt = a.b.clock.Now()
 	a.completionTok = u.CompletionTokens
 	if !u.HasCached {
+		if a.pendingTTFT {
+			a.pendingTTFT = false
+			a.b.observeTTFT(a, a.ttft)
+		}
 		return
 	}
 	b := a.b
@@ -408,7 +422,17 @@ func (a *Attempt) ObserveUsage(u Usage) {
 	}
 	if prompt > 0 {
 		b.usageSeen.Store(true)
-		b.hitRate.ewma(min(float64(u.CachedTokens)/float64(prompt), 1), hitRateAlpha)
+		frac := min(float64(u.CachedTokens)/float64(prompt), 1)
+		b.hitRate.ewma(frac, hitRateAlpha)
+		if a.pendingTTFT {
+			// Train on the prefill the engine did: its cached share applied to our token estimate, so that
+			// training and prediction count tokens the same way whatever the engine's tokenizer.
+			a.uncached = max(float64(a.promptTok)*(1-frac), 1)
+		}
+	}
+	if a.pendingTTFT {
+		a.pendingTTFT = false
+		b.observeTTFT(a, a.ttft)
 	}
 	if a.hashes == nil {
 		return
@@ -447,6 +471,10 @@ func (a *Attempt) End(backendFailed bool) {
 	b.inflight.Add(-1)
 	if backendFailed {
 		b.failures.Add(1)
+	}
+	if a.pendingTTFT { // no usage came: train on the estimate
+		a.pendingTTFT = false
+		b.observeTTFT(a, a.ttft)
 	}
 	if !a.first {
 		if a.hashes != nil {

@@ -29,7 +29,7 @@ import (
 //     (error/3 sigma)^2 (a Huber-like weight), so one stall does not drag theta away.
 //
 // The spread sigma is the EWMA (weight 0.05) of the squared log error of the prediction made before each
-// observation, each term winsorised at 4 sigma; the p90 is mean*exp(1.2816*sigma) (routing.md: the llm-d predictor's p90 objective at no cost).
+// observation, each term winsorised at 4 sigma; the p90 is mean*exp(1.2816*min(sigma, 0.8)) (routing.md: the llm-d predictor's p90 objective at no cost).
 // Priors (the simulator's defaults, and llm-d-inference-sim's 8B-on-H100 profile) make a new backend usable at
 // once with sigma 0.3, which costs it a 1.47x p90 factor until it has been observed.
 
@@ -44,6 +44,7 @@ const (
 	regimeMaxStep = 10.0 // a regime change rescales the model by at most this factor
 	spreadAlpha   = 0.05
 	priorSigma    = 0.3
+	maxSigma      = 0.8 // the p90 factor is at most exp(1.28*0.8) = 2.8: a noisy backend is penalised, not banished
 	z90           = 1.2815515655446004
 	minPrediction = 0.0005 // seconds; predictions are floored here so log errors stay finite
 )
@@ -58,6 +59,8 @@ var (
 		lo:    [4]float64{0, 0, 0, 0},
 		hi:    [4]float64{30, 20, 20, 10},
 		noise: [2]float64{0.10, 0.002},
+
+		queueFloor: true,
 	}
 	// itlPrior: e = 20 ms per token with one sequence, f = 0.1 ms per running sequence.
 	itlPrior = rlsSpec{
@@ -75,6 +78,10 @@ type rlsSpec struct {
 	theta, sd [4]float64
 	lo, hi    [4]float64
 	noise     [2]float64 // relative, absolute (seconds)
+	// queueFloor, when set, keeps theta[2] (per queued token) at least half of theta[1] (per uncached token):
+	// prefill queued ahead is prefill, done at the same engine's rate. Queued tokens are only estimated
+	// (some of them were in fact cached), so the model may learn less than the rate, but not much less.
+	queueFloor bool
 }
 
 // rls is one recursive-least-squares model with bounded forgetting. Not safe for concurrent use.
@@ -152,6 +159,9 @@ func (m *rls) update(x *[4]float64, y, r float64) {
 			m.p[i][j] -= k * px[j]
 		}
 	}
+	if m.spec.queueFloor {
+		m.theta[2] = max(m.theta[2], m.theta[1]/2)
+	}
 	for i := 0; i < n; i++ { // keep P symmetric against rounding
 		for j := i + 1; j < n; j++ {
 			v := (m.p[i][j] + m.p[j][i]) / 2
@@ -228,8 +238,8 @@ func (l *latency) publish() {
 	for i := range l.pubITL {
 		l.pubITL[i].store(l.itl.theta[i])
 	}
-	l.ttftSpread.store(math.Exp(z90 * math.Sqrt(l.ttftE.v)))
-	l.itlSpread.store(math.Exp(z90 * math.Sqrt(l.itlE.v)))
+	l.ttftSpread.store(math.Exp(z90 * min(math.Sqrt(l.ttftE.v), maxSigma)))
+	l.itlSpread.store(math.Exp(z90 * min(math.Sqrt(l.itlE.v), maxSigma)))
 }
 
 func ttftX(uncached, queued, running float64) [4]float64 {

@@ -58,7 +58,8 @@ func TestTTFTModelConvergesToLinearLaw(t *testing.T) {
 	}{
 		{"H100-like", law{a: 0.025, perTok: 0.00008, perQueued: 0.00009, perRun: 0.0002}},
 		{"L4-like", law{a: 0.060, perTok: 0.0009, perQueued: 0.0008, perRun: 0.001}},
-		{"no queue effect", law{a: 0.040, perTok: 0.0003, perQueued: 0, perRun: 0.0005}},
+		// Queued prefill drains at half the request's own prefill rate: the floor of c (see rlsSpec.queueFloor).
+		{"cheap queue", law{a: 0.040, perTok: 0.0003, perQueued: 0.00015, perRun: 0.0005}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(1, 2))
