@@ -50,7 +50,7 @@ type Backend struct {
 
 	serveDone chan struct{}
 	serveErr  error
-	stopCtx   func() bool
+	stopCtx   atomic.Pointer[func() bool] // unregisters the ctx hook; nil until Start has registered it
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -84,7 +84,8 @@ func Start(ctx context.Context, cfg Config) (*Backend, error) {
 			b.serveErr = fmt.Errorf("sim: %s: serve: %w", cfg.Name, err)
 		}
 	}()
-	b.stopCtx = context.AfterFunc(ctx, func() { _ = b.Close() })
+	stop := context.AfterFunc(ctx, func() { _ = b.Close() })
+	b.stopCtx.Store(&stop)
 	return b, nil
 }
 
@@ -116,7 +117,9 @@ func (b *Backend) Config() Config { return b.cfg }
 // call more than once and from several goroutines; each call returns the same error.
 func (b *Backend) Close() error {
 	b.closeOnce.Do(func() {
-		b.stopCtx()
+		if stop := b.stopCtx.Load(); stop != nil {
+			(*stop)()
+		}
 		b.eng.close(true)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -264,7 +267,7 @@ func (b *Backend) serveCompletion(w http.ResponseWriter, r *http.Request, ep ope
 	if maxTokens == 0 {
 		maxTokens = min(b.cfg.DefaultMaxTokens, maxCtx-promptTokens)
 	}
-	if promptTokens+maxTokens > maxCtx || maxTokens < 1 {
+	if maxTokens > maxCtx-promptTokens || maxTokens < 1 { // (not prompt+max > ctx: max may be near MaxInt)
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. "+
 			"However, you requested %d tokens (%d in the messages, %d in the completion). "+
 			"Please reduce the length of the messages or completion.",

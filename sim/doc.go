@@ -2,4 +2,55 @@
 // chunked prefill, a KV cache of 16-token blocks with prefix caching and LRU eviction, vLLM's Prometheus metrics,
 // and faults injected from flags or a control endpoint. It is the testbed for every routing claim, so it talks only
 // HTTP and imports no gateway internals.
+//
+// # The model
+//
+// Each backend runs one engine loop (not one per request). A step schedules one token for each decoding sequence
+// and prefill chunks for the others within Config.MaxBatchedTokens, and lasts
+//
+//	prefill_tokens/PrefillTPS + (if any sequence decodes) ITL + ITLPerSeq*(decoding_sequences-1)
+//
+// times the slowdown fault, so prefill landing in a step stretches it for everyone decoding. A sequence gets its
+// first token at the end of the step that finishes its prefill, then one per step, until max_tokens
+// (finish_reason "length"). Requests reach the queue Config.Overhead after they arrive, and wait there while
+// Config.MaxNumSeqs or the free KV blocks run out. Prompt tokens are openai.EstimateTokens of the canonical prompt
+// (openai.AppendPrompt, the bytes the gateway hashes), so 64 prompt bytes make one block. A new request prefills
+// only what follows its cached full-block prefix; running sequences hold blocks for prompt and output, and when
+// one needs a block and none is free, the newest running sequence is preempted back to the queue (recompute).
+// With the defaults a lone 1,000-token prompt with max_tokens 500 gets its first token after 110ms and its last
+// after 10.09s. When idle, the loop blocks without a timer.
+//
+// # The wire
+//
+// POST /v1/chat/completions and /v1/completions (stream or not), GET /v1/models, /health, /metrics, and
+// GET/POST /sim/control. Every response has X-Sim-Backend: <name>, and X-Request-Id when the request had one
+// (it then also names the response: "chatcmpl-<id>"). A chat stream is, as vLLM sends it:
+//
+//	data: {"id":"chatcmpl-7","object":"chat.completion.chunk","created":1767225600,"model":"sim-model","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}
+//
+//	data: {"id":"chatcmpl-7","object":"chat.completion.chunk","created":1767225600,"model":"sim-model","choices":[{"index":0,"delta":{"content":"about"},"logprobs":null,"finish_reason":null}]}
+//
+//	data: {"id":"chatcmpl-7","object":"chat.completion.chunk","created":1767225600,"model":"sim-model","choices":[{"index":0,"delta":{"content":" water"},"logprobs":null,"finish_reason":"length","stop_reason":null}]}
+//
+//	data: {"id":"chatcmpl-7","object":"chat.completion.chunk","created":1767225600,"model":"sim-model","choices":[],"usage":{"prompt_tokens":5,"total_tokens":7,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}
+//
+//	data: [DONE]
+//
+// The role chunk comes with the first token; the usage chunk only with stream_options.include_usage; other
+// chunks have no usage key. Completions chunks are "text_completion" objects with "text" instead of "delta".
+// The text is deterministic (see AppendText): the same request gets the same words on every backend with the
+// same Seed, on every run. Errors are vLLM's: {"error":{"message":..,"type":"BadRequestError","param":null,
+// "code":400}} (400 bad JSON, missing messages or prompt, max_tokens < 1, past the context; 404 unknown model;
+// 500 fail_rate; 503 down).
+//
+// A client that hangs up aborts its sequence at once, wherever it is (queued, prefilling, decoding): it leaves
+// vllm:num_requests_running or _waiting, frees its blocks and counts as finished_reason="abort". POST
+// /sim/control with {"slowdown":3,"fail_rate":0.2,"stall":"5s","down":true,"restart":true} (any subset; {}
+// restores the baseline; unknown fields are a 400) injects faults; see Faults and Backend.Restart.
+//
+// # Use from Go
+//
+// Start runs one backend and StartFleet several, each on its own listener (empty Listen: a free loopback port);
+// URL gives the base URL and Close stops everything they started. Tests in other packages use them to put real
+// simulated engines behind the gateway.
 package sim

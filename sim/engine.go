@@ -25,7 +25,7 @@ func (realClock) Now() time.Time { return time.Now() }
 // engine resync to the wall clock instead of replaying it as a burst.
 const maxLag = 2 * time.Second
 
-// errDown is returned by submit while the engine is down (a control fault).
+// errDown is returned by submit while the engine is down (a control fault) or closed.
 var errDown = errors.New("sim: engine is down")
 
 // Sequence states.
@@ -119,6 +119,7 @@ type engine struct {
 
 	passes atomic.Uint64 // loop passes, so tests can see that an idle engine does not tick
 
+	closed   bool // close was called: submit refuses
 	wake     chan struct{}
 	stop     chan struct{}
 	done     chan struct{}
@@ -189,6 +190,7 @@ func (e *engine) close(started bool) {
 			<-e.done
 		}
 		e.mu.Lock()
+		e.closed = true
 		e.killAll()
 		e.mu.Unlock()
 	})
@@ -216,6 +218,7 @@ func (e *engine) advance(now time.Time) {
 			if e.stepEnd.After(now) {
 				return
 			}
+			e.m.loopLag.Observe(now.Sub(e.stepEnd).Seconds())
 			e.endStep()
 			continue
 		}
@@ -244,12 +247,12 @@ func (e *engine) advance(now time.Time) {
 }
 
 // submit puts s in the engine at the clock's now: it joins the waiting queue after the overhead (plus the stall
-// fault). It fails only while the engine is down.
+// fault). It fails only while the engine is down or after close.
 func (e *engine) submit(s *seq) error {
 	e.mu.Lock()
 	now := e.clock.Now()
 	e.advance(now)
-	if e.faults.Down {
+	if e.faults.Down || e.closed {
 		e.mu.Unlock()
 		return errDown
 	}

@@ -38,6 +38,11 @@ type metrics struct {
 	promptTokens, genToken prometheus.Counter
 	ttft, itl, e2e         prometheus.Histogram
 	success                map[string]prometheus.Counter
+
+	// loopLag is the simulator's own health, not vLLM's: how late the engine loop processed each step's end
+	// against the step's nominal time. Tokens reach clients that much late (the schedule itself does not slip),
+	// so a large lag means the machine, not the model, is adding latency.
+	loopLag prometheus.Histogram
 }
 
 func newMetrics(model string, kvBlocks int, start time.Time) *metrics {
@@ -71,6 +76,11 @@ func newMetrics(model string, kvBlocks int, start time.Time) *metrics {
 		e2e: hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
 			e2eBuckets),
 		success: make(map[string]prometheus.Counter),
+		loopLag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sim_engine_loop_lag_seconds", ConstLabels: labels,
+			Help:    "How late the simulator's engine loop ended each step, against the step's nominal end time.",
+			Buckets: []float64{0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2},
+		}),
 	}
 	success := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "vllm:request_success_total", Help: "Count of successfully processed requests.", ConstLabels: labels,
@@ -91,7 +101,7 @@ func newMetrics(model string, kvBlocks int, start time.Time) *metrics {
 	})
 	startTime.Set(float64(start.UnixNano()) / 1e9)
 	m.reg.MustRegister(m.running, m.waiting, m.kvUsage, m.gpuUsage, m.prefixQueries, m.prefixHits, m.preemptions,
-		m.promptTokens, m.genToken, m.ttft, m.itl, m.e2e, success, cacheInfo, startTime)
+		m.promptTokens, m.genToken, m.ttft, m.itl, m.e2e, success, cacheInfo, startTime, m.loopLag)
 	return m
 }
 
