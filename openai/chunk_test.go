@@ -83,6 +83,9 @@ func FuzzInspectChunk(f *testing.F) {
 		}
 		var m map[string]any
 		jerr := json.Unmarshal(data, &m)
+		if jerr == nil && m == nil {
+			jerr = errNotObject // null: encoding/json leaves the map nil, a chunk must be an object
+		}
 		if (err == nil) != (jerr == nil) {
 			// encoding/json accepts deeper nesting than chunkDepth; nothing else may differ.
 			if err == nil || !strings.Contains(err.Error(), "nesting") {
