@@ -122,7 +122,7 @@ func (s *Server) releaseExchange(ex *exchange) {
 	ex.upFor = ""
 	ex.fwd.Reset()
 	ex.snap, ex.model = nil, nil
-	ex.rreq = routing.Request{}
+	ex.rreq.Reset()
 	clear(ex.tried)
 	ex.tried = ex.tried[:0]
 	clear(ex.cands)

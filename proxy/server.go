@@ -344,12 +344,11 @@ func (ex *exchange) route(h *fasthttp.RequestHeader) error {
 		return fmt.Errorf("proxy: the model %q does not exist: %w", ex.sum.Model, errModelNotFound)
 	}
 	ex.snap, ex.model = snap, m
-	ex.rreq = routing.Request{
-		Model:        m.Name,
-		PromptTokens: ex.sum.PromptTokens,
-		MaxTokens:    ex.sum.MaxTokens,
-		Prompt:       ex.sum.Prompt,
-	}
+	ex.rreq.Model = m.Name
+	ex.rreq.PromptTokens = ex.sum.PromptTokens
+	ex.rreq.MaxTokens = ex.sum.MaxTokens
+	ex.rreq.Prompt = ex.sum.Prompt
+	ex.rreq.ITLSLO = m.SLO.ITL
 	ex.injectedUsage = ex.endpoint != openai.Embeddings && !(ex.sum.Stream && ex.sum.IncludeUsage)
 	copyRequestHeaders(&ex.fwd, h)
 	return nil

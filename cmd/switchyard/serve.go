@@ -138,9 +138,7 @@ loop:
 		case <-ctx.Done():
 			break loop
 		case <-hup:
-			if err := w.Reload(); err != nil {
-				log.Error("reload on SIGHUP failed; the previous policy stays in force", "err", err)
-			}
+			_ = w.Reload() // the watcher logs the outcome, each error with its line
 		case err := <-errc:
 			if err != nil {
 				runErr = err
