@@ -320,6 +320,8 @@ func BenchmarkLookup8KB64Owners(b *testing.B) {
 	}
 	c := make([]int, len(os))
 	b.ReportAllocs()
+	start := processCPU()
+	defer func() { reportCPU(b, start) }()
 	for b.Loop() {
 		ix.Lookup(hs, os, c)
 	}
@@ -331,6 +333,8 @@ func BenchmarkHash8KB(b *testing.B) {
 	hb := AcquireHashBuf()
 	b.SetBytes(int64(len(p)))
 	b.ReportAllocs()
+	start := processCPU()
+	defer func() { reportCPU(b, start) }()
 	for b.Loop() {
 		hb.Hashes = AppendHashes(hb.Hashes[:0], 1, p, 0)
 	}
@@ -348,6 +352,8 @@ func BenchmarkInsertConfirm8KB(b *testing.B) {
 	hs := make([]uint64, 0, 128)
 	i := 0
 	b.ReportAllocs()
+	start := processCPU()
+	defer func() { reportCPU(b, start) }()
 	for b.Loop() {
 		i++
 		for j := 4096; j < 8192; j += 8 {

@@ -168,6 +168,8 @@ func BenchmarkParseEngineMetrics(b *testing.B) {
 	br := bufio.NewReaderSize(nil, 16<<10)
 	b.SetBytes(int64(len(text)))
 	b.ReportAllocs()
+	start := processCPU()
+	defer func() { reportCPU(b, start) }()
 	for b.Loop() {
 		var s EngineStats
 		if err := ParseEngineMetrics(bytes.NewReader(text), br, &s); err != nil {
@@ -181,6 +183,8 @@ func BenchmarkParseExpfmt(b *testing.B) {
 	text := []byte(vllmText(3, 17, 0.42, 8192, 1.7e9, false))
 	b.SetBytes(int64(len(text)))
 	b.ReportAllocs()
+	start := processCPU()
+	defer func() { reportCPU(b, start) }()
 	for b.Loop() {
 		p := expfmt.NewTextParser(model.UTF8Validation)
 		if _, err := p.TextToMetricFamilies(bytes.NewReader(text)); err != nil {
