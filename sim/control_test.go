@@ -91,30 +91,43 @@ func TestControlState(t *testing.T) {
 	}
 }
 
+// engineTTFT runs one streamed request and returns the client's TTFT and the engine's own TTFT for it (from
+// vllm:time_to_first_token_seconds_sum, on the model's schedule, so exact even on a loaded machine).
+func engineTTFT(t *testing.T, b *Backend, content string) (client, engine time.Duration) {
+	t.Helper()
+	before := scrape(t, b, "vllm:time_to_first_token_seconds_sum")
+	client, code := ttftOf(t, b, content, 2)
+	if code != 200 {
+		t.Fatalf("status %d", code)
+	}
+	after := scrape(t, b, "vllm:time_to_first_token_seconds_sum")
+	return client, time.Duration((after - before) * 1e9).Round(time.Microsecond)
+}
+
 func TestControlSlowdown(t *testing.T) {
 	b := startBackend(t, nil) // 1,000-token prompt: 10ms + 100ms, or 10ms + 300ms at slowdown 3
 	content := strings.Repeat("b", 4000-len("user:\n"))
 	control(t, b, `{"slowdown":3}`)
-	ttft, _ := ttftOf(t, b, content, 2)
-	if ttft < 300*time.Millisecond || ttft > 600*time.Millisecond {
-		t.Errorf("TTFT at slowdown 3 = %v, want about 310ms", ttft)
+	client, engine := engineTTFT(t, b, content)
+	if client < 300*time.Millisecond || engine != 310*time.Millisecond {
+		t.Errorf("TTFT at slowdown 3: client %v, engine %v; want about 310ms, exactly 310ms", client, engine)
 	}
 	control(t, b, `{}`)
-	if ttft, _ := ttftOf(t, b, content+"x", 2); ttft > 250*time.Millisecond {
-		t.Errorf("TTFT after reset = %v, want about 110ms", ttft)
+	if _, engine := engineTTFT(t, b, strings.Repeat("c", len(content))); engine != 110*time.Millisecond {
+		t.Errorf("engine TTFT after reset = %v, want 110ms", engine)
 	}
 }
 
 func TestControlStall(t *testing.T) {
 	b := startBackend(t, fastConfig)
 	control(t, b, `{"stall":"300ms"}`)
-	ttft, _ := ttftOf(t, b, "stalled", 3)
-	if ttft < 300*time.Millisecond || ttft > time.Second {
-		t.Errorf("TTFT with a 300ms stall = %v", ttft)
+	client, engine := engineTTFT(t, b, "stalled")
+	if client < 300*time.Millisecond || engine < 300*time.Millisecond || engine > 310*time.Millisecond {
+		t.Errorf("TTFT with a 300ms stall: client %v, engine %v", client, engine)
 	}
 	control(t, b, `{}`)
-	if ttft, _ := ttftOf(t, b, "not stalled", 3); ttft > 200*time.Millisecond {
-		t.Errorf("TTFT after reset = %v", ttft)
+	if _, engine := engineTTFT(t, b, "not stalled"); engine > 10*time.Millisecond {
+		t.Errorf("engine TTFT after reset = %v", engine)
 	}
 }
 
