@@ -3,10 +3,25 @@ package openai
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"strings"
 	"testing"
 )
+
+// decodeJSON decodes data as json.Unmarshal does, except that numbers stay json.Number: a number outside
+// float64's range (1e700) is valid JSON, which our scanners accept, but json.Unmarshal refuses it as a float64.
+func decodeJSON(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errors.New("data after the top-level value")
+	}
+	return nil
+}
 
 // promptSeeds are bodies for every shape of the canonical prompt; they seed the fuzzers and the table tests.
 var promptSeeds = []struct {

@@ -63,6 +63,7 @@ func FuzzAppendUpstreamBody(f *testing.F) {
 		f.Add(uint8(tc.e), []byte(tc.body), "new-model", true)
 	}
 	f.Add(uint8(Chat), []byte(`{"model":"a","stream_options":{"include_usage":false,"x":[1]},"stream":false,"messages":[{"role":"u","content":"x"}]}`), "", true)
+	f.Add(uint8(Chat), []byte(`{"model":"m","x":-1e700,"messages":[{"role":"u","content":"x"}]}`), "b", true)
 	f.Fuzz(func(t *testing.T, e uint8, body []byte, model string, streamUsage bool) {
 		ep := Endpoint(e%3 + 1)
 		var s Summary
@@ -75,10 +76,10 @@ func FuzzAppendUpstreamBody(f *testing.F) {
 		}
 		out := AppendUpstreamBody(nil, body, &s, newModel, streamUsage)
 		var before, after map[string]any
-		if err := json.Unmarshal(body, &before); err != nil {
+		if err := decodeJSON(body, &before); err != nil {
 			t.Fatal(err)
 		}
-		if err := json.Unmarshal(out, &after); err != nil {
+		if err := decodeJSON(out, &after); err != nil {
 			t.Fatalf("%q -> %q: %v", body, out, err)
 		}
 		if newModel != nil {

@@ -276,6 +276,7 @@ func FuzzParse(f *testing.F) {
 		f.Add(uint8(tc.e), []byte(tc.body))
 	}
 	f.Add(uint8(Chat), []byte(`{"model":"m","stream":"true","messages":[]}`))
+	f.Add(uint8(Chat), []byte(`{"model":"m","x":1e700,"messages":[{"role":"u","content":"x"}]}`))
 	f.Fuzz(func(t *testing.T, e uint8, body []byte) {
 		ep := Endpoint(e%3 + 1)
 		var s Summary
@@ -303,7 +304,7 @@ func FuzzParse(f *testing.F) {
 		}
 		// The scalar parameters agree with encoding/json's reading of the body.
 		var m map[string]any
-		if err := json.Unmarshal(body, &m); err != nil {
+		if err := decodeJSON(body, &m); err != nil {
 			t.Fatalf("%q: %v", body, err)
 		}
 		if m["model"] != string(s.Model) {
@@ -316,17 +317,20 @@ func FuzzParse(f *testing.F) {
 		if iu, _ := so["include_usage"].(bool); iu != s.IncludeUsage {
 			t.Fatalf("%q: IncludeUsage %v", body, s.IncludeUsage)
 		}
-		if n, ok := m["n"].(float64); ok && int(n) != s.N {
-			t.Fatalf("%q: N %v", body, s.N)
+		if n, ok := m["n"].(json.Number); ok {
+			if v, _ := n.Int64(); int(v) != s.N {
+				t.Fatalf("%q: N %v", body, s.N)
+			}
 		}
-		mt, ok := m["max_tokens"].(float64)
+		mt, ok := m["max_tokens"].(json.Number)
 		if !ok {
-			mt, _ = m["max_completion_tokens"].(float64)
+			mt, _ = m["max_completion_tokens"].(json.Number)
 		}
-		if int(mt) != s.MaxTokens {
+		if v, _ := mt.Int64(); int(v) != s.MaxTokens {
 			t.Fatalf("%q: MaxTokens %v, want %v", body, s.MaxTokens, mt)
 		}
-		if temp, ok := m["temperature"].(float64); ok != s.HasTemperature || temp != s.Temperature {
+		temp, ok := m["temperature"].(json.Number)
+		if tv, _ := temp.Float64(); ok != s.HasTemperature || tv != s.Temperature {
 			t.Fatalf("%q: Temperature %v %v", body, s.Temperature, s.HasTemperature)
 		}
 		for _, sp := range []Span{s.ModelSpan, s.StreamSpan, s.StreamOptionsSpan, s.IncludeUsageSpan} {
