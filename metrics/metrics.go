@@ -66,6 +66,23 @@ type Gateway struct {
 	ConfigReloadSuccess prometheus.Gauge
 	// ConfigReloadTime is the Unix time of the last successful policy load.
 	ConfigReloadTime prometheus.Gauge
+	// QueueLength is the number of requests waiting in a gateway queue, by queue (the model it serves) and
+	// priority class.
+	QueueLength *prometheus.GaugeVec
+	// ConcurrencyLimit is each backend's current cap on requests in flight (static, or adapted to keep the
+	// engine's queue shallow).
+	ConcurrencyLimit *prometheus.GaugeVec
+	// OutlierState is each backend's passive outlier-detection state: 0 serving, 1 probing (half-open),
+	// 2 ejected.
+	OutlierState *prometheus.GaugeVec
+	// OutlierEjections counts ejections by backend and reason (errors, slow).
+	OutlierEjections *prometheus.CounterVec
+	// Degraded counts requests served by a model's degrade_to model under overload (brownout), by the model
+	// asked for and the model that served.
+	Degraded *prometheus.CounterVec
+	// BudgetDenied counts retries and hedges not attempted because their budget was spent, by kind (retry,
+	// hedge).
+	BudgetDenied *prometheus.CounterVec
 }
 
 // New creates the gateway's metrics and registers them, with the Go runtime and process collectors, on reg.
@@ -158,11 +175,36 @@ func New(reg prometheus.Registerer) *Gateway {
 			Name: "switchyard_config_reload_success_timestamp_seconds",
 			Help: "Unix time of the last successful policy load.",
 		}),
+		QueueLength: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_queue_length",
+			Help: "Requests waiting in the gateway queue, by queue and priority class.",
+		}, []string{"queue", "priority"}),
+		ConcurrencyLimit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_backend_concurrency_limit",
+			Help: "Each backend's current cap on requests in flight (static or adaptive).",
+		}, []string{"backend"}),
+		OutlierState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_outlier_state",
+			Help: "Passive outlier detection per backend: 0 serving, 1 probing, 2 ejected.",
+		}, []string{"backend"}),
+		OutlierEjections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_outlier_ejections_total",
+			Help: "Backends ejected by passive outlier detection, by backend and reason.",
+		}, []string{"backend", "reason"}),
+		Degraded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_degraded_total",
+			Help: "Requests served by a degraded model variant under overload (brownout), by model and degraded model.",
+		}, []string{"model", "degrade_to"}),
+		BudgetDenied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_budget_denied_total",
+			Help: "Retries and hedges not attempted because their budget was spent, by kind.",
+		}, []string{"kind"}),
 	}
 	reg.MustRegister(
 		m.TTFT, m.TPOT, m.Duration, m.Tokens, m.Requests, m.Inflight, m.QueueDepth, m.Retries, m.Overhead,
 		m.UpstreamErrors, m.ClientDisconnects, m.TTFTPredictionError, m.PrefixLookups, m.PrefixHits, m.Shed,
 		m.Hedges, m.BreakerState, m.QueueWait, m.ConfigReloadSuccess, m.ConfigReloadTime,
+		m.QueueLength, m.ConcurrencyLimit, m.OutlierState, m.OutlierEjections, m.Degraded, m.BudgetDenied,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

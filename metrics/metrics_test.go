@@ -30,6 +30,12 @@ func TestNamesAndBuckets(t *testing.T) {
 	m.QueueWait.WithLabelValues("standard").Observe(0.01)
 	m.UpstreamErrors.WithLabelValues("b", "connect").Inc()
 	m.ClientDisconnects.WithLabelValues("streaming").Inc()
+	m.QueueLength.WithLabelValues("m", "standard").Set(1)
+	m.ConcurrencyLimit.WithLabelValues("b").Set(32)
+	m.OutlierState.WithLabelValues("b").Set(0)
+	m.OutlierEjections.WithLabelValues("b", "slow").Inc()
+	m.Degraded.WithLabelValues("m", "m-small").Inc()
+	m.BudgetDenied.WithLabelValues("retry").Inc()
 	fams, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +56,9 @@ func TestNamesAndBuckets(t *testing.T) {
 		"switchyard_backend_inflight", "switchyard_backend_queue_depth", "switchyard_ttft_prediction_error_ratio",
 		"switchyard_prefix_cache_lookups_total", "switchyard_prefix_cache_hits_total", "switchyard_shed_total",
 		"switchyard_hedges_total", "switchyard_retries_total", "switchyard_breaker_state",
-		"switchyard_overhead_seconds", "switchyard_config_reload_success",
+		"switchyard_overhead_seconds", "switchyard_config_reload_success", "switchyard_queue_wait_seconds",
+		"switchyard_queue_length", "switchyard_backend_concurrency_limit", "switchyard_outlier_state",
+		"switchyard_outlier_ejections_total", "switchyard_degraded_total", "switchyard_budget_denied_total",
 	} {
 		if _, ok := got[name]; !ok {
 			t.Errorf("metric %s is not exported", name)
