@@ -47,8 +47,11 @@ type AdaptiveParams struct {
 	// model that has learned nonsense cannot pile the traffic onto one backend.
 	ImbalanceAbs float64
 	ImbalanceRel float64
-	// UseMean makes the cost use the mean predicted TTFT instead of the p90. Default false (p90).
-	UseMean bool
+	// UseP90 makes the cost use each backend's p90 predicted TTFT instead of its mean. Default false: the
+	// spread behind a p90 is estimated from each backend's own recent errors, so a backend that has seen fewer
+	// (or noisier) requests looks costlier, gets fewer, and stays that way; against simulators on a busy host
+	// this herded traffic onto whichever backend had been observed most. Decision.TTFT is the p90 either way.
+	UseP90 bool
 }
 
 // DefaultAdaptiveParams returns the default parameters.
@@ -100,7 +103,7 @@ const maxTies = 8
 //	filter:  healthy; then not saturated (engine queue, KV usage, MaxConcurrency, in-flight imbalance); then,
 //	         if the request has an ITL objective, predicted p90 ITL within it. Each filter fails open when it
 //	         would leave nothing.
-//	cost_b = RTT_b + TTFT_b,p90(uncached_b, queued_b, running_b) + Interference*running_b*prefill_b
+//	cost_b = RTT_b + TTFT_b(uncached_b, queued_b, running_b) + Interference*running_b*prefill_b
 //	         + RegionMargin (if b is in another region)
 //	pick:    among candidates within best*(1+TieRelative)+TieAbsolute: for a prefix no candidate holds, the
 //	         rendezvous-hash winner of the first block (every replica agrees); otherwise a softmax sample among
@@ -221,9 +224,9 @@ func (s *Adaptive) evaluate(b *Backend, now time.Time, prompt, blocks int, itlSL
 	u := float64(uncachedTokens(prompt, hit))
 	mean := b.lat.ttftMean(u, l.queuedTok, l.running)
 	p90 := mean * b.lat.ttftSpread.load()
-	ttft := p90
-	if s.p.UseMean {
-		ttft = mean
+	ttft := mean
+	if s.p.UseP90 {
+		ttft = p90
 	}
 	rtt := b.rtt()
 	cost := rtt + ttft + s.p.Interference*l.running*b.lat.prefillPerToken()*u

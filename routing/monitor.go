@@ -35,7 +35,7 @@ const (
 	// DefaultIdleProbeAfter is how long a backend may go without a first token before the Monitor sends it a
 	// one-token completion to measure its TTFT (so a backend that routing avoids after a slowdown is seen to
 	// recover); the probes repeat at this interval while it stays idle.
-	DefaultIdleProbeAfter = 5 * time.Second
+	DefaultIdleProbeAfter = 2 * time.Second
 	// idleProbeTimeout bounds one idle probe: a backend slower than this teaches the model by the timeout.
 	idleProbeTimeout = 10 * time.Second
 	// sweepInterval is how often the Monitor expires prefix-index entries.
