@@ -17,8 +17,9 @@ import (
 // -race, and the simulator runs in this process) can only add delay to a request's first token, so the TTFT
 // compared is the smallest of the run (the median is logged). The ITL compared is the median of each request's
 // mean gap: the simulator runs its steps on nominal times, so a late wake-up shortens the next gap and the
-// per-request mean stays exact while a single gap is at the mercy of the scheduler. The test takes up to three
-// attempts; a measurement bug (a wrong origin, a missed or merged event, a wrong unit) fails all three.
+// per-request mean stays exact while a single gap is at the mercy of the scheduler. The test takes up to five
+// attempts (it passes on the first on a machine that is not overloaded); a measurement bug (a wrong origin, a
+// missed or merged event, a wrong unit) fails them all.
 func TestMeasurementHonesty(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -45,7 +46,7 @@ output: {dist: fixed, value: 16}
 	wantTTFT := ms(cfg.Overhead) + 2000/cfg.PrefillTPS*1000
 	wantITL := ms(cfg.ITL)
 	ok := func(got, want float64) bool { return got >= want*0.95 && got <= want*1.05 }
-	for attempt := 1; attempt <= 3; attempt++ {
+	for attempt := 1; attempt <= 5; attempt++ {
 		// A new seed each time: a prompt sent again would hit the simulator's prefix cache.
 		ws, err := w.Apply(Overrides{Seed: uint64(attempt)})
 		if err != nil {
@@ -84,6 +85,6 @@ output: {dist: fixed, value: 16}
 			return
 		}
 	}
-	t.Errorf("in three attempts the harness never measured the simulator's TTFT %.0fms and ITL %.0fms within 5%%",
+	t.Errorf("in five attempts the harness never measured the simulator's TTFT %.0fms and ITL %.0fms within 5%%",
 		wantTTFT, wantITL)
 }

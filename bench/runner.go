@@ -1,17 +1,19 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
-	"sort"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
 // Action is something done at a time on the load's timeline while a run is in progress (a scenario event such as
-// slowing a backend down). Do runs in its own goroutine and must return when ctx is done.
+// slowing a backend down). A run's actions are done one at a time, in time order, in a goroutine of their own;
+// Do must return promptly when ctx is done.
 type Action struct {
 	At    time.Duration
 	Label string
@@ -93,25 +95,30 @@ func Run(ctx context.Context, cfg RunConfig) (*Result, error) {
 	var (
 		wg       sync.WaitGroup
 		inflight atomic.Int64
-		evMu     sync.Mutex
 		lastEnd  atomic.Int64
 	)
-	for _, a := range cfg.Actions {
+	// Actions run one after the other in time order, in one goroutine, so that two due at once (or a late
+	// wake-up) can never apply a reset before the fault it resets.
+	actions := slices.Clone(cfg.Actions)
+	slices.SortStableFunc(actions, func(a, b Action) int { return cmp.Compare(a.At, b.At) })
+	if len(actions) > 0 {
 		wg.Go(func() {
-			t := time.NewTimer(time.Until(start.Add(a.At)))
+			t := time.NewTimer(time.Hour)
 			defer t.Stop()
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
+			for _, a := range actions {
+				t.Reset(time.Until(start.Add(a.At)))
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+				rec := EventRecord{At: time.Since(start), Label: a.Label}
+				if err := a.Do(ctx); err != nil {
+					rec.Err = err.Error()
+				}
+				res.Events = append(res.Events, rec) // read only after wg.Wait
+
 			}
-			rec := EventRecord{At: time.Since(start), Label: a.Label}
-			if err := a.Do(ctx); err != nil {
-				rec.Err = err.Error()
-			}
-			evMu.Lock()
-			res.Events = append(res.Events, rec)
-			evMu.Unlock()
 		})
 	}
 
@@ -179,6 +186,5 @@ schedule:
 	}
 	wg.Wait()
 	res.Elapsed = time.Duration(lastEnd.Load())
-	sort.Slice(res.Events, func(a, b int) bool { return res.Events[a].At < res.Events[b].At })
 	return res, ctx.Err()
 }

@@ -27,7 +27,7 @@ func refPercentile(xs []float64, p float64) float64 {
 
 func TestPercentileAgainstReference(t *testing.T) {
 	r := newTestRand()
-	for _, n := range []int{1, 2, 3, 7, 10, 99, 100, 101, 999, 1000, 1001, 2500} {
+	for _, n := range []int{1, 2, 3, 7, 10, 99, 100, 101, 999, 1000, 1001} {
 		xs := make([]float64, n)
 		for i := range xs {
 			xs[i] = math.Round(r.ExpFloat64()*1000) / 10 // ties happen
