@@ -1,0 +1,246 @@
+package admission
+
+import (
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/switchyard/switchyard/metrics"
+)
+
+// Saturation thresholds, as routing's adaptive strategy defines "fully loaded" (routing.AdaptiveParams): a
+// backend with this many requests waiting in its engine, or this share of its KV cache in use, counts as
+// saturation 1.
+const (
+	SaturationWaiting = 4
+	SaturationKV      = 0.85
+	// MaxSaturation caps one backend's contribution to PoolSaturation, so that one backend drowning does not
+	// make a pool of idle ones look saturated (llm-d's probabilistic admitter caps at 1.5 too).
+	MaxSaturation = 1.5
+)
+
+// Saturation returns one backend's saturation: the largest of waiting/SaturationWaiting,
+// kvUsage/SaturationKV and inflight/limit (the concurrency cap; limit <= 0 means no cap), so 1 means "at
+// capacity" by whichever measure is tightest. Pass the engine's waiting requests and KV usage (0 to 1) when its
+// metrics are fresh, 0 otherwise; the gateway's own in-flight count and cap (Cap.Inflight, Cap.Limit) have no
+// lag, so either view can trip it (routing.md 4.6.5).
+func Saturation(waiting int, kvUsage float64, inflight, limit int) float64 {
+	s := max(float64(waiting)/SaturationWaiting, kvUsage/SaturationKV)
+	if limit > 0 {
+		s = max(s, float64(inflight)/float64(limit))
+	}
+	return max(s, 0)
+}
+
+// PoolSaturation returns the saturation S of a pool (the backends that serve a model): the mean over its
+// healthy backends of min(Saturation, MaxSaturation). sats holds one value per healthy backend; an empty pool
+// is saturated (1).
+func PoolSaturation(sats []float64) float64 {
+	if len(sats) == 0 {
+		return 1
+	}
+	var sum float64
+	for _, s := range sats {
+		sum += min(max(s, 0), MaxSaturation)
+	}
+	return sum / float64(len(sats))
+}
+
+// Curve is a probabilistic shedding curve (llm-d's probabilistic admitter, routing.md 4.6.2): at pool
+// saturation S a request is refused with probability min(1, (S/Full)^Power). llm-d writes it
+// min(1, k*S^power) with k = Full^-Power; its defaults k 300, power 5 are Full ~0.32 on its saturation scale
+// (queue/5, KV/0.8 only), where a gateway-held queue never shows.
+type Curve struct {
+	// Full is the saturation at which every request of the class is refused; 0 disables the curve.
+	Full float64
+	// Power shapes the onset: the larger, the later and steeper. Must be > 0 when Full is set.
+	Power float64
+}
+
+// P returns the refusal probability at saturation s.
+func (c Curve) P(s float64) float64 {
+	if c.Full <= 0 || s <= 0 {
+		return 0
+	}
+	if s >= c.Full {
+		return 1
+	}
+	return math.Pow(s/c.Full, c.Power)
+}
+
+// ShedParams tune the Shedder. DefaultShedParams gives the defaults.
+type ShedParams struct {
+	// Curves are the saturation curves, by Class.Index. Defaults: sheddable {Full 1, Power 5} (1% refused at
+	// S 0.4, 3% at 0.5, 17% at 0.7, 59% at 0.9, all at 1: at S 1 every backend is at capacity and the gateway
+	// queue would hold the request); standard and critical none (standard is shed only on its prediction,
+	// critical never).
+	Curves [NumClasses]Curve
+	// StandardMiss is how far past its objective a standard request's prediction must be before it is shed,
+	// and only while other requests are queued: it would miss anyway and steal capacity. Default 2.
+	StandardMiss float64
+	// RetryAfter is the Retry-After of a shed request; MaxRetryAfter bounds the longer one given when the
+	// curve refuses most traffic (RetryAfter + p*(MaxRetryAfter-RetryAfter), rounded to seconds by the client
+	// header). Defaults 1s and 5s (ops.md A1.5: small, so SDKs come back soon).
+	RetryAfter    time.Duration
+	MaxRetryAfter time.Duration
+	// Priorities gives each class's SLO factor. Default DefaultPriorities().
+	Priorities Priorities
+}
+
+// DefaultShedParams returns the defaults listed on ShedParams.
+func DefaultShedParams() ShedParams {
+	p := ShedParams{
+		StandardMiss:  2,
+		RetryAfter:    time.Second,
+		MaxRetryAfter: 5 * time.Second,
+		Priorities:    DefaultPriorities(),
+	}
+	p.Curves[Sheddable.Index()] = Curve{Full: 1, Power: 5}
+	return p
+}
+
+// ShedInput is what the request path knows when it decides: the class, the model's objective, and what
+// routing's Pick predicted (routing.Request.Decision()).
+type ShedInput struct {
+	// Class is the request's class (Priorities.Class).
+	Class Class
+	// SLO is the model's TTFT objective; 0 means none (no shedding on prediction).
+	SLO time.Duration
+	// TTFT is the best predicted p90 time to first token, RTT included (Decision.TTFT); 0 means unknown.
+	TTFT time.Duration
+	// Wait is the expected wait in the gateway queue before dispatch (Queue.ExpectedWait); added to TTFT.
+	Wait time.Duration
+	// Saturation is the pool's saturation S (PoolSaturation).
+	Saturation float64
+	// Saturated says that every healthy candidate was saturated (Decision.Saturated), or that the picked
+	// backend's concurrency cap is full: the request cannot start now.
+	Saturated bool
+	// Queued is the number of requests waiting in the model's queue (Queue.Len).
+	Queued int
+	// Idle says the picked backend has nothing in flight, so its prediction may be stale: a sheddable request
+	// is not shed on prediction then (the Inference Extension's "has idle" escape hatch).
+	Idle bool
+}
+
+// Verdict is what to do with a request.
+type Verdict uint8
+
+const (
+	// Admit: send it now (after Cap.TryAcquire on the picked backend; Enqueue if that fails).
+	Admit Verdict = iota
+	// Enqueue: wait in the model's Queue (Queue.Wait), which dispatches it when a backend frees.
+	Enqueue
+	// Shed: refuse it with Decision.Err.
+	Shed
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case Admit:
+		return "admit"
+	case Enqueue:
+		return "enqueue"
+	}
+	return "shed"
+}
+
+// ShedDecision is the Shedder's answer.
+type ShedDecision struct {
+	Verdict Verdict
+	// Err, for Shed, is ErrOverloaded (the sheddable curve) or ErrSLO (the prediction misses): both 503.
+	Err error
+	// RetryAfter, for Shed, is the Retry-After to send.
+	RetryAfter time.Duration
+}
+
+// Shedder decides admit / queue / shed before any GPU prefill is spent (routing.md 4.6.1-2):
+//
+//	objective = SLO * slo_factor(class); predicted = TTFT + Wait
+//	sheddable: shed with probability Curve.P(S)                                   (ErrOverloaded)
+//	           shed if predicted > objective, unless the backend is idle          (ErrSLO)
+//	standard:  shed if predicted > StandardMiss * objective and Queued > 0        (ErrSLO)
+//	critical:  never shed here
+//	then:      enqueue if Saturated or Queued > 0 (strict priority: nobody overtakes the queue), else admit
+//
+// Immutable once built; safe for concurrent use.
+type Shedder struct {
+	p    ShedParams
+	rand func() float64
+	shed shedCounters
+}
+
+// NewShedder returns a Shedder counting its refusals in m (nil: none). Zero fields of p take their defaults.
+func NewShedder(p ShedParams, m *metrics.Gateway) *Shedder {
+	d := DefaultShedParams()
+	if p.StandardMiss <= 0 {
+		p.StandardMiss = d.StandardMiss
+	}
+	if p.RetryAfter <= 0 {
+		p.RetryAfter = d.RetryAfter
+	}
+	if p.MaxRetryAfter < p.RetryAfter {
+		p.MaxRetryAfter = max(d.MaxRetryAfter, p.RetryAfter)
+	}
+	return &Shedder{p: p, rand: rand.Float64, shed: newShedCounters(m, ReasonSaturated, ReasonSLO)}
+}
+
+// Params returns the parameters in force.
+func (s *Shedder) Params() ShedParams { return s.p }
+
+// Decide returns the verdict for one request. Call it after the routing Pick (whose Decision it reads) and
+// before sending anything upstream; call it again for a retry only if the policy wants retries re-judged (the
+// request was already admitted once). It does not allocate.
+func (s *Shedder) Decide(in *ShedInput) ShedDecision { return s.decide(in, s.rand()) }
+
+// decide is Decide with the random draw u in [0, 1) given.
+func (s *Shedder) decide(in *ShedInput, u float64) ShedDecision {
+	c := in.Class
+	objective := time.Duration(float64(in.SLO) * s.p.Priorities.Factor(c))
+	predicted := in.TTFT + in.Wait
+	switch c.Index() {
+	case Sheddable.Index():
+		if p := s.p.Curves[c.Index()].P(in.Saturation); p > 0 && u < p {
+			return s.refuse(ErrOverloaded, c, p)
+		}
+		if in.SLO > 0 && in.TTFT > 0 && predicted > objective && !in.Idle {
+			return s.refuse(ErrSLO, c, 0)
+		}
+	case Standard.Index():
+		if p := s.p.Curves[c.Index()].P(in.Saturation); p > 0 && u < p {
+			return s.refuse(ErrOverloaded, c, p)
+		}
+		if in.SLO > 0 && in.TTFT > 0 && in.Queued > 0 && float64(predicted) > s.p.StandardMiss*float64(objective) {
+			return s.refuse(ErrSLO, c, 0)
+		}
+	}
+	if in.Saturated || in.Queued > 0 {
+		return ShedDecision{Verdict: Enqueue}
+	}
+	return ShedDecision{Verdict: Admit}
+}
+
+func (s *Shedder) refuse(err error, c Class, p float64) ShedDecision {
+	s.shed.count(err, c)
+	ra := s.p.RetryAfter + time.Duration(p*float64(s.p.MaxRetryAfter-s.p.RetryAfter))
+	return ShedDecision{Verdict: Shed, Err: err, RetryAfter: ra}
+}
+
+// Deadline returns the latest time a request of class c that arrived at arrival may still be dispatched from
+// the queue, for Queue.Wait: arrival + queueTimeout, shortened, when the model has a TTFT objective, to the
+// point past which the request would be shed on prediction anyway (a request that misses its objective waiting
+// has lost its value; routing.md 4.6.3): sheddable arrival + objective, standard arrival + StandardMiss *
+// objective, critical not shortened (it waits for capacity up to queueTimeout). objective is slo times the
+// class's SLO factor.
+func (s *Shedder) Deadline(arrival time.Time, c Class, slo, queueTimeout time.Duration) time.Time {
+	wait := queueTimeout
+	if slo > 0 {
+		objective := time.Duration(float64(slo) * s.p.Priorities.Factor(c))
+		switch c.Index() {
+		case Sheddable.Index():
+			wait = min(wait, objective)
+		case Standard.Index():
+			wait = min(wait, time.Duration(s.p.StandardMiss*float64(objective)))
+		}
+	}
+	return arrival.Add(wait)
+}
