@@ -81,12 +81,9 @@ func (a *Admin) Backends() []BackendStatus {
 		c := b.Config()
 		pre, _ := b.Prefilling()
 		st := BackendStatus{
-			Name: c.Name, Region: c.Region, URL: c.URL, Healthy: b.Healthy(), Breaker: "closed",
+			Name: c.Name, Region: c.Region, URL: c.URL, Healthy: b.Healthy(), Breaker: a.s.brk.state(b).String(),
 			Inflight: b.Inflight(), Prefilling: pre, Decoding: b.Decoding(),
 			Requests: b.Requests(), Failures: b.Failures(),
-		}
-		if !st.Healthy {
-			st.Breaker = "open"
 		}
 		if a.Describe != nil {
 			a.Describe(&st)

@@ -383,8 +383,13 @@ func TestRetryBeforeFirstByte(t *testing.T) {
 					t.Fatalf("request %d: %v", i, err)
 				}
 			}
-			if n := counterValue(t, gw.reg, "switchyard_retries_total"); n < 4 {
-				t.Errorf("switchyard_retries_total = %v, want >= 4", n)
+			// Each request routed to the failing backend was retried, until its breaker opened after three
+			// failures in a row and took it out of rotation.
+			if n := counterValue(t, gw.reg, "switchyard_retries_total"); n != 3 {
+				t.Errorf("switchyard_retries_total = %v, want 3 (then the breaker opens)", n)
+			}
+			if gw.s.brk.state(gw.s.src.Snapshot().Backends[0]).String() != "open" {
+				t.Error("the failing backend's breaker is not open")
 			}
 		})
 	}

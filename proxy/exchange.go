@@ -79,10 +79,11 @@ type exchange struct {
 	ci            openai.ChunkInfo
 	tpot          prometheus.Observer
 
-	wd     *watchdog
-	cancel atomic.Pointer[error] // why the exchange was cancelled from outside (client gone, shutdown)
-	code   int                   // the status the client got (499 when it left)
-	done   bool
+	brkDone func(error) // the circuit breaker's callback for the current attempt
+	wd      *watchdog
+	cancel  atomic.Pointer[error] // why the exchange was cancelled from outside (client gone, shutdown)
+	code    int                   // the status the client got (499 when it left)
+	done    bool
 }
 
 // watchdog runs beside an exchange while it waits on a backend or relays a stream: every tick it checks that
@@ -112,7 +113,7 @@ func (s *Server) acquireExchange() *exchange {
 
 func (s *Server) releaseExchange(ex *exchange) {
 	ex.stopWatchdog()
-	ex.closeAttempt(false)
+	ex.closeAttempt(errNotSent)
 	ex.path = ex.path[:0]
 	ex.reqID = ex.reqID[:0]
 	ex.client = nil
@@ -233,7 +234,7 @@ func (ex *exchange) run() error {
 			}
 		}
 		if why := ex.cancelled(); why != nil {
-			ex.closeAttempt(false)
+			ex.closeAttempt(why)
 			return why
 		}
 		var ue *upstreamError
@@ -244,7 +245,7 @@ func (ex *exchange) run() error {
 			return err
 		}
 		ex.s.m.UpstreamErrors.WithLabelValues(ue.backend, ue.kind.String()).Inc()
-		ex.closeAttempt(ue.backendFault())
+		ex.closeAttempt(err)
 		last = err
 		if !ue.retryable() || ex.attempt > ex.model.Retries {
 			return last
@@ -268,9 +269,25 @@ func (ex *exchange) dispatch() error {
 			ex.cands = append(ex.cands, t)
 		}
 	}
-	t, err := ex.model.Strategy.Pick(&ex.rreq, ex.cands)
-	if err != nil {
-		return err
+	var t routing.Target
+	for {
+		var err error
+		if t, err = ex.model.Strategy.Pick(&ex.rreq, ex.cands); err != nil {
+			return err
+		}
+		done, err := ex.s.brk.get(t.Backend).cb.Allow()
+		if err == nil {
+			ex.brkDone = done
+			break
+		}
+		// Open, or half-open with its probes taken: leave the backend out of this request.
+		ex.tried = append(ex.tried, t.Backend)
+		for i := range ex.cands {
+			if ex.cands[i].Backend == t.Backend {
+				ex.cands = append(ex.cands[:i], ex.cands[i+1:]...)
+				break
+			}
+		}
 	}
 	ex.attempt++
 	ex.target = t
@@ -565,11 +582,18 @@ func (ex *exchange) streamError(err error) error {
 	return &upstreamError{kind: kind, backend: ex.target.Backend.Name(), err: err}
 }
 
-// closeAttempt ends the current attempt: closes its body stream (a stream not read to its end closes the
-// connection instead of pooling it, which is how the engine learns to abort) and ends the accounting.
-func (ex *exchange) closeAttempt(backendFailed bool) {
+// closeAttempt ends the current attempt with outcome (nil: success): closes its body stream (a stream not read
+// to its end closes the connection instead of pooling it, which is how the engine learns to abort), ends the
+// accounting and tells the backend's circuit breaker.
+func (ex *exchange) closeAttempt(outcome error) {
 	if ex.target.Backend == nil {
 		return
+	}
+	var ue *upstreamError
+	backendFailed := errors.As(outcome, &ue) && ue.backendFault()
+	if ex.brkDone != nil {
+		ex.brkDone(outcome)
+		ex.brkDone = nil
 	}
 	if ex.complete && !backendFailed && ex.cancelled() == nil {
 		// The stream ended with [DONE]; read on to the end of the HTTP body (the chunked terminator) so that

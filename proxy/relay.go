@@ -121,11 +121,8 @@ func (ex *exchange) finish(fail error) {
 	ex.done = true
 	ex.stopWatchdog()
 	code := fasthttp.StatusOK
-	backendFault := false
 	if fail != nil {
 		code = status(fail).status
-		var ue *upstreamError
-		backendFault = errors.As(fail, &ue) && ue.backendFault()
 		if errors.Is(fail, errClientGone) {
 			ex.s.m.ClientDisconnects.WithLabelValues("streaming").Inc()
 		}
@@ -136,7 +133,7 @@ func (ex *exchange) finish(fail error) {
 	if ex.target.Backend != nil {
 		backend = ex.target.Backend.Name()
 	}
-	ex.closeAttempt(backendFault)
+	ex.closeAttempt(fail)
 	ex.record(code, backend)
 }
 

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sony/gobreaker/v2"
 	"github.com/valyala/fasthttp"
 
 	"github.com/switchyard/switchyard/metrics"
@@ -34,6 +35,8 @@ type Options struct {
 	// long an upstream may be silent before the client gets a ": ping" SSE comment. Default 250 ms (a peek
 	// syscall per request per tick: negligible, and a vanished client is noticed well within a second).
 	PingInterval time.Duration
+	// Breakers tune every backend's circuit breaker.
+	Breakers BreakerSettings
 	// Timeouts are the defaults for backends that set none. Defaults: connect 3 s, first byte 60 s, idle 60 s,
 	// total 30 min.
 	Timeouts routing.Timeouts
@@ -86,6 +89,7 @@ type Server struct {
 	m    *metrics.Gateway
 	log  *slog.Logger
 	ups  *upstreams
+	brk  *breakers
 	srv  *fasthttp.Server
 
 	exchanges    sync.Pool
@@ -104,6 +108,10 @@ func New(src Source, opts Options) (*Server, error) {
 	}
 	opts.setDefaults()
 	s := &Server{src: src, opts: opts, m: opts.Metrics, log: opts.Logger, ups: newUpstreams()}
+	s.brk = newBreakers(opts.Breakers, func(b *routing.Backend, st gobreaker.State) {
+		s.m.BreakerState.WithLabelValues(b.Name()).Set(float64(breakerGauge(st)))
+		s.log.Warn("circuit breaker", "backend", b.Name(), "state", st.String())
+	})
 	s.srv = &fasthttp.Server{
 		Handler:               s.handle,
 		ErrorHandler:          s.handleError,
@@ -281,8 +289,7 @@ func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, e openai.Endpoint) {
 	if err != nil {
 		e := writeError(ctx, err)
 		ex.stopWatchdog()
-		var ue *upstreamError
-		ex.closeAttempt(errors.As(err, &ue) && ue.backendFault())
+		ex.closeAttempt(err)
 		if errors.Is(err, errClientGone) {
 			s.m.ClientDisconnects.WithLabelValues("waiting").Inc()
 		}
@@ -408,4 +415,15 @@ func (f fasthttpLogger) Printf(format string, args ...any) {
 	if f.l.Enabled(context.Background(), slog.LevelDebug) {
 		f.l.Debug(fmt.Sprintf(format, args...), "component", "fasthttp")
 	}
+}
+
+// breakerGauge is switchyard_breaker_state's value: 0 closed, 1 half-open, 2 open.
+func breakerGauge(st gobreaker.State) int {
+	switch st {
+	case gobreaker.StateHalfOpen:
+		return 1
+	case gobreaker.StateOpen:
+		return 2
+	}
+	return 0
 }
