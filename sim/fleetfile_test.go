@@ -99,3 +99,24 @@ func TestBenchFleetFilesParse(t *testing.T) {
 		}
 	}
 }
+
+func FuzzParseFleet(f *testing.F) {
+	f.Add([]byte("- name: a\n  itl: 20ms\n"))
+	f.Add([]byte("- {name: a, listen: 127.0.0.1:0, fail_rate: 0.5}\n- {name: b, kv_blocks: 16}\n"))
+	f.Add([]byte("[]"))
+	f.Add([]byte("- name: a\n  rtt: [1]\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfgs, err := ParseFleet("f.yaml", data)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "sim: fleet: f.yaml") {
+				t.Errorf("error without the file: %v", err)
+			}
+			return
+		}
+		for _, c := range cfgs {
+			if err := c.Validate(); err != nil {
+				t.Errorf("accepted an invalid entry: %v", err)
+			}
+		}
+	})
+}

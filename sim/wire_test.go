@@ -155,3 +155,22 @@ func TestAppendChunkDoesNotAllocate(t *testing.T) {
 		t.Errorf("%v allocations per chunk, want 0", allocs)
 	}
 }
+
+func FuzzParseRequest(f *testing.F) {
+	f.Add([]byte(`{"messages":[{"role":"user","content":"hi"}],"max_tokens":5,"stream":true}`))
+	f.Add([]byte(`{"prompt":["a","b"],"max_completion_tokens":2}`))
+	f.Add([]byte(`{"messages":[]}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for _, ep := range []openai.Endpoint{openai.Chat, openai.Completions} {
+			_, mt, err := parseRequest(ep, body)
+			if err == nil && mt < 0 {
+				t.Errorf("accepted max_tokens %d", mt)
+			}
+			if err != nil {
+				if _, ok := err.(*badRequest); !ok {
+					t.Errorf("error %v is not a client error", err)
+				}
+			}
+		}
+	})
+}
