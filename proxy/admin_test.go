@@ -1,0 +1,110 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/switchyard/switchyard/routing"
+)
+
+func startAdmin(t *testing.T, gw *gateway) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: NewAdmin(gw.s, gw.reg), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestAdminEndpoints(t *testing.T) {
+	t.Parallel()
+	be := startSim(t, "a", nil)
+	gw := startGateway(t, snapshotOf(&routing.RoundRobin{}, 2, be.URL(), deadURL(t)), Options{})
+	admin := startAdmin(t, gw)
+	rawPost(t, gw.url, "/v1/chat/completions", []byte(`{"model":"sim-model","max_tokens":2,"messages":[{"role":"user","content":"x"}]}`), nil)
+
+	if code, body := get(t, admin+"/healthz"); code != 200 || body != "ok\n" {
+		t.Errorf("/healthz %d %q", code, body)
+	}
+	if code, body := get(t, admin+"/readyz"); code != 200 {
+		t.Errorf("/readyz %d %q", code, body)
+	}
+	code, body := get(t, admin+"/metrics")
+	if code != 200 || !strings.Contains(body, "gen_ai_server_request_duration_seconds_bucket") ||
+		!strings.Contains(body, `switchyard_requests_total{backend="b0",code="200",model="sim-model"} 1`) {
+		t.Errorf("/metrics %d lacks the request: %s", code, body[:min(len(body), 500)])
+	}
+	var bs []BackendStatus
+	code, body = get(t, admin+"/debug/backends")
+	if err := json.Unmarshal([]byte(body), &bs); err != nil || code != 200 || len(bs) != 2 {
+		t.Fatalf("/debug/backends %d %v: %s", code, err, body)
+	}
+	if bs[0].Name != "b0" || bs[0].Breaker != "closed" || bs[0].Requests != 1 || !bs[0].Healthy {
+		t.Errorf("/debug/backends[0] = %+v", bs[0])
+	}
+	code, body = get(t, admin+"/debug/config")
+	if code != 200 || !strings.Contains(body, `"hash": "test"`) || !strings.Contains(body, `"strategy": "test"`) {
+		t.Errorf("/debug/config %d %s", code, body)
+	}
+	// Draining fails readiness at once.
+	gw.s.draining.Store(true)
+	if code, body := get(t, admin+"/readyz"); code != 503 || !strings.Contains(body, "draining") {
+		t.Errorf("/readyz while draining: %d %q", code, body)
+	}
+}
+
+// TestStatusPageInBrowser loads the admin status page in a real headless Chromium and checks that its script
+// fetched the backends and rendered one row per backend with its state.
+func TestStatusPageInBrowser(t *testing.T) {
+	t.Parallel()
+	chromium, err := exec.LookPath("chromium")
+	if err != nil {
+		if os.Getenv("SWITCHYARD_REQUIRE_BROWSER") != "" {
+			t.Fatal("chromium is not installed (./scripts/test installs it)")
+		}
+		t.Skip("chromium is not installed; ./scripts/test installs it and runs this test")
+	}
+	be := startSim(t, "a", nil)
+	snap := snapshotOf(&routing.RoundRobin{}, 2, be.URL(), deadURL(t))
+	snap.Backends[1].SetHealthy(false)
+	gw := startGateway(t, snap, Options{})
+	admin := startAdmin(t, gw)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+		"--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+		"--user-data-dir="+t.TempDir(), "--virtual-time-budget=5000", "--dump-dom", admin+"/")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("chromium: %v\n%s", err, out)
+	}
+	dom := string(out)
+	for _, want := range []string{`data-backend="b0"`, `data-backend="b1"`, `class="up">up<`, `class="down">down (closed)<`, "sim-model (test)"} {
+		if !strings.Contains(dom, want) {
+			t.Errorf("the rendered page lacks %q:\n%s", want, dom)
+		}
+	}
+}
