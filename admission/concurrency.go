@@ -1,0 +1,243 @@
+package admission
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard/switchyard/metrics"
+)
+
+// CapParams tune the adaptive concurrency caps. DefaultCapParams gives the defaults.
+//
+// The rule (AIMD, routing.md 4.6.4), applied on each first-token observation of a backend with an adaptive cap:
+//
+//	decrease: waiting > TargetWaiting, or observed/predicted TTFT > HighRatio
+//	          => limit *= Backoff, at most once per min(limit, inflight) observations (one "round trip": the
+//	             requests already in flight when the cap shrank do not shrink it again)
+//	increase: waiting == 0 and observed/predicted < LowRatio and inflight >= limit/2
+//	          => limit += 1/limit (one more slot per limit good observations), or += 1 in slow start (before
+//	             the first decrease: the cap doubles per round trip until the engine first pushes back)
+//	otherwise hold; limit stays within [Min, Max]
+//
+// The engine's queue (waiting) is the main signal: a cap above the engine's batch capacity shows as requests
+// waiting inside the engine, where the gateway can no longer reorder them or pick another backend for them. The
+// TTFT ratio catches a backend that slows without queueing (a noisy neighbour, thermal throttling) before the
+// latency model has re-learned it. "inflight >= limit/2" keeps an underused cap from growing without bound
+// (Netflix Gradient2's app-limited rule).
+type CapParams struct {
+	// Initial is an adaptive cap's starting limit. Default 32.
+	Initial float64
+	// Min and Max bound an adaptive cap. Defaults 2 and 1024.
+	Min, Max float64
+	// TargetWaiting is the engine queue above which the cap shrinks. Default 2 (routing.md: waiting ~1-2).
+	TargetWaiting int
+	// HighRatio and LowRatio are the observed/predicted TTFT ratios above which the cap shrinks and below which
+	// it may grow. Defaults 1.5 and 1.1.
+	HighRatio, LowRatio float64
+	// Backoff is the multiplicative decrease. Default 0.9.
+	Backoff float64
+}
+
+// DefaultCapParams returns the defaults listed on CapParams.
+func DefaultCapParams() CapParams {
+	return CapParams{Initial: 32, Min: 2, Max: 1024, TargetWaiting: 2, HighRatio: 1.5, LowRatio: 1.1, Backoff: 0.9}
+}
+
+func (p CapParams) withDefaults() CapParams {
+	d := DefaultCapParams()
+	if p.Min <= 0 {
+		p.Min = d.Min
+	}
+	if p.Max <= 0 {
+		p.Max = d.Max
+	}
+	p.Max = max(p.Max, p.Min)
+	if p.Initial <= 0 {
+		p.Initial = d.Initial
+	}
+	p.Initial = min(max(p.Initial, p.Min), p.Max)
+	if p.TargetWaiting <= 0 {
+		p.TargetWaiting = d.TargetWaiting
+	}
+	if p.HighRatio <= 0 {
+		p.HighRatio = d.HighRatio
+	}
+	if p.LowRatio <= 0 {
+		p.LowRatio = d.LowRatio
+	}
+	if p.Backoff <= 0 || p.Backoff >= 1 {
+		p.Backoff = d.Backoff
+	}
+	return p
+}
+
+// Cap is one backend's concurrency cap: requests in flight through the gateway are at most Limit. The cap is
+// static when the backend's max_concurrency > 0, and adaptive otherwise (CapParams). Keeping engine queues
+// shallow moves the queue into the gateway, where it is ordered by priority and deadline and bound late to
+// whichever backend frees first.
+//
+// The request path uses it twice: as a saturation filter before routing (skip backends that are Full), and as
+// the gate of every attempt (TryAcquire after the pick; Release when the attempt ends). Every method is
+// lock-free and allocation-free. A Cap must not be copied.
+type Cap struct {
+	name     string
+	p        CapParams
+	static   atomic.Int64 // > 0: a fixed limit
+	limit    afloat       // the adaptive limit
+	inflight atomic.Int64
+	since    atomic.Int64 // observations since the last decrease
+	steady   atomic.Bool  // past slow start: a decrease happened
+	gauge    prometheus.Gauge
+}
+
+// Name returns the backend's name.
+func (c *Cap) Name() string { return c.name }
+
+// TryAcquire takes a slot if fewer than Limit requests are in flight, and reports whether it did. Call it for
+// every attempt (first try, retry, hedge) on the backend the attempt goes to, after the pick and before
+// sending; on false, pick another backend or queue. Every true must be matched by exactly one Release.
+func (c *Cap) TryAcquire() bool {
+	limit := int64(c.Limit())
+	for {
+		n := c.inflight.Load()
+		if n >= limit {
+			return false
+		}
+		if c.inflight.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// Release gives back a slot taken by TryAcquire: call it when the attempt ends (completed, failed, cancelled or
+// lost a hedge), then Signal the queue.
+func (c *Cap) Release() { c.inflight.Add(-1) }
+
+// Limit returns the current cap.
+func (c *Cap) Limit() int {
+	if s := c.static.Load(); s > 0 {
+		return int(s)
+	}
+	return int(c.limit.load())
+}
+
+// Inflight returns the slots taken.
+func (c *Cap) Inflight() int { return int(c.inflight.Load()) }
+
+// Full reports whether TryAcquire would fail now: the saturation filter before routing.
+func (c *Cap) Full() bool { return c.inflight.Load() >= int64(c.Limit()) }
+
+// Adaptive reports whether the cap adapts (max_concurrency 0).
+func (c *Cap) Adaptive() bool { return c.static.Load() <= 0 }
+
+// Observe feeds one first-token observation of an attempt on the backend: ttft the observed time to first
+// token, predicted what routing predicted for it at dispatch (Decision.TTFT, RTT included in both; 0 when
+// unknown, then only waiting counts), waiting the engine's queue as last scraped (vllm:num_requests_waiting;
+// 0 when stale or unknown). Call it when the attempt's first token arrives; a first-byte timeout may be fed as
+// an observation with ttft the time waited. Static caps ignore it.
+func (c *Cap) Observe(ttft, predicted time.Duration, waiting int) {
+	if !c.Adaptive() {
+		return
+	}
+	ratio := 1.0
+	if predicted > 0 && ttft > 0 {
+		ratio = float64(ttft) / float64(predicted)
+	}
+	p := &c.p
+	since := c.since.Add(1)
+	switch {
+	case waiting > p.TargetWaiting || ratio > p.HighRatio:
+		if float64(since) < min(c.limit.load(), float64(c.inflight.Load())) {
+			return // the cap already shrank for the requests in flight
+		}
+		if c.since.CompareAndSwap(since, 0) {
+			c.steady.Store(true)
+			c.set(c.limit.update(func(l float64) float64 { return max(l*p.Backoff, p.Min) }))
+		}
+	case waiting == 0 && ratio < p.LowRatio:
+		if float64(c.inflight.Load()) < c.limit.load()/2 {
+			return // app-limited: the cap is not what holds traffic back
+		}
+		if !c.steady.Load() {
+			c.set(c.limit.update(func(l float64) float64 { return min(l+1, p.Max) }))
+			return
+		}
+		c.set(c.limit.update(func(l float64) float64 { return min(l+1/l, p.Max) }))
+	}
+}
+
+func (c *Cap) set(limit float64) {
+	if c.gauge != nil {
+		c.gauge.Set(float64(int(limit)))
+	}
+}
+
+// setStatic installs max_concurrency (0: adaptive).
+func (c *Cap) setStatic(maxConcurrency int) {
+	c.static.Store(int64(max(maxConcurrency, 0)))
+	if c.gauge != nil {
+		c.gauge.Set(float64(c.Limit()))
+	}
+}
+
+// CapConfig is one backend's cap setting.
+type CapConfig struct {
+	// Name is the backend's name.
+	Name string
+	// MaxConcurrency is the backend's max_concurrency: > 0 a static cap, 0 adaptive.
+	MaxConcurrency int
+}
+
+// Caps holds the Cap of every backend. Caps keep their state (the learned limit, the slots taken) across policy
+// reloads: Update changes settings in place. Get is lock-free; Update serialises with itself.
+type Caps struct {
+	p  CapParams
+	m  *metrics.Gateway
+	mu sync.Mutex
+	by atomic.Pointer[map[string]*Cap]
+}
+
+// NewCaps returns an empty set; zero fields of p take their defaults. m (nil: none) receives
+// switchyard_backend_concurrency_limit.
+func NewCaps(p CapParams, m *metrics.Gateway) *Caps {
+	cs := &Caps{p: p.withDefaults(), m: m}
+	empty := map[string]*Cap{}
+	cs.by.Store(&empty)
+	return cs
+}
+
+// Update installs the backends of a new policy: new names get a Cap (adaptive ones start at Initial),
+// existing ones keep theirs with the new max_concurrency, and names not in backends are dropped (a request
+// still holding a dropped Cap releases into it harmlessly). Call it when a policy snapshot is built; resolve
+// each backend's *Cap then (Get) so that the request path does no lookup.
+func (cs *Caps) Update(backends []CapConfig) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	old := *cs.by.Load()
+	next := make(map[string]*Cap, len(backends))
+	for _, b := range backends {
+		c := old[b.Name]
+		if c == nil {
+			c = &Cap{name: b.Name, p: cs.p}
+			c.limit.store(cs.p.Initial)
+			c.since.Store(1 << 40) // the first decrease need not wait for a round trip
+			if cs.m != nil {
+				c.gauge = cs.m.ConcurrencyLimit.WithLabelValues(b.Name)
+			}
+		}
+		c.setStatic(b.MaxConcurrency)
+		next[b.Name] = c
+	}
+	for name := range old {
+		if next[name] == nil && cs.m != nil {
+			cs.m.ConcurrencyLimit.DeleteLabelValues(name)
+		}
+	}
+	cs.by.Store(&next)
+}
+
+// Get returns the backend's Cap, or nil for a name Update did not install. Lock-free.
+func (cs *Caps) Get(name string) *Cap { return (*cs.by.Load())[name] }

@@ -1,0 +1,199 @@
+package admission
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard/switchyard/metrics"
+)
+
+func newCap(t *testing.T, p CapParams, maxConcurrency int) *Cap {
+	t.Helper()
+	cs := NewCaps(p, nil)
+	cs.Update([]CapConfig{{Name: "b", MaxConcurrency: maxConcurrency}})
+	c := cs.Get("b")
+	if c == nil {
+		t.Fatal("Get after Update = nil")
+	}
+	return c
+}
+
+func TestStaticCap(t *testing.T) {
+	c := newCap(t, CapParams{}, 3)
+	for i := range 3 {
+		if !c.TryAcquire() {
+			t.Fatalf("acquire %d refused under the cap", i+1)
+		}
+	}
+	if c.TryAcquire() || !c.Full() {
+		t.Fatal("a 4th slot on a cap of 3")
+	}
+	c.Observe(time.Millisecond, time.Second, 0) // a static cap does not adapt
+	if c.Limit() != 3 || c.Adaptive() {
+		t.Errorf("static cap changed: %d", c.Limit())
+	}
+	c.Release()
+	if c.Full() || !c.TryAcquire() {
+		t.Error("a released slot is not reusable")
+	}
+}
+
+// TestCapConcurrentNeverExceeds: goroutines racing for slots never hold more than the limit at once.
+func TestCapConcurrentNeverExceeds(t *testing.T) {
+	c := newCap(t, CapParams{}, 5)
+	var held, peak atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 2000 {
+				if !c.TryAcquire() {
+					continue
+				}
+				h := held.Add(1)
+				for {
+					p := peak.Load()
+					if h <= p || peak.CompareAndSwap(p, h) {
+						break
+					}
+				}
+				held.Add(-1)
+				c.Release()
+			}
+		})
+	}
+	wg.Wait()
+	if peak.Load() > 5 {
+		t.Errorf("peak %d slots held, cap 5", peak.Load())
+	}
+	if c.Inflight() != 0 {
+		t.Errorf("inflight %d after all released", c.Inflight())
+	}
+}
+
+// fill takes n slots.
+func fill(t *testing.T, c *Cap, n int) {
+	t.Helper()
+	for range n {
+		if !c.TryAcquire() {
+			t.Fatalf("cannot take %d slots of %d", n, c.Limit())
+		}
+	}
+}
+
+func TestAdaptiveCap(t *testing.T) {
+	const pred = 100 * time.Millisecond
+	good := obs{pred, pred, 0}
+	for _, tc := range []struct {
+		name     string
+		inflight int
+		steady   bool // past slow start
+		obs      obsList
+		want     int
+	}{
+		{name: "slow start: +1 per good observation", inflight: 20, obs: rep(8, good), want: 40},
+		{name: "app-limited: no growth", inflight: 10, obs: rep(8, good), want: 32},
+		{name: "engine queue: shrink once per round trip", inflight: 20, obs: rep(20, obs{pred, pred, 3}), want: 28},
+		{name: "slow TTFT: shrink", inflight: 20, obs: rep(1, obs{2 * pred, pred, 0}).then(rep(19, obs{pred, pred, 1})), want: 28},
+		{name: "shrink again after a round trip", inflight: 20, obs: rep(40, obs{pred, pred, 5}), want: 25},
+		{name: "hold between the thresholds", inflight: 20, obs: rep(50, obs{pred * 13 / 10, pred, 1}), want: 32},
+		{name: "steady: +1 per limit observations", inflight: 20, steady: true, obs: rep(33, good), want: 33}, // sum of 1/l
+		{name: "unknown prediction: waiting alone decides", inflight: 20,
+			obs: rep(4, obs{10 * pred, 0, 0}).then(rep(1, obs{pred, 0, 3})), want: 32}, // 36 * 0.9
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCap(t, CapParams{}, 0)
+			c.steady.Store(tc.steady)
+			fill(t, c, tc.inflight)
+			for _, o := range tc.obs {
+				c.Observe(o.ttft, o.predicted, o.waiting)
+			}
+			if got := c.Limit(); got != tc.want {
+				t.Errorf("limit = %d (%.3f), want %d", got, c.limit.load(), tc.want)
+			}
+		})
+	}
+}
+
+type obs struct {
+	ttft, predicted time.Duration
+	waiting         int
+}
+
+type obsList []obs
+
+func rep(n int, o obs) obsList {
+	l := make(obsList, n)
+	for i := range l {
+		l[i] = o
+	}
+	return l
+}
+
+func (l obsList) then(m obsList) obsList { return append(l, m...) }
+
+func TestAdaptiveCapBounds(t *testing.T) {
+	c := newCap(t, CapParams{Initial: 4, Min: 2, Max: 6}, 0)
+	fill(t, c, 4)
+	for range 100 {
+		c.Observe(time.Millisecond, time.Second, 0)
+	}
+	if c.Limit() != 6 {
+		t.Errorf("limit %d, want Max 6", c.Limit())
+	}
+	for range 1000 {
+		c.Observe(time.Minute, time.Second, 10)
+	}
+	if c.Limit() != 2 {
+		t.Errorf("limit %d, want Min 2", c.Limit())
+	}
+}
+
+// TestCapsUpdate: caps keep their learned limit and their slots across a reload, switch between static and
+// adaptive, and drop removed backends.
+func TestCapsUpdate(t *testing.T) {
+	m := metrics.New(prometheus.NewRegistry())
+	cs := NewCaps(CapParams{}, m)
+	cs.Update([]CapConfig{{Name: "a"}, {Name: "b", MaxConcurrency: 8}})
+	a, b := cs.Get("a"), cs.Get("b")
+	fill(t, a, 20)
+	for range 4 {
+		a.Observe(time.Millisecond, time.Second, 0)
+	}
+	if a.Limit() != 36 {
+		t.Fatalf("a learned %d, want 36", a.Limit())
+	}
+	if got := value(t, m.ConcurrencyLimit.WithLabelValues("a")); got != 36 {
+		t.Errorf("concurrency limit gauge = %v, want 36", got)
+	}
+	cs.Update([]CapConfig{{Name: "a"}, {Name: "b"}, {Name: "c", MaxConcurrency: 1}})
+	if cs.Get("a") != a || a.Limit() != 36 || a.Inflight() != 20 {
+		t.Errorf("a lost its state across the reload: %d/%d", a.Inflight(), a.Limit())
+	}
+	if cs.Get("b") != b || !b.Adaptive() || b.Limit() != 32 {
+		t.Errorf("b did not become adaptive at the initial limit: %d", b.Limit())
+	}
+	cs.Update([]CapConfig{{Name: "c", MaxConcurrency: 1}})
+	if cs.Get("a") != nil {
+		t.Error("a removed backend is still there")
+	}
+	a.Release() // a request still holding the dropped cap
+	if cs.Get("nope") != nil {
+		t.Error("unknown name")
+	}
+}
+
+func TestCapDoesNotAllocate(t *testing.T) {
+	c := newCap(t, CapParams{}, 0)
+	if a := testing.AllocsPerRun(100, func() {
+		if c.TryAcquire() {
+			c.Observe(100*time.Millisecond, 100*time.Millisecond, 0)
+			c.Release()
+		}
+	}); a != 0 {
+		t.Errorf("TryAcquire/Observe/Release allocate %v times", a)
+	}
+}
