@@ -1,0 +1,276 @@
+package admission
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard/switchyard/metrics"
+)
+
+const pred = 100 * time.Millisecond
+
+func newDetector(t *testing.T, names ...string) (*OutlierDetector, *fakeClock, *metrics.Gateway) {
+	t.Helper()
+	clk := newFakeClock()
+	m := metrics.New(prometheus.NewRegistry())
+	d := NewOutlierDetector(OutlierParams{}, clk, m)
+	d.Update(names)
+	return d, clk, m
+}
+
+// feed records good observations, then slow ones (4x the prediction), then errors.
+func feed(o *Outlier, good, slow, errors int) {
+	for range good {
+		o.Observe(true, pred, pred)
+	}
+	for range slow {
+		o.Observe(true, 4*pred, pred)
+	}
+	for range errors {
+		o.Observe(false, 0, 0)
+	}
+}
+
+func TestOutlierEjection(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		good, slow, errs int
+		want             OutlierState
+		reason           string
+	}{
+		{"healthy", 100, 0, 0, Serving, ""},
+		{"p90 of the ratio above 3", 17, 3, 0, Ejected, "slow"},
+		{"exactly 10% slow is not an outlier", 18, 2, 0, Serving, ""},
+		{"error rate above 5%", 18, 0, 2, Ejected, "errors"},
+		{"exactly 5% errors is not an outlier", 19, 0, 1, Serving, ""},
+		{"too few observations to judge", 0, 10, 9, Serving, ""},
+		{"slow without a prediction does not count", 0, 0, 0, Serving, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, _, m := newDetector(t, "a", "b")
+			o := d.Get("a")
+			feed(o, tc.good, tc.slow, tc.errs)
+			if tc.name == "slow without a prediction does not count" {
+				for range 30 {
+					o.Observe(true, 10*pred, 0)
+				}
+			}
+			if o.State() != tc.want {
+				t.Fatalf("state %v, want %v", o.State(), tc.want)
+			}
+			if tc.want == Ejected {
+				if o.Available() || o.Acquire() {
+					t.Error("an ejected backend is available")
+				}
+				if got := value(t, m.OutlierEjections.WithLabelValues("a", tc.reason)); got != 1 {
+					t.Errorf("ejections{%s} = %v", tc.reason, got)
+				}
+				if got := value(t, m.OutlierState.WithLabelValues("a")); got != float64(Ejected) {
+					t.Errorf("state gauge = %v", got)
+				}
+			} else if !o.Available() || !o.Acquire() {
+				t.Error("a serving backend is not available")
+			}
+		})
+	}
+}
+
+// TestOutlierWindow: observations older than the window no longer count.
+func TestOutlierWindow(t *testing.T) {
+	d, clk, _ := newDetector(t, "a", "b")
+	o := d.Get("a")
+	feed(o, 19, 0, 0)
+	clk.Advance(31 * time.Second)
+	feed(o, 0, 0, 2)
+	if o.State() != Serving {
+		t.Fatalf("ejected on 2 errors after the 19 good observations left the window")
+	}
+	d2, _, _ := newDetector(t, "a", "b")
+	o2 := d2.Get("a")
+	feed(o2, 19, 0, 2) // the same, within the window: 2 of 21 failed
+	if o2.State() != Ejected {
+		t.Fatalf("state %v: the control case must eject", o2.State())
+	}
+}
+
+// TestOutlierProbing: an ejection ends in probing (one request at a time); Probes good ones bring the backend
+// back, a bad one ejects it again for longer, up to MaxEjection.
+func TestOutlierProbing(t *testing.T) {
+	d, clk, m := newDetector(t, "a", "b")
+	o := d.Get("a")
+	feed(o, 0, 0, 20)
+	lengths := []time.Duration{30 * time.Second, 60 * time.Second, 90 * time.Second}
+	for i, length := range lengths {
+		if o.State() != Ejected {
+			t.Fatalf("ejection %d: state %v", i+1, o.State())
+		}
+		clk.Advance(length - time.Millisecond)
+		if o.Available() || o.Acquire() {
+			t.Fatalf("ejection %d: available before %v", i+1, length)
+		}
+		feed(o, 5, 0, 0) // late answers of requests sent before the ejection are ignored
+		clk.Advance(time.Millisecond)
+		if o.State() != Probing || !o.Available() {
+			t.Fatalf("ejection %d: after %v state %v, available %v", i+1, length, o.State(), o.Available())
+		}
+		if !o.Acquire() {
+			t.Fatal("no probe granted")
+		}
+		if o.Available() || o.Acquire() {
+			t.Fatal("a second probe while one is in flight")
+		}
+		if i < len(lengths)-1 {
+			o.Observe(true, 5*pred, pred) // the probe is slow: ejected again, for longer
+		}
+	}
+	if got := value(t, m.OutlierState.WithLabelValues("a")); got != float64(Probing) {
+		t.Errorf("state gauge = %v, want probing", got)
+	}
+	for i := range 3 {
+		o.Observe(true, pred, pred)
+		if i < 2 {
+			if o.State() != Probing || !o.Acquire() {
+				t.Fatalf("after %d good probes: %v", i+1, o.State())
+			}
+		}
+	}
+	if o.State() != Serving || !o.Available() {
+		t.Fatalf("after 3 good probes: %v", o.State())
+	}
+	if got := value(t, m.OutlierState.WithLabelValues("a")); got != float64(Serving) {
+		t.Errorf("state gauge = %v, want serving", got)
+	}
+	// Ejected again soon: the length keeps growing (4 x 30s)...
+	feed(o, 0, 0, 20)
+	clk.Advance(119 * time.Second)
+	if o.State() != Ejected {
+		t.Fatalf("4th ejection shorter than 120s")
+	}
+	// ...up to MaxEjection, and back to the base after a long good run.
+	clk.Advance(time.Second)
+	for range 3 {
+		o.Acquire()
+		o.Observe(true, pred, pred)
+	}
+	clk.Advance(20 * time.Minute)
+	feed(o, 0, 0, 20)
+	clk.Advance(30 * time.Second)
+	if o.State() != Probing {
+		t.Errorf("after a long good run the ejection is not back to 30s: %v", o.State())
+	}
+}
+
+func TestOutlierMaxEjection(t *testing.T) {
+	d, clk, _ := newDetector(t, "a", "b")
+	o := d.Get("a")
+	for range 20 { // 20 failed probes in a row
+		feed(o, 0, 0, 20)
+		clk.Advance(10 * time.Minute)
+		o.Acquire()
+	}
+	o.Observe(false, 0, 0)
+	clk.Advance(300*time.Second - time.Millisecond)
+	if o.State() != Ejected {
+		t.Fatal("ejection shorter than MaxEjection")
+	}
+	clk.Advance(time.Millisecond)
+	if o.State() != Probing {
+		t.Fatal("ejection longer than MaxEjection")
+	}
+}
+
+// TestOutlierProbeTimeout: a probe that never reports frees its slot after ProbeTimeout.
+func TestOutlierProbeTimeout(t *testing.T) {
+	d, clk, _ := newDetector(t, "a", "b")
+	o := d.Get("a")
+	feed(o, 0, 0, 20)
+	clk.Advance(30 * time.Second)
+	if !o.Acquire() {
+		t.Fatal("no probe")
+	}
+	clk.Advance(59 * time.Second)
+	if o.Acquire() {
+		t.Fatal("second probe before the timeout")
+	}
+	clk.Advance(time.Second)
+	if !o.Available() || !o.Acquire() {
+		t.Fatal("the probe slot is stuck")
+	}
+}
+
+// TestOutlierEjectionCap: at most MaxEjectedPercent of the backends are out at once, and one always may be.
+func TestOutlierEjectionCap(t *testing.T) {
+	for _, tc := range []struct {
+		backends, bad, want int
+	}{
+		{1, 1, 1}, {2, 2, 1}, {4, 4, 2}, {5, 5, 2}, {10, 3, 3},
+	} {
+		t.Run(fmt.Sprintf("%d of %d bad", tc.bad, tc.backends), func(t *testing.T) {
+			names := make([]string, tc.backends)
+			for i := range names {
+				names[i] = fmt.Sprint("b", i)
+			}
+			d, clk, _ := newDetector(t, names...)
+			for _, n := range names[:tc.bad] {
+				feed(d.Get(n), 0, 0, 20)
+			}
+			out := 0
+			for _, n := range names {
+				if d.Get(n).State() != Serving {
+					out++
+				}
+			}
+			if out != tc.want {
+				t.Fatalf("%d out of service, want %d", out, tc.want)
+			}
+			// A recovery makes room for the next bad one.
+			first := d.Get(names[0])
+			clk.Advance(30 * time.Second)
+			for range 3 {
+				first.Acquire()
+				first.Observe(true, pred, pred)
+			}
+			if first.State() != Serving {
+				t.Fatalf("no recovery: %v", first.State())
+			}
+			if tc.bad > tc.want {
+				next := d.Get(names[tc.want])
+				feed(next, 0, 0, 20) // its earlier errors left the window while it waited for room
+				if next.State() != Ejected {
+					t.Errorf("the next bad backend is not ejected once there is room")
+				}
+			}
+		})
+	}
+}
+
+func TestOutlierUpdate(t *testing.T) {
+	d, _, _ := newDetector(t, "a", "b", "c", "d")
+	a := d.Get("a")
+	feed(a, 0, 0, 20)
+	feed(d.Get("b"), 0, 0, 20)
+	d.Update([]string{"a", "b", "c", "d", "e"})
+	if d.Get("a") != a || a.State() != Ejected {
+		t.Fatal("a lost its state across the reload")
+	}
+	d.Update([]string{"c", "d", "e"}) // a and b leave: they no longer count against the cap
+	feed(d.Get("c"), 0, 0, 20)
+	if d.Get("c").State() != Ejected || d.Get("a") != nil {
+		t.Errorf("c %v, a %v", d.Get("c").State(), d.Get("a"))
+	}
+}
+
+func TestOutlierServingDoesNotAllocate(t *testing.T) {
+	d, _, _ := newDetector(t, "a", "b")
+	o := d.Get("a")
+	if a := testing.AllocsPerRun(100, func() {
+		if o.Available() && o.Acquire() {
+			o.Observe(true, pred, pred)
+		}
+	}); a != 0 {
+		t.Errorf("allocates %v times", a)
+	}
+}
