@@ -352,10 +352,11 @@ func (a *Attempt) FirstToken() {
 	a.runAtFirst = float64(b.decoding.Load())
 	a.ttft = now.Sub(a.start).Seconds()
 	if b.usageSeen.Load() {
-		// The engine reports cached_tokens: wait for them, so the model learns from the prefill the engine
-		// really did rather than from the index's guess (a guess that is wrong in either direction would teach
-		// it a wrong prefill rate).
+		// The engine reports cached_tokens: fit the model when they come, on the prefill the engine really did
+		// rather than on the index's guess (a guess wrong in either direction would teach it a wrong prefill
+		// rate). The regime detector sees the observation now, so a sudden slowdown is caught at first tokens.
 		a.pendingTTFT = true
+		b.lat.detectTTFT(a.uncached, a.queued, a.runAt0, a.engineTTFT(a.ttft))
 	} else {
 		b.observeTTFT(a, a.ttft)
 	}
@@ -364,11 +365,12 @@ func (a *Attempt) FirstToken() {
 	}
 }
 
+// engineTTFT is the engine's part of an observed TTFT: what the gateway waited minus one round trip, kept above a
+// tenth of the whole so that an RTT estimate larger than a fast answer cannot make it vanish.
+func (a *Attempt) engineTTFT(ttft float64) float64 { return max(ttft-a.rtt, ttft/10) }
+
 func (b *Backend) observeTTFT(a *Attempt, ttft float64) {
-	// The engine's part: what the gateway waited minus one round trip, kept above a tenth of the whole so an
-	// RTT estimate larger than a fast answer cannot make it vanish.
-	engine := max(ttft-a.rtt, ttft/10)
-	b.lat.observeTTFT(a.uncached, a.queued, a.runAt0, engine)
+	b.lat.fitTTFT(a.uncached, a.queued, a.runAt0, a.engineTTFT(ttft), a.pendingTTFT)
 	b.ttftCount.Add(1)
 	b.lastTTFT.Store(b.clock.Now().UnixNano())
 	if m := b.obs.Load(); m != nil && m.ttftError != nil {
@@ -410,8 +412,8 @@ func (a *Attempt) ObserveUsage(u Usage) {
 	a.completionTok = u.CompletionTokens
 	if !u.HasCached {
 		if a.pendingTTFT {
-			a.pendingTTFT = false
 			a.b.observeTTFT(a, a.ttft)
+			a.pendingTTFT = false
 		}
 		return
 	}
@@ -431,8 +433,8 @@ func (a *Attempt) ObserveUsage(u Usage) {
 		}
 	}
 	if a.pendingTTFT {
-		a.pendingTTFT = false
 		b.observeTTFT(a, a.ttft)
+		a.pendingTTFT = false
 	}
 	if a.hashes == nil {
 		return
@@ -473,8 +475,8 @@ func (a *Attempt) End(backendFailed bool) {
 		b.failures.Add(1)
 	}
 	if a.pendingTTFT { // no usage came: train on the estimate
-		a.pendingTTFT = false
 		b.observeTTFT(a, a.ttft)
+		a.pendingTTFT = false
 	}
 	if !a.first {
 		if a.hashes != nil {

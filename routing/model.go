@@ -180,22 +180,17 @@ type errStat struct {
 // median3 returns the median of three values.
 func median3(a, b, c float64) float64 { return max(min(a, b), min(max(a, b), c)) }
 
-// observe folds y (seconds, observed at x) into m and st and returns the prediction it made before.
-func observe(m *rls, st *errStat, x *[4]float64, y float64) float64 {
+// observe folds y (seconds, observed at x) into m and st and returns the prediction it made before. With
+// detected set, the observation was already shown to the regime detector (see detect) and is only fitted.
+func observe(m *rls, st *errStat, x *[4]float64, y float64, detected bool) float64 {
 	pred := max(m.predict(x), minPrediction)
 	y = max(y, minPrediction)
 	le := min(max(math.Log(y/pred), -3), 3)
 	sigma := math.Sqrt(st.v)
 	// Winsorised at 4 sigma: one outlier must not inflate the spread that bounds the next one's weight.
 	st.v += spreadAlpha * (min(le*le, 16*max(st.v, 0.01)) - st.v)
-	st.shift += regimeAlpha * (min(max(le, -regimeClamp), regimeClamp) - st.shift)
-	st.last = [3]float64{le, st.last[0], st.last[1]}
-	if math.Abs(st.shift) > regimeTrigger {
-		// The backend changed (a slowdown, a recovery, another GPU behind the same name): assume first that
-		// everything scaled by the median of the last three errors, then let the next observations refine it.
-		k := math.Exp(median3(st.last[0], st.last[1], st.last[2]))
-		m.rescale(min(max(k, 1/regimeMaxStep), regimeMaxStep))
-		st.shift = 0
+	if !detected {
+		detect(m, st, le)
 	}
 	// The noise scales with the prediction, not with y: weighting by y would favour observations that came out
 	// low and bias the model downwards.
@@ -206,6 +201,19 @@ func observe(m *rls, st *errStat, x *[4]float64, y float64) float64 {
 	}
 	m.update(x, y, r)
 	return pred
+}
+
+// detect feeds one log error to the regime-change detector and rescales m when it fires.
+func detect(m *rls, st *errStat, le float64) {
+	st.shift += regimeAlpha * (min(max(le, -regimeClamp), regimeClamp) - st.shift)
+	st.last = [3]float64{le, st.last[0], st.last[1]}
+	if math.Abs(st.shift) > regimeTrigger {
+		// The backend changed (a slowdown, a recovery, another GPU behind the same name): assume first that
+		// everything scaled by the median of the last three errors, then let the next observations refine it.
+		k := math.Exp(median3(st.last[0], st.last[1], st.last[2]))
+		m.rescale(min(max(k, 1/regimeMaxStep), regimeMaxStep))
+		st.shift = 0
+	}
 }
 
 // latency holds a backend's TTFT and ITL models. Updates take mu; the coefficients and spreads are also
@@ -249,13 +257,30 @@ func ttftX(uncached, queued, running float64) [4]float64 {
 // observeTTFT folds in one observed engine TTFT (seconds) with the features captured at dispatch and returns
 // the prediction made before it.
 func (l *latency) observeTTFT(uncached, queued, running, y float64) float64 {
+	return l.fitTTFT(uncached, queued, running, y, false)
+}
+
+// fitTTFT is observeTTFT for an observation that detectTTFT has already seen when detected is set.
+func (l *latency) fitTTFT(uncached, queued, running, y float64, detected bool) float64 {
 	x := ttftX(uncached, queued, running)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	pred := observe(&l.ttft, &l.ttftE, &x, y)
+	pred := observe(&l.ttft, &l.ttftE, &x, y, detected)
 	l.nTTFT++
 	l.publish()
 	return pred
+}
+
+// detectTTFT shows an observed TTFT to the regime detector only, with features that may later be corrected
+// (fitTTFT fits it then): a backend that suddenly became slow is seen at its first tokens, not when its slow
+// streams end.
+func (l *latency) detectTTFT(uncached, queued, running, y float64) {
+	x := ttftX(uncached, queued, running)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	pred := max(l.ttft.predict(&x), minPrediction)
+	detect(&l.ttft, &l.ttftE, min(max(math.Log(max(y, minPrediction)/pred), -3), 3))
+	l.publish()
 }
 
 // observeITL folds in one request's mean inter-token latency (seconds) with the mean running count it saw.
@@ -263,7 +288,7 @@ func (l *latency) observeITL(running, y float64) {
 	x := [4]float64{1, running / runScale}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	observe(&l.itl, &l.itlE, &x, y)
+	observe(&l.itl, &l.itlE, &x, y, false)
 	l.nITL++
 	l.publish()
 }
