@@ -124,7 +124,7 @@ func (ks *Keys) Authenticate(authorization []byte) (*Key, error) {
 		return nil, ErrMissingKey
 	}
 	token := trimSpace(a[len(bearer):])
-	if len(token) == 0 || bytes.IndexAny(token, " \t") >= 0 {
+	if len(token) == 0 || bytes.ContainsAny(token, " \t") {
 		return nil, ErrMissingKey
 	}
 	k := ks.byHash[sha256.Sum256(token)]
