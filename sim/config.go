@@ -119,7 +119,7 @@ var knobs = []knob{
 	floatKnob("fail-rate", "fail_rate", "share of requests answered 500 before any token, in [0,1]",
 		func(c *Config) *float64 { return &c.FailRate }, 1, true),
 	{
-		flag: "seed", key: "seed", usage: "seed of the generated text and of fault draws",
+		flag: "seed", key: "seed", usage: "seed of the generated text and of fault draws (an unsigned `integer`)",
 		set: func(c *Config, s string) error {
 			v, err := strconv.ParseUint(s, 0, 64)
 			if err != nil {
@@ -141,7 +141,7 @@ func strKnob(flagName, key, usage string, field func(*Config) *string, required 
 		return nil
 	}
 	return knob{
-		flag: flagName, key: key, usage: usage,
+		flag: flagName, key: key, usage: usage + " (a `string`)",
 		set: func(c *Config, s string) error {
 			*field(c) = s
 			return check(c)
@@ -167,7 +167,7 @@ func floatKnob(flagName, key, usage string, field func(*Config) *float64, max fl
 		return nil
 	}
 	return knob{
-		flag: flagName, key: key, usage: usage,
+		flag: flagName, key: key, usage: usage + " (a `number`)",
 		set: func(c *Config, s string) error {
 			v, err := strconv.ParseFloat(s, 64)
 			if err != nil {
@@ -193,7 +193,7 @@ func durKnob(flagName, key, usage string, field func(*Config) *time.Duration, po
 		return nil
 	}
 	return knob{
-		flag: flagName, key: key, usage: usage,
+		flag: flagName, key: key, usage: usage + " (a `duration`)",
 		set: func(c *Config, s string) error {
 			v, err := time.ParseDuration(s)
 			if err != nil {
@@ -215,7 +215,7 @@ func intKnob(flagName, key, usage string, field func(*Config) *int) knob {
 		return nil
 	}
 	return knob{
-		flag: flagName, key: key, usage: usage,
+		flag: flagName, key: key, usage: usage + " (an `integer`)",
 		set: func(c *Config, s string) error {
 			v, err := strconv.Atoi(s)
 			if err != nil {

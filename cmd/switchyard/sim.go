@@ -63,13 +63,13 @@ func runSimContext(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		var err error
 		if cfgs, err = sim.LoadFleet(*fleetPath); err != nil {
-			fmt.Fprintf(stderr, "switchyard sim: %v\n", err)
+			fmt.Fprintln(stderr, err) // "sim: fleet: FILE:LINE: ..."
 			return 1
 		}
 	}
 	fleet, err := sim.StartFleet(ctx, cfgs)
 	if err != nil {
-		fmt.Fprintf(stderr, "switchyard sim: %v\n", err)
+		fmt.Fprintln(stderr, err) // "sim: NAME: listen: ..."
 		return 1
 	}
 	for _, b := range fleet.Backends() {
