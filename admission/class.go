@@ -53,6 +53,10 @@ func ParseClass(s []byte) (Class, bool) {
 	return Standard, false
 }
 
+// DefaultPriorityHeader is the request header in which a client names its class, unless the policy's
+// priorities.header says otherwise.
+const DefaultPriorityHeader = "x-switchyard-priority"
+
 // Priorities decides a request's class. Build it from the policy's priorities section; the zero value makes
 // every request Standard, with SLO factors of 1. It is immutable once built and safe for concurrent use.
 //
@@ -63,6 +67,9 @@ func ParseClass(s []byte) (Class, bool) {
 //     class is the most its requests can claim, a critical key is "trusted" to mark each request, and any
 //     caller may demote its own batch traffic to sheddable. An unknown header value is ignored (base class).
 type Priorities struct {
+	// Header is the request header the request path reads and passes to Class. Default DefaultPriorityHeader
+	// (DefaultPriorities sets it; admission itself never reads headers).
+	Header string
 	// Default is the class of a request that names none when no keys are configured; the policy also gives it to
 	// keys that name no priority. Default Standard (the zero value).
 	Default Class
@@ -72,10 +79,10 @@ type Priorities struct {
 	SLOFactor [NumClasses]float64
 }
 
-// DefaultPriorities returns the policy's defaults: Default Standard; SLO factors critical 2, standard 1,
-// sheddable 0.5.
+// DefaultPriorities returns the policy's defaults: header x-switchyard-priority, Default Standard; SLO factors
+// critical 2, standard 1, sheddable 0.5.
 func DefaultPriorities() Priorities {
-	return Priorities{Default: Standard, SLOFactor: [NumClasses]float64{2, 1, 0.5}}
+	return Priorities{Header: DefaultPriorityHeader, Default: Standard, SLOFactor: [NumClasses]float64{2, 1, 0.5}}
 }
 
 // Class returns the class of a request authenticated as key (nil when no keys are configured) that sent header

@@ -29,6 +29,7 @@ type Error struct {
 	NoRetry bool
 }
 
+// Error returns the message prefixed with the package name, for logs; clients get Message alone.
 func (e *Error) Error() string { return "admission: " + e.Message }
 
 // Shed reasons, the reason label of switchyard_shed_total.

@@ -94,6 +94,7 @@ const (
 	Ejected
 )
 
+// String returns "serving", "probing" or "ejected", the names /debug output uses.
 func (s OutlierState) String() string {
 	switch s {
 	case Serving:

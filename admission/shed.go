@@ -34,16 +34,35 @@ func Saturation(waiting int, kvUsage float64, inflight, limit int) float64 {
 
 // PoolSaturation returns the saturation S of a pool (the backends that serve a model): the mean over its
 // healthy backends of min(Saturation, MaxSaturation). sats holds one value per healthy backend; an empty pool
-// is saturated (1).
+// is saturated (1). PoolMeter computes the same without a slice.
 func PoolSaturation(sats []float64) float64 {
-	if len(sats) == 0 {
+	var m PoolMeter
+	for _, s := range sats {
+		m.Add(s)
+	}
+	return m.S()
+}
+
+// PoolMeter accumulates a pool's saturation backend by backend, without allocating: Add each healthy backend's
+// Saturation, then read S. The zero value is an empty pool. Not safe for concurrent use (keep it on the stack).
+type PoolMeter struct {
+	sum float64
+	n   int
+}
+
+// Add counts one healthy backend of saturation s.
+func (m *PoolMeter) Add(s float64) {
+	m.sum += min(max(s, 0), MaxSaturation)
+	m.n++
+}
+
+// S returns the pool's saturation: the mean of the capped saturations added, or 1 when none was (no healthy
+// backend: the pool can take nothing).
+func (m *PoolMeter) S() float64 {
+	if m.n == 0 {
 		return 1
 	}
-	var sum float64
-	for _, s := range sats {
-		sum += min(max(s, 0), MaxSaturation)
-	}
-	return sum / float64(len(sats))
+	return m.sum / float64(m.n)
 }
 
 // Curve is a probabilistic shedding curve (llm-d's probabilistic admitter, routing.md 4.6.2): at pool
@@ -134,6 +153,7 @@ const (
 	Shed
 )
 
+// String returns "admit", "enqueue" or "shed", for logs.
 func (v Verdict) String() string {
 	switch v {
 	case Admit:

@@ -187,6 +187,13 @@ func TestSaturation(t *testing.T) {
 	if got := PoolSaturation(nil); got != 1 {
 		t.Errorf("empty pool S = %v, want 1", got)
 	}
+	var m PoolMeter
+	for _, s := range []float64{0.5, -1, 3} {
+		m.Add(s)
+	}
+	if got := m.S(); got != (0.5+0+MaxSaturation)/3 {
+		t.Errorf("PoolMeter S = %v", got)
+	}
 }
 
 func TestShedDecideDoesNotAllocate(t *testing.T) {
