@@ -127,9 +127,18 @@ func (c *Client) Do(ctx context.Context, it *Item, start, origin time.Time) Samp
 		s.Err, s.ErrMsg = ErrStatus, strings.TrimSpace(string(msg))
 		return s
 	}
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+	isSSE := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	switch {
+	case it.Stream && !isSSE:
+		// A stream was asked for and a whole body came back: there are no token times to measure, and a client
+		// SDK reading SSE would fail on it.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		s.E2E = time.Since(origin)
+		s.Err, s.ErrMsg = ErrBadBody, "asked for a stream, got Content-Type "+resp.Header.Get("Content-Type")
+		return s
+	case isSSE:
 		err = readStream(resp.Body, origin, &s)
-	} else {
+	default:
 		err = readJSON(resp.Body, &s)
 		s.E2E = time.Since(origin)
 	}

@@ -183,6 +183,9 @@ func TestClientNonStreaming(t *testing.T) {
 	c := NewClient(ts.URL, 5*time.Second, nil)
 	defer c.Close()
 	now := time.Now()
+	if s := c.Do(context.Background(), testItem(true), now, now); s.Err != ErrBadBody {
+		t.Fatalf("a JSON answer to a streaming request: got %q, want %q", s.Err, ErrBadBody)
+	}
 	s := c.Do(context.Background(), testItem(false), now, now)
 	if s.Err != "" || s.OutputTokens != 2 || s.Backend != "gw-picked" || s.TTFT != 0 || s.E2E <= 0 {
 		t.Fatalf("got %+v", s)

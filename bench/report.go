@@ -206,7 +206,7 @@ func Summary(res *Result, target string, slo SLO) *RunReport {
 		tokens += s.OutputTokens
 		e2e = append(e2e, ms(s.E2E))
 		first := s.E2E
-		if s.Stream {
+		if s.Stream && s.ContentEvents > 0 { // an answer without content has no first token
 			first = s.TTFT
 			ttft = append(ttft, ms(s.TTFT))
 			if cls != nil {
@@ -279,7 +279,7 @@ func series(res *Result) []Window {
 		switch {
 		case s.Err != "":
 			errs[b]++
-		case s.Stream:
+		case s.Stream && s.ContentEvents > 0:
 			ttft[b] = append(ttft[b], ms(s.TTFT))
 		}
 	}
