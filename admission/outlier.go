@@ -160,9 +160,10 @@ func (d *OutlierDetector) Update(names []string) {
 		}
 		o.mu.Lock()
 		if OutlierState(o.state.Load()) != Serving {
-			d.out.Add(-1)
+			d.out.Add(-1) // a dropped backend no longer counts against the cap
 		}
-		o.state.Store(uint32(Serving)) // a dropped backend no longer counts against the cap
+		o.gone.Store(true)
+		o.state.Store(uint32(Serving))
 		o.mu.Unlock()
 		if d.m != nil {
 			d.m.OutlierState.DeleteLabelValues(name)
@@ -193,6 +194,7 @@ type Outlier struct {
 	state atomic.Uint32 // OutlierState
 	until atomic.Int64  // ns since base: end of the current ejection
 	probe atomic.Int64  // ns since base (+1, so never 0) when the probe in flight was granted; 0 none
+	gone  atomic.Bool   // dropped by Update: late observations from an old policy's requests are ignored
 
 	mu        sync.Mutex
 	buckets   [outlierBuckets]outlierBucket
@@ -277,6 +279,9 @@ func (o *Outlier) Observe(ok bool, ttft, predicted time.Duration) {
 	slow := ok && predicted > 0 && float64(ttft) > p.SlowRatio*float64(predicted)
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if o.gone.Load() {
+		return
+	}
 	switch o.State() {
 	case Ejected:
 		return

@@ -261,6 +261,10 @@ func TestOutlierUpdate(t *testing.T) {
 	if d.Get("c").State() != Ejected || d.Get("a") != nil {
 		t.Errorf("c %v, a %v", d.Get("c").State(), d.Get("a"))
 	}
+	feed(a, 0, 0, 20) // late answers from requests of the old policy
+	if a.State() != Serving || d.out.Load() != 1 {
+		t.Errorf("a dropped backend was ejected again: %v, %d out", a.State(), d.out.Load())
+	}
 }
 
 func TestOutlierServingDoesNotAllocate(t *testing.T) {

@@ -34,12 +34,13 @@ type fleet struct {
 	order   []int // ids in dispatch order
 	calls   int
 	refuse  map[int]error // ids to answer with an error instead
+	busy    map[int]bool  // ids no backend can take now (e.g. too long for the free ones)
 	running int
 	maxRun  int
 }
 
 func newFleet(names ...string) *fleet {
-	return &fleet{free: map[string]int{}, names: names, refuse: map[int]error{}}
+	return &fleet{free: map[string]int{}, names: names, refuse: map[int]error{}, busy: map[int]bool{}}
 }
 
 func (f *fleet) dispatch(j *job) error {
@@ -48,6 +49,9 @@ func (f *fleet) dispatch(j *job) error {
 	f.calls++
 	if err := f.refuse[j.id]; err != nil {
 		return err
+	}
+	if f.busy[j.id] {
+		return ErrNoCapacity
 	}
 	for _, b := range f.names {
 		if f.free[b] > 0 {
@@ -167,28 +171,36 @@ func TestQueueOrder(t *testing.T) {
 	})
 }
 
-// TestQueueHeadBlocks: strict priority; when the head cannot go, nothing behind it is offered, and Dispatch is
-// asked once per pump, not once per waiter.
+// TestQueueHeadBlocks: strict priority; when the head cannot go, nothing behind it is offered, even what could
+// go, and Dispatch is asked once per pump, not once per waiter.
 func TestQueueHeadBlocks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		clk := newFakeClock()
 		f := newFleet("a")
 		q := newQueue(QueueConfig[*job]{Dispatch: f.dispatch, Clock: clk})
 		w := newWaiters(t, q, clk)
-		for i := range 10 {
-			w.start(context.Background(), i, Standard, time.Minute)
+		for i := range 9 {
+			w.start(context.Background(), i, ClassAt(i%NumClasses), time.Minute)
 		}
 		f.mu.Lock()
 		f.calls = 0
+		f.busy[0] = true // the critical head cannot go, though capacity is free for the others
 		f.mu.Unlock()
+		f.add("a", 10)
 		q.pump()
 		q.pump()
 		if f.calls != 2 {
-			t.Errorf("Dispatch called %d times for two pumps with no capacity, want 2", f.calls)
+			t.Errorf("Dispatch called %d times for two pumps with a blocked head, want 2", f.calls)
 		}
 		w.answers(0)
-		q.Close()
-		w.answers(10)
+		f.mu.Lock()
+		f.busy[0] = false
+		f.mu.Unlock()
+		q.pump()
+		w.answers(9)
+		if got, want := f.dispatched(), []int{0, 3, 6, 1, 4, 7, 2, 5, 8}; !slices.Equal(got, want) {
+			t.Errorf("dispatch order = %v, want %v", got, want)
+		}
 	})
 }
 

@@ -166,8 +166,9 @@ const window = uint64(RateWindow)
 // NewLocalLimiter returns a limiter for keys on clock (nil: the system clock), counting refusals in m (nil:
 // none). Pass the limiter the previous policy used as prev (nil at start): keys that keep their name keep
 // their buckets, so a reload neither refills nor empties a key's budget (the new limit applies at once; a
-// bucket above a lowered limit is cut to it). The limiter shares those buckets with prev, which stays usable
-// by requests still running on the old policy. A key the limiter does not know (not in keys) is unlimited.
+// bucket above a lowered limit is cut to it). The limiter shares those buckets, and prev's clock, with prev,
+// which stays usable by requests still running on the old policy. A key the limiter does not know (not in
+// keys) is unlimited.
 func NewLocalLimiter(keys *Keys, prev *LocalLimiter, clock Clock, m *metrics.Gateway) *LocalLimiter {
 	l := &LocalLimiter{clock: orSystem(clock), keys: make(map[string]*keyState, len(keys.All()))}
 	l.base = l.clock.Now()
