@@ -3,6 +3,7 @@ package proxy
 import (
 	"time"
 
+	"github.com/switchyard/switchyard/admission"
 	"github.com/switchyard/switchyard/routing"
 )
 
@@ -21,6 +22,27 @@ type Snapshot struct {
 	// Loaded is when the snapshot was built; Hash identifies the policy text it was built from.
 	Loaded time.Time
 	Hash   string
+
+	// Keys are the API keys clients must present ("Authorization: Bearer <key>"); nil means no authentication.
+	Keys *admission.Keys
+	// Priorities say how a request gets its class (from its key, or the priority header) and each class's SLO
+	// factor. The zero value is not valid: use admission.DefaultPriorities.
+	Priorities admission.Priorities
+	// Limiter enforces the keys' per-minute request and token limits; nil means none. It keeps its buckets
+	// across reloads (the policy passes the previous snapshot's limiter on).
+	Limiter admission.RateLimiter
+	// Shedder decides admit, queue or shed before any prefill is spent; nil means admit everything.
+	Shedder *admission.Shedder
+	// Queue bounds the gateway queue where requests wait for capacity.
+	Queue QueueSettings
+}
+
+// QueueSettings bound the gateway queue (one per model).
+type QueueSettings struct {
+	// Size is the most requests that may wait per model; beyond it the lowest-priority newest is refused (503).
+	Size int
+	// Timeout is the longest a request waits (503 after it); the class's SLO may shorten it.
+	Timeout time.Duration
 }
 
 // Model is the route for one public model name.
@@ -40,6 +62,21 @@ type Model struct {
 	Retries int
 	// Created is the Unix time reported for the model by GET /v1/models.
 	Created int64
+	// Hedge races a second backend when the first has not produced a token in time; zero After disables it.
+	Hedge Hedge
+	// DegradeTo is the model that serves non-critical requests when this one's pool is saturated (brownout);
+	// nil means none.
+	DegradeTo *Model
+}
+
+// Hedge is a model's hedging policy (The Tail at Scale): when an attempt has produced no token after After, a
+// copy goes to the next best backend; the first token wins and the other attempt is cancelled. Hedges are
+// bounded by BudgetPercent of requests.
+type Hedge struct {
+	// After is how long to wait for a first token before hedging; 0 disables hedging.
+	After time.Duration
+	// BudgetPercent caps hedges as a share of requests, in percent (e.g. 5).
+	BudgetPercent float64
 }
 
 // SLO is a model's latency objective.
