@@ -5,7 +5,8 @@ import "bytes"
 // Usage is the token accounting of a response ("usage").
 type Usage struct {
 	PromptTokens, CompletionTokens, TotalTokens int
-	CachedTokens                                int // prompt_tokens_details.cached_tokens
+	CachedTokens                                int  // prompt_tokens_details.cached_tokens
+	HasCached                                   bool // the usage reported cached_tokens (engines may omit it)
 }
 
 // ChunkInfo is what the gateway needs to know about one streamed chunk (the data of one SSE event).
@@ -220,12 +221,13 @@ func readUsage(sc *scanner, v, depth int, u *Usage) (int, error) {
 		case "total_tokens":
 			u.TotalTokens = n
 		case "prompt_tokens_details":
-			u.CachedTokens = 0
+			u.CachedTokens, u.HasCached = 0, false
 			if b[v] == '{' {
 				members(sc, v, depth+2, func(key []byte, v int) (int, error) {
 					end, err := sc.skip(v, depth+2)
 					if err == nil && string(key) == "cached_tokens" {
 						u.CachedTokens, _ = parseInt(b[v:end], 1<<62)
+						u.HasCached = b[v] != 'n'
 					}
 					return end, err
 				})

@@ -328,7 +328,7 @@ func (ex *exchange) dispatch() error {
 	}
 	req.SetBodyRaw(ex.upBody)
 
-	ex.att = t.Backend.Begin(ex.sum.PromptTokens)
+	ex.att = t.Backend.Dispatch(&ex.rreq)
 	ex.s.m.Inflight.WithLabelValues(cfg.Name).Set(float64(t.Backend.Inflight()))
 	ex.gotFirst = false
 	ex.started = time.Now()
@@ -506,6 +506,8 @@ func (ex *exchange) next(emit func([]byte) error) (done bool, err error) {
 	}
 	if ex.ci.HasUsage {
 		ex.usage, ex.hasUsage = ex.ci.Usage, true
+		ex.att.ObserveUsage(routing.Usage{PromptTokens: ex.ci.Usage.PromptTokens, CompletionTokens: ex.ci.Usage.CompletionTokens,
+			CachedTokens: ex.ci.Usage.CachedTokens, HasCached: ex.ci.Usage.HasCached})
 	}
 	if ex.ci.Error {
 		ex.upstreamError = true
