@@ -89,7 +89,7 @@ func Start(ctx context.Context, cfg Config) (*Backend, error) {
 	return b, nil
 }
 
-func newBackend(cfg Config, clock Clock) *Backend {
+func newBackend(cfg Config, clock timeSource) *Backend {
 	name := xxhash.Sum64String(cfg.Name)
 	return &Backend{
 		cfg:       cfg,

@@ -8,10 +8,10 @@ import (
 	"time"
 )
 
-// Clock is the engine's time source. The real loop reads it after every wake-up and sleeps on real timers in
+// timeSource is the engine's injectable clock. The real loop reads it after every wake-up and sleeps on real timers in
 // between; the engine's unit tests instead set a virtual clock and call engine.advance at each event, so the model
 // is tested exactly and without sleeping.
-type Clock interface {
+type timeSource interface {
 	Now() time.Time
 }
 
@@ -101,7 +101,7 @@ func (s *seq) cachedTokens() int { return max(s.cached, 0) }
 type engine struct {
 	mu     sync.Mutex
 	cfg    Config
-	clock  Clock
+	clock  timeSource
 	faults Faults
 	m      *metrics
 	start  time.Time // the engine's (simulated process's) start time, reset by restart
@@ -126,7 +126,7 @@ type engine struct {
 	stopOnce sync.Once
 }
 
-func newEngine(cfg Config, clock Clock) *engine {
+func newEngine(cfg Config, clock timeSource) *engine {
 	now := clock.Now()
 	return &engine{
 		cfg:    cfg,
