@@ -202,13 +202,13 @@ func (c *chart) line(name, color, dash string, xs, ys []float64) {
 	c.legend = append(c.legend, legendEntry{name, color, dash})
 }
 
-// vmark draws a labelled vertical line at data x.
-func (c *chart) vmark(x float64, label string, i int) {
+// vmark draws a labelled vertical line at data x, the label running down beside it.
+func (c *chart) vmark(x float64, label string) {
 	px := c.px(x)
 	fmt.Fprintf(&c.b, `<g class="event" data-label="%s"><line x1="%s" y1="%s" x2="%s" y2="%s" stroke="#444" stroke-width="1.2" stroke-dasharray="2,3"/>`,
 		esc(label), num(px), num(padT), num(px), num(float64(svgH)-padB))
 	fmt.Fprintf(&c.b, `<text x="%s" y="%s" font-size="11" fill="#222" transform="rotate(90 %s %s)">%s</text></g>`+"\n",
-		num(px+3), num(padT+4+float64(i%2)*0), num(px+3), num(padT+4), esc(label))
+		num(px+3), num(padT+4), num(px+3), num(padT+4), esc(label))
 }
 
 // band shades [x0, x1] with a label (the warm-up).
@@ -295,8 +295,8 @@ func TimelineSVG(title string, runs []*RunReport, events []EventRecord) []byte {
 	if len(runs) > 0 && runs[0].WarmupS > 0 {
 		c.band(0, runs[0].WarmupS, "warm-up")
 	}
-	for i, e := range events {
-		c.vmark(e.At.Seconds(), e.Label, i)
+	for _, e := range events {
+		c.vmark(e.At.Seconds(), e.Label)
 	}
 	for i, r := range runs {
 		color := palette[i%len(palette)]
