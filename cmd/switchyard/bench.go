@@ -58,8 +58,9 @@ func benchUsage(w io.Writer) {
 `)
 }
 
-// workloadFlags are the overrides every subcommand accepts.
+// workloadFlags are the overrides every subcommand accepts. from names what they override in the help text.
 type workloadFlags struct {
+	from             string
 	model            string
 	rate             float64
 	duration, warmup time.Duration
@@ -70,15 +71,18 @@ type workloadFlags struct {
 }
 
 func (f *workloadFlags) register(fs *flag.FlagSet) {
+	if f.from == "" {
+		f.from = "the workload's"
+	}
 	if f.withModel {
 		fs.StringVar(&f.model, "model", "", "model name to send (default: the workload's, sim-model when it names none)")
 	}
-	fs.Float64Var(&f.rate, "rate", 0, "arrival rate in requests/s (default: the workload's; scales a stepped load)")
-	fs.DurationVar(&f.duration, "duration", 0, "measured window after the warm-up (default: the workload's)")
-	fs.DurationVar(&f.warmup, "warmup", 0, "warm-up, sent but not reported (default: the workload's)")
-	fs.Uint64Var(&f.seed, "seed", 0, "random seed (default: the workload's); same seed, same requests")
-	fs.DurationVar(&f.sloTTFT, "slo-ttft", 0, "goodput SLO on time to first token (default: the workload's)")
-	fs.DurationVar(&f.sloITL, "slo-itl", 0, "goodput SLO on mean inter-token latency (default: the workload's)")
+	fs.Float64Var(&f.rate, "rate", 0, "arrival rate in requests/s (default: "+f.from+"; scales a stepped load)")
+	fs.DurationVar(&f.duration, "duration", 0, "measured window after the warm-up (default: "+f.from+")")
+	fs.DurationVar(&f.warmup, "warmup", 0, "warm-up, sent but not reported (default: "+f.from+")")
+	fs.Uint64Var(&f.seed, "seed", 0, "random seed (default: "+f.from+"); same seed, same requests")
+	fs.DurationVar(&f.sloTTFT, "slo-ttft", 0, "goodput SLO on time to first token (default: "+f.from+")")
+	fs.DurationVar(&f.sloITL, "slo-itl", 0, "goodput SLO on mean inter-token latency (default: "+f.from+")")
 	fs.DurationVar(&f.timeout, "timeout", 2*time.Minute, "per-request timeout, send to last byte")
 }
 
@@ -176,7 +180,7 @@ func benchRun(ctx context.Context, command string, args []string, stdout, stderr
 
 func benchCompare(ctx context.Context, command string, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
-	var wf workloadFlags
+	wf := workloadFlags{from: "the scenario's, else its workload's"}
 	wf.register(fs)
 	scenario := fs.String("scenario", "", "scenario YAML file (required), e.g. bench/scenarios/shared-prefix.yaml")
 	out := fs.String("out", "", "directory for report.json, the SVG plots and the child logs (default bench/out/SCENARIO)")
