@@ -250,3 +250,44 @@ events:
 		t.Errorf("timeline has series %q and events %q", series, events)
 	}
 }
+
+func TestOverheadEndToEnd(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(helperEnv, "1")
+	dir := t.TempDir()
+	fleet := filepath.Join(dir, "fleet.yaml")
+	if err := os.WriteFile(fleet, []byte("- {name: solo, prefill_tps: 50000, itl: 5ms, overhead: 1ms}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w := testWorkload(t, "arrival: {process: fixed, rate: 20}\nduration: 1s\nprompt: {dist: fixed, value: 16}\noutput: {dist: fixed, value: 4}\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	runs, rows, err := Overhead(ctx, OverheadOptions{Env: Env{Exe: exe, WorkDir: dir, Timeout: 10 * time.Second},
+		Fleet: fleet, Workload: w, Proxies: []string{"no-such-proxy-binary"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 2 || runs[0].Name != "direct" || runs[1].Name != "gateway" || len(rows) != 1 {
+		t.Fatalf("runs %d, rows %+v", len(runs), rows)
+	}
+	for _, r := range runs {
+		if r.Error != "" || r.OK != 19 {
+			t.Fatalf("%s: %q, %d ok", r.Name, r.Error, r.OK)
+		}
+	}
+	row := rows[0]
+	if row.Proxy != "gateway" || row.TTFTP50Ratio <= 0 || row.TTFTP50AddedMS != runs[1].TTFT.P50-runs[0].TTFT.P50 {
+		t.Errorf("row %+v", row)
+	}
+	if runs[1].CPU == nil || runs[1].CPU.Seconds < 0 || runs[0].CPU != nil {
+		t.Errorf("cpu: direct %+v, gateway %+v", runs[0].CPU, runs[1].CPU)
+	}
+	var b strings.Builder
+	PrintOverhead(&b, runs, rows)
+	if !strings.Contains(b.String(), "gateway") || !strings.Contains(b.String(), "CPU s/1k req") {
+		t.Errorf("table:\n%s", b.String())
+	}
+}
