@@ -7,6 +7,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/switchyard/switchyard/admission"
 	"github.com/switchyard/switchyard/openai"
 	"github.com/switchyard/switchyard/routing"
 )
@@ -102,7 +103,18 @@ type apiError struct {
 func status(err error) apiError {
 	var re *openai.RequestError
 	var ue *upstreamError
+	var ae *admission.Error
+	var se shedError
 	switch {
+	case errors.As(err, &ae):
+		e := apiError{status: ae.Status, typ: ae.Type, code: ae.Code, message: ae.Message, noRetry: ae.NoRetry}
+		if ae.RetryAfter > 0 {
+			e.retryAfter = admission.RetryAfterSeconds(ae.RetryAfter)
+		}
+		if errors.As(err, &se) && se.retryAfter > 0 {
+			e.retryAfter = admission.RetryAfterSeconds(se.retryAfter)
+		}
+		return e
 	case errors.As(err, &re):
 		return apiError{status: 400, typ: "invalid_request_error", code: "invalid_request", param: re.Param, message: re.Message}
 	case errors.Is(err, errModelNotFound):

@@ -3,16 +3,13 @@ package proxy
 import (
 	"bytes"
 	"errors"
-	"io"
 	"net"
-	"os"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/switchyard/switchyard/admission"
 	"github.com/switchyard/switchyard/openai"
 	"github.com/switchyard/switchyard/routing"
 )
@@ -23,13 +20,19 @@ const (
 	maxErrorBody  = 64 << 10
 )
 
-// exchange is one client request on its way through the gateway: the client's body and its summary, the
-// attempts on backends, and the relay of the answer. Exchanges are pooled.
+// errNoCapacity: every candidate backend is at its concurrency cap or out of service (the request can wait).
+var errNoCapacity = errors.New("proxy: no backend has capacity")
+
+// errHedgeLost ends the attempt that lost a hedged race; it never counts against the backend.
+var errHedgeLost = errors.New("proxy: hedge race lost")
+
+// exchange is one client request on its way through the gateway: the client's body and its summary, its
+// admission (key, class, quota), the attempts on backends, and the relay of the answer. Exchanges are pooled.
 //
-// Ownership: the handler acquires it; for a streaming answer it hands it to fasthttp as the response body
-// stream (WriteTo relays, Close releases); otherwise the handler releases it before returning. Nothing in it
-// refers to the fasthttp.RequestCtx after the handler returns, except the client net.Conn, which lives as long
-// as the connection and is only used while fasthttp is inside the handler or WriteTo.
+// Ownership: the handler acquires it; for a streaming answer it hands it to fasthttp as the response body stream
+// (WriteTo relays, Close releases); otherwise the handler releases it before returning. Nothing in it refers to
+// the fasthttp.RequestCtx after the handler returns, except the client net.Conn (in the watchdog), which lives as
+// long as the connection and is only used while fasthttp is inside the handler or WriteTo.
 type exchange struct {
 	s        *Server
 	endpoint openai.Endpoint
@@ -45,99 +48,97 @@ type exchange struct {
 	upFor  string         // the upstream model name upBody was built for ("" = not built)
 	fwd    fasthttp.RequestHeader
 
-	snap  *Snapshot
-	model *Model
-	rreq  routing.Request
-	tried []*routing.Backend
-	cands []routing.Target
-
-	// The current attempt.
-	target  routing.Target
-	att     routing.Attempt
-	up      *upstream
-	ureq    fasthttp.Request
-	uresp   fasthttp.Response
-	uconn   *upConn
-	started time.Time // when the attempt was sent
-	events  *openai.EventReader
-	attempt int
+	snap     *Snapshot
+	asked    *Model // the model the client asked for
+	model    *Model // the model that serves it (asked, or its degrade_to under brownout)
+	key      *admission.Key
+	class    admission.Class
+	quota    admission.Quota
+	limited  bool // quota holds a reservation to settle
+	quoted   bool // quota holds the x-ratelimit-* headers to send
+	rreq     routing.Request
+	tried    []*routing.Backend
+	cands    []routing.Target
+	queued   *attempt // filled by the queue's Dispatch
+	cur      *attempt // the attempt that answers, once run returned nil
+	attempts int
+	budgeted bool // counted in the retry budget's live requests
 
 	// What the relay learned.
 	injectedUsage bool // the gateway asked upstream for usage; the client did not
-	gotFirst      bool // a content event arrived from the current attempt
-	complete      bool // the current attempt's stream ended with [DONE]
 	firstAt       time.Time
 	lastTokenAt   time.Time
 	tokens        int
 	usage         openai.Usage
 	hasUsage      bool
 	upstreamError bool // the upstream sent an error event mid-stream
-	pending       []byte
+	replaying     bool
+	replay        *openai.EventReader
+	replayBuf     bytes.Reader
 	scratch       []byte
 	modelBuf      []byte
+	out           []byte
 	asm           openai.Assembler
 	ci            openai.ChunkInfo
 	tpot          prometheus.Observer
+	results       chan *attempt // hedged attempts report here
 
-	brkDone func(error) // the circuit breaker's callback for the current attempt
-	wd      *watchdog
-	cancel  atomic.Pointer[error] // why the exchange was cancelled from outside (client gone, shutdown)
-	code    int                   // the status the client got (499 when it left)
-	done    bool
-}
-
-// watchdog runs beside an exchange while it waits on a backend or relays a stream: every tick it checks that
-// the client is still there, that the gateway is not past its drain deadline, and, once the stream is
-// committed, sends a ": ping" comment when the upstream has been silent. It also serialises writes to the
-// client (mu), since pings and events go to the same connection.
-//
-// It is allocated per exchange (not pooled) so that a tick that fires while the exchange is being released
-// finds ex == nil instead of the next request's state.
-type watchdog struct {
-	mu        sync.Mutex
-	ex        *exchange
-	t         *time.Timer
-	interval  time.Duration
-	w         io.Writer // the client's body writer once the stream is committed
-	lastWrite time.Time
+	wd   *watchdog
+	code int // the status the client got (499 when it left)
+	done bool
 }
 
 func (s *Server) acquireExchange() *exchange {
 	ex, _ := s.exchanges.Get().(*exchange)
 	if ex == nil {
-		ex = &exchange{s: s}
-		ex.events = openai.NewEventReader(nil, maxEventBytes)
+		ex = &exchange{s: s, replay: openai.NewEventReader(nil, maxEventBytes), results: make(chan *attempt, 2)}
 	}
 	return ex
 }
 
 func (s *Server) releaseExchange(ex *exchange) {
-	ex.stopWatchdog()
-	ex.closeAttempt(errNotSent)
+	if ex.wd != nil {
+		ex.wd.stop()
+		ex.wd = nil
+	}
+	if ex.cur != nil {
+		ex.endAttempt(ex.cur, errNotSent)
+		ex.cur = nil
+	}
+	if ex.queued != nil {
+		ex.queued.free()
+		ex.queued = nil
+	}
 	ex.path = ex.path[:0]
 	ex.reqID = ex.reqID[:0]
-	ex.client = nil
-	ex.clientIP = nil
+	ex.client, ex.clientIP = nil, nil
 	ex.body = ex.body[:0]
 	ex.upBody = ex.upBody[:0]
 	ex.upFor = ""
 	ex.fwd.Reset()
-	ex.snap, ex.model = nil, nil
+	ex.snap, ex.asked, ex.model, ex.key = nil, nil, nil, nil
+	ex.class = admission.Standard
+	ex.quota = admission.Quota{}
+	ex.limited, ex.quoted = false, false
 	ex.rreq.Reset()
 	clear(ex.tried)
 	ex.tried = ex.tried[:0]
 	clear(ex.cands)
 	ex.cands = ex.cands[:0]
-	ex.target = routing.Target{}
-	ex.attempt = 0
-	ex.injectedUsage, ex.gotFirst, ex.hasUsage, ex.upstreamError = false, false, false, false
+	ex.attempts = 0
+	if ex.budgeted {
+		s.retries.End()
+		ex.budgeted = false
+	}
+	ex.injectedUsage, ex.hasUsage, ex.upstreamError, ex.replaying = false, false, false, false
 	ex.firstAt, ex.lastTokenAt = time.Time{}, time.Time{}
 	ex.tokens = 0
 	ex.usage = openai.Usage{}
-	ex.pending = ex.pending[:0]
+	ex.replay.Reset(nil)
 	ex.scratch = ex.scratch[:0]
+	ex.modelBuf = ex.modelBuf[:0]
+	ex.out = ex.out[:0]
 	ex.tpot = nil
-	ex.cancel.Store(nil)
 	ex.code = 0
 	ex.done = false
 	if cap(ex.body) > 1<<20 { // do not let one huge prompt pin memory in the pool
@@ -146,117 +147,132 @@ func (s *Server) releaseExchange(ex *exchange) {
 	s.exchanges.Put(ex)
 }
 
-// startWatchdog starts ticking every interval.
-func (ex *exchange) startWatchdog(interval time.Duration) {
-	wd := &watchdog{ex: ex, interval: interval}
-	ex.wd = wd
-	wd.mu.Lock() // the first tick must see wd.t
-	wd.t = time.AfterFunc(interval, wd.tick)
-	wd.mu.Unlock()
+// cancelled returns why the exchange was aborted from outside (client gone, shutdown), or nil.
+func (ex *exchange) cancelled() error {
+	if ex.wd == nil {
+		return nil
+	}
+	return ex.wd.reason()
 }
 
-func (ex *exchange) stopWatchdog() {
-	wd := ex.wd
-	if wd == nil {
-		return
+// admit runs DESIGN section 3 steps 3 and 6 for the request: the API key and its model permission, the
+// priority class, the key's rate limits, brownout, and the shedding decision, which admits the request, queues
+// it until a backend has capacity, or refuses it. On success the first attempt may already hold its backend.
+func (ex *exchange) admit(h *fasthttp.RequestHeader) error {
+	snap := ex.snap
+	key, err := snap.Keys.Authenticate(h.Peek(fasthttp.HeaderAuthorization))
+	if err != nil {
+		return err
 	}
-	wd.mu.Lock()
-	wd.ex = nil
-	wd.w = nil
-	wd.mu.Unlock()
-	wd.t.Stop()
-	ex.wd = nil
-}
+	if err := admission.Authorize(key, ex.asked.Name); err != nil {
+		return err
+	}
+	ex.key = key
+	ex.class = snap.Priorities.Class(key, h.Peek(snap.Priorities.Header))
+	if snap.Limiter != nil && key != nil {
+		ex.quota = snap.Limiter.Take(key, admission.EstimateTokens(ex.sum.PromptTokens, ex.sum.MaxTokens))
+		ex.quoted = true
+		if ex.quota.Err != nil {
+			return shedError{ex.quota.Err, ex.quota.RetryAfter}
+		}
+		ex.limited = true
+	}
+	if snap.Shedder == nil {
+		return nil // nothing to decide: every request goes
+	}
 
-func (wd *watchdog) tick() {
-	wd.mu.Lock()
-	defer wd.mu.Unlock()
-	ex := wd.ex
-	if ex == nil {
-		return
-	}
-	switch {
-	case ex.s.drainExpired.Load():
-		ex.abort(errShutdown)
-	case ex.client != nil && clientGone(ex.client):
-		ex.abort(errClientGone)
-	case wd.w != nil && time.Since(wd.lastWrite) >= wd.interval:
-		if _, err := wd.w.Write(openai.Ping); err != nil {
-			ex.abort(errClientGone)
-		} else {
-			wd.lastWrite = time.Now()
+	t, err := ex.choose()
+	if d := ex.model.DegradeTo; d != nil && ex.class != admission.Critical {
+		primary := ex.s.pool(ex.model, ex.rreq.Decision().Saturated || errors.Is(err, errNoCapacity))
+		degraded := ex.s.pool(d, false)
+		if ex.s.brownout.Degrade(ex.class, primary, degraded) {
+			ex.s.m.Degraded.WithLabelValues(ex.model.Name, d.Name).Inc()
+			ex.degrade(d)
+			t, err = ex.choose()
 		}
 	}
-	wd.t.Reset(wd.interval)
-}
-
-// abort cancels the exchange from outside its goroutine: it records why and unblocks a pending upstream read
-// by moving its deadline to the past. Callers hold wd.mu, which also guards ex.uconn against a new attempt.
-func (ex *exchange) abort(why error) {
-	ex.cancel.CompareAndSwap(nil, &why)
-	if c := ex.uconn; c != nil {
-		_ = c.SetReadDeadline(time.Unix(1, 0))
+	if err != nil && !errors.Is(err, errNoCapacity) {
+		return err // no healthy backend at all
 	}
+	dec := ex.rreq.Decision()
+	q := ex.s.queueFor(ex.model.Name)
+	pool := ex.s.pool(ex.model, dec.Saturated || err != nil)
+	in := admission.ShedInput{
+		Class:      ex.class,
+		SLO:        ex.model.SLO.TTFT,
+		TTFT:       dec.TTFT,
+		Wait:       q.ExpectedWait(ex.class),
+		Saturation: pool.Saturation,
+		Saturated:  pool.Saturated,
+		Queued:     q.Len(),
+		Idle:       err == nil && t.Backend.Inflight() == 0,
+	}
+	d := snap.Shedder.Decide(&in)
+	switch d.Verdict {
+	case admission.Shed:
+		return shedError{d.Err, d.RetryAfter}
+	case admission.Admit:
+		if err == nil {
+			a := newAttempt(ex.s, ex.wd)
+			if ex.take(a, t, false) == nil {
+				ex.cur = a
+				return nil
+			}
+			a.free()
+		}
+	}
+	// Enqueue: wait for capacity; the queue's Dispatch picks again when a backend frees (late binding).
+	ex.queued = newAttempt(ex.s, ex.wd)
+	ctx, cancel := ex.wd.queueContext()
+	deadline := snap.Shedder.Deadline(ex.arrival, ex.class, ex.model.SLO.TTFT, snap.Queue.Timeout)
+	err = q.Wait(ctx, ex, ex.class, deadline)
+	cancel()
+	if err != nil {
+		if why := ex.cancelled(); why != nil {
+			return why
+		}
+		return err
+	}
+	ex.cur, ex.queued = ex.queued, nil
+	return nil
 }
 
-func (ex *exchange) cancelled() error {
-	if p := ex.cancel.Load(); p != nil {
-		return *p
+// degrade moves the request to model d (brownout): routing starts over on d's backends.
+func (ex *exchange) degrade(d *Model) {
+	ex.model = d
+	ex.rreq.Reset()
+	ex.rreq.Model = d.Name
+	ex.rreq.PromptTokens = ex.sum.PromptTokens
+	ex.rreq.MaxTokens = ex.sum.MaxTokens
+	ex.rreq.Prompt = ex.sum.Prompt
+	ex.rreq.ITLSLO = d.SLO.ITL
+	clear(ex.tried)
+	ex.tried = ex.tried[:0]
+}
+
+// dispatchQueued is the queue's Dispatch: late binding, it picks among the backends that have capacity now.
+// It runs on the queue's goroutine with the queue's lock held while the handler waits, so it only fills
+// ex.queued and routing state; it does not block.
+func dispatchQueued(ex *exchange) error {
+	if err := ex.pick(ex.queued, true); err != nil {
+		if errors.Is(err, errNoCapacity) {
+			return admission.ErrNoCapacity
+		}
+		return err
 	}
 	return nil
 }
 
-// setConn publishes the current attempt's connection to the watchdog.
-func (ex *exchange) setConn(c *upConn) {
-	if ex.wd != nil {
-		ex.wd.mu.Lock()
-		ex.uconn = c
-		ex.wd.mu.Unlock()
-		if c != nil && ex.cancelled() != nil {
-			_ = c.SetReadDeadline(time.Unix(1, 0))
-		}
-		return
-	}
-	ex.uconn = c
+// choose filters the model's targets (not tried yet, concurrency cap not full, not ejected) and asks the
+// model's strategy to pick one. It returns errNoCapacity when healthy backends exist but none can take more
+// now, routing.ErrNoBackend when none is healthy.
+func (ex *exchange) choose() (routing.Target, error) {
+	return ex.chooseFrom(true)
 }
 
-// run tries backends until one answers: for a streaming client, until the first event with content (earlier
-// events are kept in ex.pending); otherwise until the whole answer is assembled. Failures before that point
-// are retried on another backend, up to the model's retries; the error returned is the last attempt's.
-func (ex *exchange) run() error {
-	var last error
-	for {
-		err := ex.dispatch()
-		if err == nil {
-			err = ex.awaitAnswer()
-			if err == nil {
-				return nil
-			}
-		}
-		if why := ex.cancelled(); why != nil {
-			ex.closeAttempt(why)
-			return why
-		}
-		var ue *upstreamError
-		if !errors.As(err, &ue) {
-			if last != nil && errors.Is(err, routing.ErrNoBackend) {
-				return last // every backend was tried: the last failure says more
-			}
-			return err
-		}
-		ex.s.m.UpstreamErrors.WithLabelValues(ue.backend, ue.kind.String()).Inc()
-		ex.closeAttempt(err)
-		last = err
-		if !ue.retryable() || ex.attempt > ex.model.Retries {
-			return last
-		}
-		ex.s.m.Retries.WithLabelValues(ex.model.Name, ue.kind.String()).Inc()
-	}
-}
-
-// dispatch picks a backend not tried yet, sends the request and waits for the response headers.
-func (ex *exchange) dispatch() error {
+func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 	ex.cands = ex.cands[:0]
+	full := false
 	for _, t := range ex.model.Targets {
 		tried := false
 		for _, b := range ex.tried {
@@ -265,45 +281,103 @@ func (ex *exchange) dispatch() error {
 				break
 			}
 		}
-		if !tried {
-			ex.cands = append(ex.cands, t)
+		if tried {
+			continue
 		}
-	}
-	var t routing.Target
-	for {
-		var err error
-		if t, err = ex.model.Strategy.Pick(&ex.rreq, ex.cands); err != nil {
-			return err
-		}
-		done, err := ex.s.brk.get(t.Backend).cb.Allow()
-		if err == nil {
-			ex.brkDone = done
-			break
-		}
-		// Open, or half-open with its probes taken: leave the backend out of this request.
-		ex.tried = append(ex.tried, t.Backend)
-		for i := range ex.cands {
-			if ex.cands[i].Backend == t.Backend {
-				ex.cands = append(ex.cands[:i], ex.cands[i+1:]...)
-				break
+		if respectCaps {
+			if c := ex.s.caps.Get(t.Backend.Name()); c != nil && c.Full() && t.Backend.Healthy() {
+				full = true
+				continue
+			}
+			if o := ex.s.outliers.Get(t.Backend.Name()); o != nil && !o.Available() {
+				continue
 			}
 		}
+		ex.cands = append(ex.cands, t)
 	}
-	ex.attempt++
-	ex.target = t
-	ex.tried = append(ex.tried, t.Backend)
+	t, err := ex.model.Strategy.Pick(&ex.rreq, ex.cands)
+	if err != nil && full {
+		return t, errNoCapacity
+	}
+	return t, err
+}
+
+// take claims t's slots for attempt a: a breaker permit, a concurrency slot and, for a backend on probation,
+// its probe. It returns errNoCapacity when one is refused, and excludes t from this request's picks unless
+// only its concurrency cap refused (capacity may free). With force (retries and hedges of an admitted request,
+// which already hold their place), a full cap does not refuse: the attempt goes without a slot.
+func (ex *exchange) take(a *attempt, t routing.Target, force bool) error {
+	b := t.Backend
+	done, err := ex.s.brk.get(b).cb.Allow()
+	if err != nil {
+		ex.tried = append(ex.tried, b) // open, or half-open with its probes taken
+		return errNoCapacity
+	}
+	c := ex.s.caps.Get(b.Name())
+	if c != nil && !c.TryAcquire() {
+		if !force {
+			done(errNotSent)
+			return errNoCapacity
+		}
+		c = nil
+	}
+	o := ex.s.outliers.Get(b.Name())
+	if o != nil && !o.Acquire() {
+		done(errNotSent)
+		if c != nil {
+			c.Release()
+		}
+		ex.tried = append(ex.tried, b)
+		return errNoCapacity
+	}
+	a.target, a.name, a.brkDone, a.cap, a.out = t, b.Name(), done, c, o
+	return nil
+}
+
+// pick chooses a backend for a and claims its slots, trying the next best when a claim is refused. With
+// respectCaps false (retries and hedges, and gateways without admission control) full concurrency caps neither
+// filter the candidates nor refuse the claim.
+func (ex *exchange) pick(a *attempt, respectCaps bool) error {
+	for range len(ex.model.Targets) + 1 {
+		t, err := ex.chooseFrom(respectCaps)
+		if err != nil {
+			return err
+		}
+		if err := ex.take(a, t, !respectCaps); err == nil {
+			return nil
+		}
+		if respectCaps && !ex.triedContains(t.Backend) {
+			return errNoCapacity // its cap is full: wait for capacity rather than take a worse backend
+		}
+	}
+	return routing.ErrNoBackend
+}
+
+func (ex *exchange) triedContains(b *routing.Backend) bool {
+	for _, x := range ex.tried {
+		if x == b {
+			return true
+		}
+	}
+	return false
+}
+
+// prepare readies a picked attempt to be sent: the upstream pool, timeouts, the request (headers, URI and the
+// body rewritten for the backend), and the routing accounting. copyBody makes the request own its body, for an
+// attempt that may outlive the exchange (hedging).
+func (ex *exchange) prepare(a *attempt, copyBody bool) error {
+	t := a.target
 	cfg := t.Backend.Config()
-	to := ex.s.timeouts(cfg)
-	up, err := ex.s.ups.get(cfg.URL, to.Connect)
+	a.to = ex.s.timeouts(cfg)
+	up, err := ex.s.ups.get(cfg.URL, a.to.Connect)
 	if err != nil {
 		return &upstreamError{kind: kindConnect, backend: cfg.Name, err: err}
 	}
-	ex.up = up
+	a.up = up
 	if ex.upFor != t.Model || len(ex.upBody) == 0 {
 		ex.buildUpstreamBody(t.Model)
 	}
-
-	req := &ex.ureq
+	req := &a.req
 	req.Reset()
 	ex.fwd.CopyTo(&req.Header)
 	req.Header.SetMethod(fasthttp.MethodPost)
@@ -326,59 +400,21 @@ func (ex *exchange) dispatch() error {
 	if cfg.APIKey != "" {
 		req.Header.Set(fasthttp.HeaderAuthorization, "Bearer "+cfg.APIKey)
 	}
-	req.SetBodyRaw(ex.upBody)
-
-	ex.att = t.Backend.Dispatch(&ex.rreq)
-	ex.s.m.Inflight.WithLabelValues(cfg.Name).Set(float64(t.Backend.Inflight()))
-	ex.gotFirst = false
-	ex.started = time.Now()
-	if ex.attempt == 1 {
-		ex.s.m.Overhead.Observe(ex.started.Sub(ex.arrival).Seconds())
-	}
-	firstByte := to.FirstByte
-	if firstByte <= 0 {
-		firstByte = to.Total
-	}
-	var doErr error
-	if firstByte > 0 {
-		doErr = up.hc.DoDeadline(req, &ex.uresp, ex.started.Add(firstByte))
+	if copyBody {
+		req.SetBody(ex.upBody)
 	} else {
-		doErr = up.hc.Do(req, &ex.uresp)
+		req.SetBodyRaw(ex.upBody)
 	}
-	if doErr != nil {
-		kind := kindConnect
-		if errors.Is(doErr, fasthttp.ErrTimeout) || errors.Is(doErr, os.ErrDeadlineExceeded) {
-			kind = kindFirstByte
-		}
-		return &upstreamError{kind: kind, backend: cfg.Name, err: doErr}
+	ex.attempts++
+	ex.tried = append(ex.tried, t.Backend)
+	a.acct = t.Backend.Dispatch(&ex.rreq)
+	a.began = true
+	ex.s.m.Inflight.WithLabelValues(a.name).Set(float64(t.Backend.Inflight()))
+	if ex.attempts == 1 {
+		ex.s.m.Overhead.Observe(time.Since(ex.arrival).Seconds())
 	}
-	ex.setConn(ex.s.ups.conn(&ex.uresp))
-	if code := ex.uresp.StatusCode(); code != fasthttp.StatusOK {
-		return ex.statusError(cfg.Name, code)
-	}
-	if ex.endpoint != openai.Embeddings {
-		if ct := ex.uresp.Header.ContentType(); !bytes.HasPrefix(ct, []byte("text/event-stream")) {
-			return &upstreamError{kind: kindProtocol, backend: cfg.Name,
-				err: errors.New("streamed request answered with content type " + string(ct))}
-		}
-		ex.events.Reset(ex.uresp.BodyStream())
-	}
+	ex.wd.track(a)
 	return nil
-}
-
-// statusError reads (a bounded part of) an upstream error body and closes the stream.
-func (ex *exchange) statusError(backend string, code int) error {
-	var body []byte
-	if rs := ex.uresp.BodyStream(); rs != nil {
-		buf := bytes.NewBuffer(ex.scratch[:0])
-		_, _ = io.Copy(buf, io.LimitReader(rs, maxErrorBody))
-		body = buf.Bytes()
-		ex.scratch = body[:0]
-	} else {
-		body = ex.uresp.Body()
-	}
-	msg, typ := openai.ParseUpstreamError(body)
-	return &upstreamError{kind: kindStatus, backend: backend, status: code, message: msg, typ: typ}
 }
 
 // buildUpstreamBody rewrites the client's body for a backend that knows the model as upstreamModel: the model
@@ -398,247 +434,295 @@ func (ex *exchange) buildUpstreamBody(upstreamModel string) {
 	ex.upFor = upstreamModel
 }
 
-// awaitAnswer reads the current attempt until the exchange can be committed to the client.
-func (ex *exchange) awaitAnswer() error {
-	switch {
-	case ex.endpoint == openai.Embeddings:
-		return ex.readWhole()
-	case ex.sum.Stream:
-		return ex.readUntilFirstContent()
-	default:
-		ex.asm.Reset(ex.endpoint)
-		for {
-			done, err := ex.next(nil)
+// attemptOnce runs an attempt's network part on the calling goroutine: send, then read until the first content
+// (or the whole answer for embeddings).
+func (ex *exchange) attemptOnce(a *attempt) error {
+	streamed := ex.endpoint != openai.Embeddings
+	if err := a.send(streamed); err != nil {
+		return err
+	}
+	if !streamed {
+		return a.readWhole()
+	}
+	return a.readFirst()
+}
+
+// run tries backends until one answers (its first content is in hand, see attempt.readFirst): failures before
+// that point are retried on another backend, up to the model's retries and within the retry budget; with
+// hedging, a second backend races the first when it is slow to start. The attempt that answers is ex.cur.
+func (ex *exchange) run() error {
+	if ex.model.Hedge.After > 0 && ex.endpoint != openai.Embeddings {
+		return ex.runHedged()
+	}
+	a := ex.cur
+	ex.cur = nil
+	var last error
+	for {
+		if a == nil {
+			var err error
+			if a, err = ex.next(last); err != nil {
+				return err
+			}
+		}
+		err := ex.prepare(a, false)
+		if err == nil {
+			err = ex.attemptOnce(a)
+		}
+		if err == nil {
+			ex.won(a)
+			return nil
+		}
+		ex.endAttempt(a, err)
+		a = nil
+		if why := ex.cancelled(); why != nil {
+			return why
+		}
+		last = err
+	}
+}
+
+// next decides whether a failed attempt (last; nil for the first) may be retried and picks the backend for the
+// next one. It returns last itself when no retry is allowed.
+func (ex *exchange) next(last error) (*attempt, error) {
+	retry := last != nil
+	if retry {
+		var ue *upstreamError
+		if !errors.As(last, &ue) {
+			return nil, last
+		}
+		ex.s.m.UpstreamErrors.WithLabelValues(ue.backend, ue.kind.String()).Inc()
+		if !ue.retryable() || ex.attempts > ex.model.Retries {
+			return nil, last
+		}
+		if !ex.s.retries.Allow() {
+			return nil, last
+		}
+		ex.s.m.Retries.WithLabelValues(ex.model.Name, ue.kind.String()).Inc()
+	}
+	a := newAttempt(ex.s, ex.wd)
+	a.retry = retry
+	if err := ex.pick(a, !retry && ex.attempts == 0 && ex.snap.Shedder != nil); err != nil {
+		if retry {
+			ex.s.retries.Done()
+		}
+		a.free()
+		if last != nil && (errors.Is(err, routing.ErrNoBackend) || errors.Is(err, errNoCapacity)) {
+			return nil, last // every backend was tried: the last failure says more
+		}
+		if errors.Is(err, errNoCapacity) {
+			return nil, routing.ErrNoBackend
+		}
+		return nil, err
+	}
+	return a, nil
+}
+
+// runHedged is run with hedging (The Tail at Scale): attempts run on goroutines of their own and report to
+// ex.results; when the first has produced no token after the model's hedge delay, a copy goes to the next best
+// backend (within the hedge budget); the first token wins and the other attempt is aborted (its connection
+// closes, so its engine stops). A failure before any token is retried as without hedging.
+func (ex *exchange) runHedged() error {
+	budget := ex.s.hedgeBudget(ex.model)
+	budget.Request()
+	live, hedged := 0, false
+	var racers [2]*attempt
+	launch := func(a *attempt) error {
+		if err := ex.prepare(a, true); err != nil {
+			return err
+		}
+		for i := range racers {
+			if racers[i] == nil {
+				racers[i] = a
+				break
+			}
+		}
+		live++
+		go ex.race(a)
+		return nil
+	}
+	a := ex.cur
+	ex.cur = nil
+	var last error
+	if a == nil {
+		var err error
+		if a, err = ex.next(nil); err != nil {
+			return err
+		}
+	}
+	if err := launch(a); err != nil {
+		ex.endAttempt(a, err)
+		return err
+	}
+	timer := time.NewTimer(ex.model.Hedge.After)
+	defer timer.Stop()
+	for {
+		select {
+		case a := <-ex.results:
+			live--
+			for i := range racers {
+				if racers[i] == a {
+					racers[i] = nil
+				}
+			}
+			if a.err == nil {
+				for _, o := range racers {
+					if o != nil {
+						ex.abandon(o)
+					}
+				}
+				if hedged {
+					outcome := "primary_won"
+					if a.hedge {
+						outcome = "hedge_won"
+					}
+					ex.s.m.Hedges.WithLabelValues(outcome).Inc()
+				}
+				ex.won(a)
+				return nil
+			}
+			ex.endAttempt(a, a.err)
+			if why := ex.cancelled(); why != nil {
+				for _, o := range racers {
+					if o != nil {
+						ex.abandon(o)
+					}
+				}
+				return why
+			}
+			last = a.err
+			if live > 0 {
+				continue // the other attempt may still answer
+			}
+			next, err := ex.next(last)
 			if err != nil {
 				return err
 			}
-			if done {
-				return nil
+			if err := launch(next); err != nil {
+				ex.endAttempt(next, err)
+				return err
 			}
-			ex.countTokens()
-		}
-	}
-}
-
-// readWhole reads a non-streamed upstream body (embeddings) into ex.scratch.
-func (ex *exchange) readWhole() error {
-	rs := ex.uresp.BodyStream()
-	if rs == nil {
-		ex.scratch = append(ex.scratch[:0], ex.uresp.Body()...)
-		return nil
-	}
-	buf := bytes.NewBuffer(ex.scratch[:0])
-	if _, err := io.Copy(buf, io.LimitReader(rs, int64(ex.s.opts.MaxResponseBytes)+1)); err != nil {
-		return ex.streamError(err)
-	}
-	if buf.Len() > ex.s.opts.MaxResponseBytes {
-		return &upstreamError{kind: kindProtocol, backend: ex.target.Backend.Name(), err: errors.New("response larger than max_response_bytes")}
-	}
-	ex.scratch = buf.Bytes()
-	ex.att.FirstToken()
-	return nil
-}
-
-// readUntilFirstContent reads events, keeping them in ex.pending, until one carries content (or the stream
-// ends: an answer with no tokens is still an answer).
-func (ex *exchange) readUntilFirstContent() error {
-	for !ex.gotFirst {
-		done, err := ex.next(ex.appendPending)
-		if err != nil {
-			return err
-		}
-		if done {
-			return nil
-		}
-	}
-	return nil
-}
-
-func (ex *exchange) appendPending(raw []byte) error {
-	ex.pending = append(ex.pending, raw...)
-	return nil
-}
-
-// next reads one upstream event and handles it: forwards it through emit (streaming clients) or adds it to
-// the assembler (others), records usage and token timings. It returns done at [DONE].
-func (ex *exchange) next(emit func([]byte) error) (done bool, err error) {
-	to := ex.s.timeouts(ex.target.Backend.Config())
-	if c := ex.uconn; c != nil && ex.gotFirst {
-		deadline := time.Time{}
-		if to.Idle > 0 {
-			deadline = time.Now().Add(to.Idle)
-		}
-		if to.Total > 0 {
-			if end := ex.started.Add(to.Total); deadline.IsZero() || end.Before(deadline) {
-				deadline = end
+		case <-timer.C:
+			if live != 1 || hedged || ex.cancelled() != nil {
+				continue
 			}
-		}
-		_ = c.SetReadDeadline(deadline)
-		// abort stores its reason before it moves the deadline to the past; checking after our own update
-		// means an abort racing with it is never lost.
-		if ex.cancelled() != nil {
-			_ = c.SetReadDeadline(time.Unix(1, 0))
-		}
-	}
-	ev, err := ex.events.Next()
-	if err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF // a stream must end with [DONE]
-		}
-		return false, ex.streamError(err)
-	}
-	if ev.Comment {
-		if emit != nil && ex.gotFirst {
-			return false, emit(ev.Raw)
-		}
-		return false, nil
-	}
-	data := ev.Data
-	if bytes.Equal(data, []byte("[DONE]")) {
-		ex.complete = true
-		if emit != nil {
-			return true, emit(ev.Raw)
-		}
-		return true, nil
-	}
-	if err := openai.InspectChunk(data, &ex.ci); err != nil {
-		return false, &upstreamError{kind: kindProtocol, backend: ex.target.Backend.Name(), err: err}
-	}
-	if ex.ci.HasUsage {
-		ex.usage, ex.hasUsage = ex.ci.Usage, true
-		ex.att.ObserveUsage(routing.Usage{PromptTokens: ex.ci.Usage.PromptTokens, CompletionTokens: ex.ci.Usage.CompletionTokens,
-			CachedTokens: ex.ci.Usage.CachedTokens, HasCached: ex.ci.Usage.HasCached})
-	}
-	if ex.ci.Error {
-		ex.upstreamError = true
-		if !ex.gotFirst {
-			msg, typ := openai.ParseUpstreamError(data)
-			return false, &upstreamError{kind: kindStatus, backend: ex.target.Backend.Name(), status: 502, message: msg, typ: typ}
+			if !budget.Allow() {
+				continue
+			}
+			h := newAttempt(ex.s, ex.wd)
+			h.hedge = true
+			if err := ex.pick(h, false); err != nil {
+				h.free()
+				continue
+			}
+			if err := launch(h); err != nil {
+				ex.endAttempt(h, err)
+				continue
+			}
+			hedged = true
+			ex.s.m.Hedges.WithLabelValues("sent").Inc()
 		}
 	}
-	if ex.ci.Content && !ex.gotFirst {
-		ex.gotFirst = true
-		ex.att.FirstToken()
-	}
-	if emit == nil {
-		if ex.ci.Error {
-			msg, _ := openai.ParseUpstreamError(data)
-			return false, &upstreamError{kind: kindStream, backend: ex.target.Backend.Name(), err: errors.New(msg)}
-		}
-		if err := ex.asm.Add(data); err != nil {
-			return false, &upstreamError{kind: kindProtocol, backend: ex.target.Backend.Name(), err: err}
-		}
-		return false, nil
-	}
-	raw := ev.Raw
-	switch {
-	case ex.ci.UsageOnly && ex.injectedUsage:
-		return false, nil // the client did not ask for the usage chunk
-	case ex.injectedUsage && ex.ci.HasUsage:
-		// The backend adds "usage":null to every chunk once include_usage is set (OpenAI does): drop it.
-		ex.scratch = append(ex.scratch[:0], "data: "...)
-		ex.scratch = openai.AppendWithoutNullUsage(ex.scratch, data)
-		ex.scratch = append(ex.scratch, "\n\n"...)
-		raw = ex.scratch
-	}
-	if up, pub := ex.target.Model, ex.model.Name; up != "" && up != pub {
-		ex.modelBuf = rewriteModel(ex.modelBuf[:0], raw, up, pub)
-		raw = ex.modelBuf
-	}
-	if err := emit(raw); err != nil {
-		return false, err
-	}
-	return false, nil
 }
 
-// countTokens records the token timings of the chunk last inspected (ex.ci) if it carried content. For a
-// streaming client the relay calls it right after writing the chunk, so the gaps are what the client sees.
-func (ex *exchange) countTokens() {
-	if !ex.ci.Content {
+// race runs a hedged attempt's network part on its own goroutine and reports it, unless the exchange abandoned
+// it meanwhile: then it frees itself.
+func (ex *exchange) race(a *attempt) {
+	a.err = ex.attemptOnce(a)
+	if a.state.CompareAndSwap(raceRunning, raceReported) {
+		ex.results <- a
 		return
 	}
-	now := time.Now()
-	if ex.firstAt.IsZero() {
-		ex.firstAt = now
-		ex.s.m.TTFT.WithLabelValues(ex.model.Name).Observe(now.Sub(ex.arrival).Seconds())
-		ex.tpot = ex.s.m.TPOT.WithLabelValues(ex.model.Name)
-	} else if ex.tpot != nil {
-		ex.tpot.Observe(now.Sub(ex.lastTokenAt).Seconds())
-	}
-	ex.lastTokenAt = now
-	ex.tokens += max(ex.ci.Tokens, 1)
+	a.closeStream(false)
+	a.free()
 }
 
-// streamError classifies a failed upstream read.
-func (ex *exchange) streamError(err error) error {
-	if why := ex.cancelled(); why != nil {
-		return why
+// abandon ends a racing attempt that lost: its accounting now, its connection as soon as its goroutine notices.
+func (ex *exchange) abandon(a *attempt) {
+	ex.wd.kill(a, errHedgeLost)
+	ex.settle(a, errHedgeLost, false)
+	if a.state.CompareAndSwap(raceRunning, raceAbandoned) {
+		return // its goroutine closes and frees it
 	}
-	kind := kindStream
-	if !ex.gotFirst {
-		kind = kindProtocol // nothing reached the client: another backend may still answer
-		if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, fasthttp.ErrTimeout) {
-			kind = kindFirstByte
+	<-ex.results // it reported meanwhile: it is this one
+	a.closeStream(false)
+	a.free()
+}
+
+// won records that a reached its first content: the routing model's TTFT, the concurrency cap's and the outlier
+// detector's observations.
+func (ex *exchange) won(a *attempt) {
+	ex.cur = a
+	if a.gotFirst {
+		a.acct.FirstToken()
+		ttft := time.Since(a.started)
+		pred := a.acct.PredictedTTFT()
+		waiting := 0
+		if es := a.target.Backend.Engine(); es != nil {
+			waiting = int(es.Waiting)
+		}
+		if a.cap != nil {
+			a.cap.Observe(ttft, pred, waiting)
+		}
+		if a.out != nil {
+			a.out.Observe(true, ttft, pred)
 		}
 	}
-	return &upstreamError{kind: kind, backend: ex.target.Backend.Name(), err: err}
+	if a.retry {
+		ex.s.retries.Done()
+		a.retry = false
+	}
+	ex.s.queueFor(ex.model.Name).Signal()
 }
 
-// closeAttempt ends the current attempt with outcome (nil: success): closes its body stream (a stream not read
-// to its end closes the connection instead of pooling it, which is how the engine learns to abort), ends the
-// accounting and tells the backend's circuit breaker.
-func (ex *exchange) closeAttempt(outcome error) {
-	if ex.target.Backend == nil {
-		return
-	}
+// endAttempt ends an attempt the exchange owns: releases its stream, its slots and its accounting.
+func (ex *exchange) endAttempt(a *attempt, outcome error) {
+	ex.settle(a, outcome, a.gotFirst)
+	a.closeStream(outcome == nil)
+	a.free()
+}
+
+// settle ends an attempt's accounting with outcome (nil: success): routing, breaker, concurrency cap, outlier
+// detector, retry budget, metrics. reached says the attempt produced its first content. It runs on the handler
+// goroutine and touches only what the handler owns (an abandoned attempt's goroutine may still be reading).
+func (ex *exchange) settle(a *attempt, outcome error, reached bool) {
+	ex.wd.untrack(a)
 	var ue *upstreamError
-	backendFailed := errors.As(outcome, &ue) && ue.backendFault()
-	if ex.brkDone != nil {
-		ex.brkDone(outcome)
-		ex.brkDone = nil
+	fault := errors.As(outcome, &ue) && ue.backendFault()
+	if a.began {
+		a.acct.End(fault)
+		a.began = false
+		ex.s.m.Inflight.WithLabelValues(a.name).Set(float64(a.target.Backend.Inflight()))
 	}
-	if ex.complete && !backendFailed && ex.cancelled() == nil {
-		// The stream ended with [DONE]; read on to the end of the HTTP body (the chunked terminator) so that
-		// fasthttp sees it fully read and pools the connection instead of closing it. A backend that keeps the
-		// stream open after [DONE] loses its connection after a short wait.
-		if c := ex.uconn; c != nil {
-			_ = c.SetReadDeadline(time.Now().Add(time.Second))
-		}
-		if _, err := ex.events.Next(); err != io.EOF {
-			ex.uresp.SetConnectionClose()
-		}
+	if a.brkDone != nil {
+		a.brkDone(outcome)
+		a.brkDone = nil
 	}
-	ex.complete = false
-	ex.setConn(nil)
-	_ = ex.uresp.CloseBodyStream()
-	ex.uresp.Reset()
-	ex.att.End(backendFailed)
-	ex.s.m.Inflight.WithLabelValues(ex.target.Backend.Name()).Set(float64(ex.target.Backend.Inflight()))
-	ex.target = routing.Target{}
+	if a.cap != nil {
+		a.cap.Release()
+		a.cap = nil
+	}
+	if a.out != nil {
+		if fault && !reached {
+			a.out.Observe(false, 0, 0)
+		} else if !reached {
+			a.out.Observe(true, 0, 0) // answered, or left for reasons not its own: frees a probe slot
+		}
+		a.out = nil
+	}
+	if a.retry {
+		ex.s.retries.Done()
+		a.retry = false
+	}
+	if ex.model != nil {
+		ex.s.queueFor(ex.model.Name).Signal()
+	}
 }
 
-// rewriteModel appends raw to dst with its first `"model":"up"` member changed to `"model":"pub"`.
-func rewriteModel(dst, raw []byte, up, pub string) []byte {
-	i := indexModel(raw, up)
-	if i < 0 {
-		return append(dst, raw...)
-	}
-	dst = append(dst, raw[:i]...)
-	dst = append(append(append(dst, `"model":"`...), pub...), '"')
-	return append(dst, raw[i+len(`"model":"`)+len(up)+1:]...)
+// shedError is a shedding refusal with the Retry-After its decision computed.
+type shedError struct {
+	err        error
+	retryAfter time.Duration
 }
 
-func indexModel(raw []byte, model string) int {
-	for off := 0; ; {
-		i := bytes.Index(raw[off:], []byte(`"model":"`))
-		if i < 0 {
-			return -1
-		}
-		i += off
-		rest := raw[i+len(`"model":"`):]
-		if len(rest) > len(model) && string(rest[:len(model)]) == model && rest[len(model)] == '"' {
-			return i
-		}
-		off = i + 1
-	}
-}
+func (e shedError) Error() string { return e.err.Error() }
+func (e shedError) Unwrap() error { return e.err }

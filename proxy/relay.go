@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/switchyard/switchyard/openai"
+	"github.com/switchyard/switchyard/routing"
 )
 
 // The exchange is the response body stream of a committed streaming answer. fasthttp calls WriteTo once, in
@@ -25,40 +27,27 @@ func (ex *exchange) Read([]byte) (int, error) {
 	return 0, errors.New("proxy: the relay is consumed with WriteTo")
 }
 
-// WriteTo relays the stream: first the events read before the commit (ending with the first content), then
-// every further event as it arrives. When the upstream breaks, the client gets an SSE error event and
-// [DONE], never a silent end. It returns an error only when the client is gone, so fasthttp drops the
+// WriteTo relays the stream: the events the winning attempt read before the commit (ending with the first
+// content), then every further event as it arrives. When the upstream breaks, the client gets an SSE error
+// event and [DONE], never a silent end. It returns an error only when the client is gone, so fasthttp drops the
 // connection.
 func (ex *exchange) WriteTo(w io.Writer) (int64, error) {
-	wd := ex.wd
-	wd.mu.Lock()
-	wd.w = w
-	_, err := w.Write(ex.pending)
-	wd.lastWrite = time.Now()
-	wd.mu.Unlock()
+	_ = ex.wd.commit(w)
 	var fail error
-	if err != nil {
-		fail = errClientGone
-	} else {
-		ex.countTokens() // the last pending event was the first content
-		for {
-			done, err := ex.next(ex.emit)
-			if err != nil {
-				fail = err
-				break
-			}
-			ex.countTokens()
-			if done {
-				break
-			}
+	for {
+		done, err := ex.step(ex.emit)
+		if err != nil {
+			fail = err
+			break
+		}
+		ex.countTokens()
+		if done {
+			break
 		}
 	}
 	if fail != nil && !errors.Is(fail, errClientGone) {
 		fail = ex.endStream(fail)
 	}
-	wd.mu.Lock()
-	wd.w = nil
-	wd.mu.Unlock()
 	ex.finish(fail)
 	if errors.Is(fail, errClientGone) {
 		return 0, fail
@@ -66,19 +55,135 @@ func (ex *exchange) WriteTo(w io.Writer) (int64, error) {
 	return 0, nil
 }
 
-// emit writes one event to the client, serialised with the watchdog's pings.
-func (ex *exchange) emit(b []byte) error {
-	wd := ex.wd
-	wd.mu.Lock()
-	defer wd.mu.Unlock()
-	if wd.w == nil {
-		return errClientGone
+func (ex *exchange) emit(b []byte) error { return ex.wd.write(b) }
+
+// startReplay makes step read the winning attempt's pending events first.
+func (ex *exchange) startReplay() {
+	ex.replayBuf.Reset(ex.cur.pending)
+	ex.replay.Reset(&ex.replayBuf)
+	ex.replaying = true
+}
+
+// nextEvent returns the next event of the answer: from the replay of the pending events, then from upstream.
+func (ex *exchange) nextEvent() (openai.Event, error) {
+	if ex.replaying {
+		ev, err := ex.replay.Next()
+		if err != io.EOF {
+			return ev, err
+		}
+		ex.replaying = false
 	}
-	if _, err := wd.w.Write(b); err != nil {
-		return errClientGone
+	a := ex.cur
+	a.idleDeadline()
+	ev, err := a.events.Next()
+	if err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF // a stream must end with [DONE]
+		}
+		return ev, a.streamError(err)
 	}
-	wd.lastWrite = time.Now()
-	return nil
+	return ev, nil
+}
+
+// step reads one event of the answer and handles it: forwards it through emit (streaming clients) or adds it
+// to the assembler (others), and records usage. It returns done at [DONE].
+func (ex *exchange) step(emit func([]byte) error) (done bool, err error) {
+	ev, err := ex.nextEvent()
+	if err != nil {
+		return false, err
+	}
+	a := ex.cur
+	if ev.Comment {
+		if emit != nil {
+			return false, emit(ev.Raw)
+		}
+		return false, nil
+	}
+	data := ev.Data
+	if bytes.Equal(data, []byte("[DONE]")) {
+		a.complete = true
+		if emit != nil {
+			return true, emit(ev.Raw)
+		}
+		return true, nil
+	}
+	ex.ci = openai.ChunkInfo{}
+	if err := openai.InspectChunk(data, &ex.ci); err != nil {
+		return false, &upstreamError{kind: kindStream, backend: a.name, err: err}
+	}
+	if ex.ci.HasUsage {
+		ex.usage, ex.hasUsage = ex.ci.Usage, true
+		a.acct.ObserveUsage(routing.Usage{PromptTokens: ex.ci.Usage.PromptTokens, CompletionTokens: ex.ci.Usage.CompletionTokens,
+			CachedTokens: ex.ci.Usage.CachedTokens, HasCached: ex.ci.Usage.HasCached})
+	}
+	if ex.ci.Error {
+		ex.upstreamError = true
+	}
+	if emit == nil {
+		if ex.ci.Error {
+			msg, _ := openai.ParseUpstreamError(data)
+			return false, &upstreamError{kind: kindStream, backend: a.name, err: errors.New(msg)}
+		}
+		if err := ex.asm.Add(data); err != nil {
+			return false, &upstreamError{kind: kindStream, backend: a.name, err: err}
+		}
+		return false, nil
+	}
+	raw := ev.Raw
+	switch {
+	case ex.ci.UsageOnly && ex.injectedUsage:
+		return false, nil // the client did not ask for the usage chunk
+	case ex.injectedUsage && bytes.Contains(data, []byte(`"usage":null`)):
+		// A backend that adds "usage":null to every chunk once include_usage is set (OpenAI does): drop it.
+		ex.scratch = append(ex.scratch[:0], "data: "...)
+		ex.scratch = openai.AppendWithoutNullUsage(ex.scratch, data)
+		ex.scratch = append(ex.scratch, "\n\n"...)
+		raw = ex.scratch
+	}
+	if up, pub := a.target.Model, ex.model.Name; up != "" && up != pub {
+		ex.modelBuf = rewriteModel(ex.modelBuf[:0], raw, up, pub)
+		raw = ex.modelBuf
+	}
+	return false, emit(raw)
+}
+
+// assemble reads the whole answer into the non-streaming body a client that did not stream expects.
+func (ex *exchange) assemble() ([]byte, error) {
+	ex.asm.Reset(ex.endpoint)
+	ex.startReplay()
+	for {
+		done, err := ex.step(nil)
+		if err != nil {
+			return nil, err
+		}
+		if done {
+			break
+		}
+		ex.countTokens()
+	}
+	ex.out = ex.asm.AppendBody(ex.out[:0])
+	if u, ok := ex.asm.Usage(); ok {
+		ex.usage, ex.hasUsage = u, true
+	}
+	return ex.out, nil
+}
+
+// countTokens records the token timings of the chunk last inspected (ex.ci) if it carried content. For a
+// streaming client the relay calls it right after writing the chunk, so the gaps are what the client sees.
+func (ex *exchange) countTokens() {
+	if !ex.ci.Content {
+		return
+	}
+	now := time.Now()
+	if ex.firstAt.IsZero() {
+		ex.firstAt = now
+		ex.s.m.TTFT.WithLabelValues(ex.model.Name).Observe(now.Sub(ex.arrival).Seconds())
+		ex.tpot = ex.s.m.TPOT.WithLabelValues(ex.model.Name)
+	} else if ex.tpot != nil {
+		ex.tpot.Observe(now.Sub(ex.lastTokenAt).Seconds())
+	}
+	ex.lastTokenAt = now
+	ex.tokens += max(ex.ci.Tokens, 1)
 }
 
 // endStream tells the client that the stream failed: an SSE error event (unless the backend already sent
@@ -87,11 +192,9 @@ func (ex *exchange) endStream(fail error) error {
 	buf := ex.scratch[:0]
 	if !ex.upstreamError {
 		e := status(fail)
-		var msg string
+		msg := "the backend's stream broke off; the answer is incomplete"
 		if errors.Is(fail, errShutdown) {
 			msg = "the gateway is shutting down; the answer is incomplete"
-		} else {
-			msg = "the backend's stream broke off; the answer is incomplete"
 		}
 		buf = openai.AppendErrorEvent(buf, msg, e.typ, e.code)
 	}
@@ -112,14 +215,16 @@ func (ex *exchange) Close() error {
 	return nil
 }
 
-// finish records the outcome of the exchange in the metrics and ends the current attempt. fail is nil for a
-// complete answer.
+// finish records the outcome of the exchange and ends its attempt and its admission (the key's token quota is
+// settled with the usage). fail is nil for a complete answer.
 func (ex *exchange) finish(fail error) {
 	if ex.done {
 		return
 	}
 	ex.done = true
-	ex.stopWatchdog()
+	if ex.wd != nil {
+		ex.wd.stop()
+	}
 	code := fasthttp.StatusOK
 	if fail != nil {
 		code = status(fail).status
@@ -130,14 +235,15 @@ func (ex *exchange) finish(fail error) {
 		code = fasthttp.StatusBadGateway
 	}
 	backend := "none"
-	if ex.target.Backend != nil {
-		backend = ex.target.Backend.Name()
+	if a := ex.cur; a != nil {
+		backend = a.name
+		ex.endAttempt(a, fail)
+		ex.cur = nil
 	}
-	ex.closeAttempt(fail)
 	ex.record(code, backend)
 }
 
-// record counts a finished request.
+// record counts a finished request and settles its admission.
 func (ex *exchange) record(code int, backend string) {
 	ex.code = code
 	model := ""
@@ -151,5 +257,40 @@ func (ex *exchange) record(code int, backend string) {
 	if ex.hasUsage && model != "" {
 		m.Tokens.WithLabelValues(model, "input").Observe(float64(ex.usage.PromptTokens))
 		m.Tokens.WithLabelValues(model, "output").Observe(float64(ex.usage.CompletionTokens))
+	}
+	if ex.limited {
+		used := int64(ex.usage.PromptTokens + ex.usage.CompletionTokens)
+		if !ex.hasUsage {
+			used = int64(ex.sum.PromptTokens + ex.tokens)
+		}
+		ex.snap.Limiter.Settle(ex.key, ex.quota.Reserved, used)
+		ex.limited = false
+	}
+}
+
+// rewriteModel appends raw to dst with its first `"model":"up"` member changed to `"model":"pub"`: a route that
+// maps a public model name to another upstream name gives the client back the name it asked for.
+func rewriteModel(dst, raw []byte, up, pub string) []byte {
+	i := indexModel(raw, up)
+	if i < 0 {
+		return append(dst, raw...)
+	}
+	dst = append(dst, raw[:i]...)
+	dst = append(append(append(dst, `"model":"`...), pub...), '"')
+	return append(dst, raw[i+len(`"model":"`)+len(up)+1:]...)
+}
+
+func indexModel(raw []byte, model string) int {
+	for off := 0; ; {
+		i := bytes.Index(raw[off:], []byte(`"model":"`))
+		if i < 0 {
+			return -1
+		}
+		i += off
+		rest := raw[i+len(`"model":"`):]
+		if len(rest) > len(model) && string(rest[:len(model)]) == model && rest[len(model)] == '"' {
+			return i
+		}
+		off = i + 1
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 	"github.com/valyala/fasthttp"
 
+	"github.com/switchyard/switchyard/admission"
 	"github.com/switchyard/switchyard/metrics"
 	"github.com/switchyard/switchyard/openai"
 	"github.com/switchyard/switchyard/routing"
@@ -92,6 +93,16 @@ type Server struct {
 	brk  *breakers
 	srv  *fasthttp.Server
 
+	// Admission state that outlives policy reloads (admit.go).
+	caps     *admission.Caps
+	outliers *admission.OutlierDetector
+	retries  *admission.RetryBudget
+	brownout admission.Brownout
+	queues   sync.Map // model name -> *admission.Queue[*exchange]
+	hedges   sync.Map // model name -> *admission.HedgeBudget
+	followMu sync.Mutex
+	followed atomic.Pointer[Snapshot]
+
 	exchanges    sync.Pool
 	active       sync.WaitGroup
 	draining     atomic.Bool // set at Shutdown: /readyz fails, new requests are still served until the listener closes
@@ -108,6 +119,10 @@ func New(src Source, opts Options) (*Server, error) {
 	}
 	opts.setDefaults()
 	s := &Server{src: src, opts: opts, m: opts.Metrics, log: opts.Logger, ups: newUpstreams()}
+	s.caps = admission.NewCaps(admission.DefaultCapParams(), opts.Metrics)
+	s.outliers = admission.NewOutlierDetector(admission.DefaultOutlierParams(), nil, opts.Metrics)
+	s.retries = admission.NewRetryBudget(20, 3, opts.Metrics)
+	s.brownout = admission.DefaultBrownout()
 	s.brk = newBreakers(opts.Breakers, func(b *routing.Backend, st gobreaker.State) {
 		s.m.BreakerState.WithLabelValues(b.Name()).Set(float64(breakerGauge(st)))
 		s.log.Warn("circuit breaker", "backend", b.Name(), "state", st.String())
@@ -168,6 +183,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		err = ctx.Err()
 	}
 	s.drainExpired.Store(true)
+	s.closeQueues()
 	ended := make(chan struct{})
 	go func() { s.active.Wait(); close(ended) }()
 	select {
@@ -276,30 +292,28 @@ func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, e openai.Endpoint) {
 		err = ex.route(&ctx.Request.Header)
 	}
 	if err == nil {
-		ex.startWatchdog(s.opts.PingInterval)
-		err = ex.run()
-	}
-	backend := "none"
-	if ex.target.Backend != nil {
-		backend = ex.target.Backend.Name()
-	} else if n := len(ex.tried); n > 0 {
-		backend = ex.tried[n-1].Name()
-	}
-	ctx.Response.Header.Set(headerBackend, backend)
-	if err != nil {
-		e := writeError(ctx, err)
-		ex.stopWatchdog()
-		ex.closeAttempt(err)
-		if errors.Is(err, errClientGone) {
-			s.m.ClientDisconnects.WithLabelValues("waiting").Inc()
+		ex.wd = newWatchdog(s, ex.client, s.opts.PingInterval)
+		s.retries.Begin()
+		ex.budgeted = true
+		if err = ex.admit(&ctx.Request.Header); err == nil {
+			err = ex.run()
 		}
-		ex.done = true
-		ex.record(e.status, backend)
-		s.releaseExchange(ex)
-		s.active.Done()
+	}
+	if ex.quoted {
+		ex.quota.AppendHeaders(ex.scratch[:0], func(name string, value []byte) {
+			ctx.Response.Header.SetBytesV(name, value)
+		})
+	}
+	if err != nil {
+		s.fail(ctx, ex, err)
 		return
 	}
+	ctx.Response.Header.Set(headerBackend, ex.cur.name)
+	if ex.model != ex.asked {
+		ctx.Response.Header.Set(headerDegraded, ex.model.Name)
+	}
 	if ex.endpoint != openai.Embeddings && ex.sum.Stream {
+		ex.startReplay()
 		ctx.SetStatusCode(fasthttp.StatusOK)
 		ctx.SetContentType("text/event-stream")
 		ctx.Response.Header.Set(fasthttp.HeaderCacheControl, "no-cache")
@@ -309,15 +323,12 @@ func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, e openai.Endpoint) {
 	}
 	var body []byte
 	if ex.endpoint == openai.Embeddings {
-		body = ex.scratch
-	} else {
-		ex.pending = ex.asm.AppendBody(ex.pending[:0])
-		body = ex.pending
-		if u, ok := ex.asm.Usage(); ok {
-			ex.usage, ex.hasUsage = u, true
-		}
+		body = ex.cur.body
+	} else if body, err = ex.assemble(); err != nil {
+		s.fail(ctx, ex, err)
+		return
 	}
-	if up, pub := ex.target.Model, ex.model.Name; up != "" && up != pub {
+	if up, pub := ex.cur.target.Model, ex.model.Name; up != "" && up != pub {
 		ex.modelBuf = rewriteModel(ex.modelBuf[:0], body, up, pub)
 		body = ex.modelBuf
 	}
@@ -328,6 +339,35 @@ func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, e openai.Endpoint) {
 	s.releaseExchange(ex)
 	s.active.Done()
 }
+
+// fail answers a request that got no answer with its error, and releases it.
+func (s *Server) fail(ctx *fasthttp.RequestCtx, ex *exchange, err error) {
+	backend := "none"
+	if ex.cur != nil {
+		backend = ex.cur.name
+	} else if n := len(ex.tried); n > 0 {
+		backend = ex.tried[n-1].Name()
+	}
+	ctx.Response.Header.Set(headerBackend, backend)
+	e := writeError(ctx, err)
+	if errors.Is(err, errClientGone) {
+		s.m.ClientDisconnects.WithLabelValues("waiting").Inc()
+	}
+	if ex.wd != nil {
+		ex.wd.stop()
+	}
+	if ex.cur != nil {
+		ex.endAttempt(ex.cur, err)
+		ex.cur = nil
+	}
+	ex.done = true
+	ex.record(e.status, backend)
+	s.releaseExchange(ex)
+	s.active.Done()
+}
+
+// headerDegraded names the model that served a request under brownout, when it is not the one asked for.
+const headerDegraded = "X-Switchyard-Degraded-To"
 
 // streamBody hands the exchange to fasthttp as the response body and marks the end of the request for
 // Shutdown when fasthttp closes it.
@@ -346,11 +386,12 @@ func (ex *exchange) route(h *fasthttp.RequestHeader) error {
 	if snap == nil {
 		return routing.ErrNoBackend
 	}
+	ex.s.follow(snap)
 	m := snap.Models[string(ex.sum.Model)]
 	if m == nil {
 		return fmt.Errorf("proxy: the model %q does not exist: %w", ex.sum.Model, errModelNotFound)
 	}
-	ex.snap, ex.model = snap, m
+	ex.snap, ex.asked, ex.model = snap, m, m
 	ex.rreq.Model = m.Name
 	ex.rreq.PromptTokens = ex.sum.PromptTokens
 	ex.rreq.MaxTokens = ex.sum.MaxTokens

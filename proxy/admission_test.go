@@ -1,0 +1,337 @@
+package proxy
+
+import (
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/switchyard/switchyard/admission"
+	"github.com/switchyard/switchyard/routing"
+	"github.com/switchyard/switchyard/sim"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// withAdmission turns on the gateway's admission control in a test snapshot, as the policy compiles it.
+func withAdmission(snap *Snapshot, keys ...admission.KeyConfig) *Snapshot {
+	snap.Priorities = admission.DefaultPriorities()
+	snap.Shedder = admission.NewShedder(admission.DefaultShedParams(), nil)
+	snap.Queue = QueueSettings{Size: 64, Timeout: 10 * time.Second}
+	if len(keys) > 0 {
+		k, err := admission.NewKeys(keys)
+		if err != nil {
+			panic(err)
+		}
+		snap.Keys = k
+		snap.Limiter = admission.NewLocalLimiter(k, nil, nil, nil)
+	}
+	return snap
+}
+
+func key(name, secret string, class admission.Class, rpm int64, models ...string) admission.KeyConfig {
+	return admission.KeyConfig{Name: name, Hash: sha256.Sum256([]byte(secret)), Class: class, RequestsPerMinute: rpm, Models: models}
+}
+
+type answer struct {
+	code    int
+	backend string
+	body    string
+	header  http.Header
+}
+
+func post(t *testing.T, url string, body string, hdr map[string]string) answer {
+	t.Helper()
+	resp, b := rawPost(t, url, "/v1/chat/completions", []byte(body), hdr)
+	return answer{resp.StatusCode, resp.Header.Get("X-Switchyard-Backend"), string(b), resp.Header}
+}
+
+func errorCode(t *testing.T, body string) string {
+	t.Helper()
+	var e struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(body), &e); err != nil {
+		t.Fatalf("not an error body: %s", body)
+	}
+	return e.Error.Code
+}
+
+const small = `{"model":"sim-model","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
+
+func TestAPIKeys(t *testing.T) {
+	t.Parallel()
+	be := startSim(t, "a", func(c *sim.Config) { c.ITL = time.Millisecond })
+	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 2, be.URL()),
+		key("team-a", "sk-a", admission.Standard, 0),
+		key("team-b", "sk-b", admission.Standard, 0, "other-model"))
+	gw := startGateway(t, snap, Options{})
+	for _, tc := range []struct {
+		name, auth string
+		code       int
+		ecode      string
+	}{
+		{"no key", "", 401, "invalid_api_key"},
+		{"unknown key", "Bearer sk-nope", 401, "invalid_api_key"},
+		{"not bearer", "Basic sk-a", 401, "invalid_api_key"},
+		{"key not allowed this model", "Bearer sk-b", 403, "model_not_allowed"},
+		{"valid key", "Bearer sk-a", 200, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hdr := map[string]string{}
+			if tc.auth != "" {
+				hdr["Authorization"] = tc.auth
+			}
+			a := post(t, gw.url, small, hdr)
+			if a.code != tc.code {
+				t.Fatalf("status %d, want %d: %s", a.code, tc.code, a.body)
+			}
+			if tc.ecode != "" {
+				if got := errorCode(t, a.body); got != tc.ecode {
+					t.Errorf("code %q, want %q", got, tc.ecode)
+				}
+				if a.header.Get("X-Should-Retry") != "false" {
+					t.Error("an authentication refusal must say x-should-retry: false")
+				}
+			}
+		})
+	}
+}
+
+func TestRateLimit(t *testing.T) {
+	t.Parallel()
+	be := startSim(t, "a", func(c *sim.Config) { c.ITL = time.Millisecond })
+	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 2, be.URL()), key("team-a", "sk-a", admission.Standard, 5))
+	gw := startGateway(t, snap, Options{})
+	auth := map[string]string{"Authorization": "Bearer sk-a"}
+	for i := range 5 {
+		a := post(t, gw.url, small, auth)
+		if a.code != 200 {
+			t.Fatalf("request %d of 5 refused: %d %s", i+1, a.code, a.body)
+		}
+		if got := a.header.Get("X-Ratelimit-Remaining-Requests"); got != fmt.Sprint(4-i) {
+			t.Errorf("request %d: x-ratelimit-remaining-requests %q, want %d", i+1, got, 4-i)
+		}
+		if a.header.Get("X-Ratelimit-Limit-Requests") != "5" {
+			t.Errorf("x-ratelimit-limit-requests %q", a.header.Get("X-Ratelimit-Limit-Requests"))
+		}
+	}
+	a := post(t, gw.url, small, auth)
+	if a.code != 429 || errorCode(t, a.body) != "rate_limit_exceeded" {
+		t.Fatalf("the 6th request in a minute: %d %s, want 429 rate_limit_exceeded", a.code, a.body)
+	}
+	if ra := a.header.Get("Retry-After"); ra == "" || ra == "0" {
+		t.Errorf("Retry-After %q on a rate-limit refusal", ra)
+	}
+	if a.header.Get("X-Ratelimit-Remaining-Requests") != "0" {
+		t.Errorf("x-ratelimit-remaining-requests on refusal: %q", a.header.Get("X-Ratelimit-Remaining-Requests"))
+	}
+}
+
+// TestQueueWaitsForCapacity: with a backend capped at one request in flight, concurrent requests wait in the
+// gateway queue and are dispatched one by one as the backend frees, instead of piling up in the engine.
+func TestQueueWaitsForCapacity(t *testing.T) {
+	t.Parallel()
+	be := startSim(t, "a", func(c *sim.Config) { c.ITL = 5 * time.Millisecond })
+	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 2, be.URL()))
+	cfg := *snap.Backends[0].Config()
+	cfg.MaxConcurrency = 1
+	snap.Backends[0] = routing.NewBackend(&cfg)
+	snap.Models["sim-model"].Targets[0].Backend = snap.Backends[0]
+	gw := startGateway(t, snap, Options{})
+	const n = 6
+	var wg sync.WaitGroup
+	codes := make([]int, n)
+	var maxInflight atomic.Int64
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if v := snap.Backends[0].Inflight(); v > maxInflight.Load() {
+				maxInflight.Store(v)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			codes[i] = post(t, gw.url, `{"model":"sim-model","max_tokens":10,"messages":[{"role":"user","content":"queue me"}]}`,
+				map[string]string{"X-Switchyard-Priority": "critical"}).code
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	for i, c := range codes {
+		if c != 200 {
+			t.Errorf("request %d: status %d", i, c)
+		}
+	}
+	if m := maxInflight.Load(); m > 1 {
+		t.Errorf("the backend had %d requests in flight; its cap is 1", m)
+	}
+	if h := histogramByLabel(t, gw.reg, "switchyard_queue_wait_seconds", "priority", "critical"); h == 0 {
+		t.Error("no request was recorded as having waited in the queue")
+	}
+}
+
+func histogramByLabel(t *testing.T, g prometheus.Gatherer, name, label, value string) uint64 {
+	t.Helper()
+	fams, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// TestSheddableRefusedFirst: when every backend is at capacity, sheddable requests are refused at once with 503
+// and Retry-After (they would miss their objective waiting), while critical ones wait and are served.
+func TestSheddableRefusedFirst(t *testing.T) {
+	t.Parallel()
+	be := startSim(t, "a", func(c *sim.Config) { c.ITL = 20 * time.Millisecond })
+	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 2, be.URL()))
+	snap.Models["sim-model"].SLO = SLO{TTFT: 200 * time.Millisecond}
+	cfg := *snap.Backends[0].Config()
+	cfg.MaxConcurrency = 1
+	snap.Backends[0] = routing.NewBackend(&cfg)
+	snap.Models["sim-model"].Targets[0].Backend = snap.Backends[0]
+	gw := startGateway(t, snap, Options{})
+	snap.Shedder = admission.NewShedder(admission.DefaultShedParams(), gw.m)
+	// Occupy the only slot for about a second.
+	busy := make(chan answer, 1)
+	go func() {
+		busy <- post(t, gw.url, `{"model":"sim-model","max_tokens":50,"messages":[{"role":"user","content":"long"}]}`, nil)
+	}()
+	waitFor(t, 5*time.Second, func() bool { return snap.Backends[0].Inflight() == 1 })
+	start := time.Now()
+	shed := post(t, gw.url, small, map[string]string{"X-Switchyard-Priority": "sheddable"})
+	if shed.code != 503 || shed.header.Get("Retry-After") == "" || errorCode(t, shed.body) != "overloaded" {
+		t.Errorf("sheddable at capacity: %d %s (Retry-After %q), want 503 overloaded", shed.code, shed.body, shed.header.Get("Retry-After"))
+	}
+	if d := time.Since(start); d > 500*time.Millisecond {
+		t.Errorf("the refusal took %v; it must be immediate", d)
+	}
+	crit := post(t, gw.url, small, map[string]string{"X-Switchyard-Priority": "critical"})
+	if crit.code != 200 {
+		t.Errorf("critical at capacity: %d %s, want 200 after waiting", crit.code, crit.body)
+	}
+	if b := <-busy; b.code != 200 {
+		t.Errorf("the long request: %d", b.code)
+	}
+	if n := counterValue(t, gw.reg, "switchyard_shed_total"); n < 1 {
+		t.Errorf("switchyard_shed_total = %v", n)
+	}
+}
+
+// TestBrownout: when the primary model's pool is saturated, a sheddable request is served by its degrade_to
+// model instead of being refused, and the response says so.
+func TestBrownout(t *testing.T) {
+	t.Parallel()
+	big := startSim(t, "big", func(c *sim.Config) { c.ITL = 20 * time.Millisecond })
+	smallBe := startSim(t, "small", func(c *sim.Config) { c.ITL = time.Millisecond })
+	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 2, big.URL()))
+	cfg := *snap.Backends[0].Config()
+	cfg.MaxConcurrency = 1
+	snap.Backends[0] = routing.NewBackend(&cfg)
+	primary := snap.Models["sim-model"]
+	primary.Targets[0].Backend = snap.Backends[0]
+	lite := routing.NewBackend(&routing.BackendConfig{Name: "lite", URL: smallBe.URL(), Region: "local", Models: []string{"sim-model"}})
+	snap.Backends = append(snap.Backends, lite)
+	degraded := &Model{Name: "sim-model-lite", Strategy: &routing.RoundRobin{}, Retries: 2,
+		Targets: []routing.Target{{Backend: lite, Model: "sim-model"}}}
+	snap.Models[degraded.Name] = degraded
+	snap.ModelNames = append(snap.ModelNames, degraded.Name)
+	primary.DegradeTo = degraded
+	gw := startGateway(t, snap, Options{})
+	busy := make(chan answer, 1)
+	go func() {
+		busy <- post(t, gw.url, `{"model":"sim-model","max_tokens":50,"messages":[{"role":"user","content":"long"}]}`, nil)
+	}()
+	waitFor(t, 5*time.Second, func() bool { return snap.Backends[0].Inflight() == 1 })
+	a := post(t, gw.url, small, map[string]string{"X-Switchyard-Priority": "sheddable"})
+	if a.code != 200 || a.backend != "lite" || a.header.Get("X-Switchyard-Degraded-To") != "sim-model-lite" {
+		t.Errorf("sheddable under saturation: %d backend %q degraded-to %q: %s", a.code, a.backend, a.header.Get("X-Switchyard-Degraded-To"), a.body)
+	}
+	if !strings.Contains(a.body, `"model":"sim-model-lite"`) {
+		t.Errorf("the degraded answer should name the model that served it: %s", a.body)
+	}
+	<-busy
+}
+
+// TestHedging: a backend that stalls its first token is raced by a hedge after the model's delay; the hedge's
+// first token wins and the stalled attempt is cancelled (its engine sees the abort).
+func TestHedging(t *testing.T) {
+	t.Parallel()
+	slow := startSim(t, "slow", func(c *sim.Config) { c.ITL = 5 * time.Millisecond })
+	fast := startSim(t, "fast", func(c *sim.Config) { c.ITL = 5 * time.Millisecond })
+	control(t, slow.URL(), `{"stall":"5s"}`)
+	snap := snapshotOf(firstHealthy{}, 2, slow.URL(), fast.URL())
+	snap.Models["sim-model"].Hedge = Hedge{After: 150 * time.Millisecond, BudgetPercent: 100}
+	gw := startGateway(t, snap, Options{})
+	for _, stream := range []bool{true, false} {
+		start := time.Now()
+		resp, body := rawPost(t, gw.url, "/v1/chat/completions",
+			[]byte(fmt.Sprintf(`{"model":"sim-model","stream":%v,"max_tokens":5,"messages":[{"role":"user","content":"hedge %v"}]}`, stream, stream)), nil)
+		d := time.Since(start)
+		if resp.StatusCode != 200 || resp.Header.Get("X-Switchyard-Backend") != "b1" {
+			t.Fatalf("stream=%v: status %d backend %q body %s", stream, resp.StatusCode, resp.Header.Get("X-Switchyard-Backend"), body)
+		}
+		if d > 2*time.Second {
+			t.Errorf("stream=%v: answered after %v; the hedge should have answered within a fraction of the 5 s stall", stream, d)
+		}
+	}
+	waitFor(t, 3*time.Second, func() bool {
+		return simGauge(t, slow.URL(), "vllm:num_requests_running")+simGauge(t, slow.URL(), "vllm:num_requests_waiting") == 0
+	})
+	fams, _ := gw.reg.Gather()
+	got := map[string]float64{}
+	for _, f := range fams {
+		if f.GetName() == "switchyard_hedges_total" {
+			for _, m := range f.GetMetric() {
+				got[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	if got["sent"] != 2 || got["hedge_won"] != 2 {
+		t.Errorf("switchyard_hedges_total = %v, want 2 sent and 2 won by the hedge", got)
+	}
+	if snap.Backends[0].Inflight() != 0 || snap.Backends[1].Inflight() != 0 {
+		t.Errorf("in flight after the races: %d, %d", snap.Backends[0].Inflight(), snap.Backends[1].Inflight())
+	}
+}
+
+// firstHealthy always picks the first healthy candidate: a deterministic order for tests.
+type firstHealthy struct{}
+
+func (firstHealthy) Pick(_ *routing.Request, ts []routing.Target) (routing.Target, error) {
+	for _, t := range ts {
+		if t.Backend.Healthy() {
+			return t, nil
+		}
+	}
+	return routing.Target{}, routing.ErrNoBackend
+}

@@ -1,0 +1,105 @@
+package proxy
+
+import (
+	"github.com/switchyard/switchyard/admission"
+)
+
+// follow installs a new policy snapshot's backends and models into the admission state that outlives reloads:
+// concurrency caps and outlier detectors keep what they learned for backends that stay, and the queues of
+// models that went away are closed (their waiters get 503 shutting_down). Each request calls it; it is a
+// pointer comparison unless the snapshot changed.
+func (s *Server) follow(snap *Snapshot) {
+	if s.followed.Load() == snap {
+		return
+	}
+	s.followMu.Lock()
+	defer s.followMu.Unlock()
+	if s.followed.Load() == snap {
+		return
+	}
+	caps := make([]admission.CapConfig, 0, len(snap.Backends))
+	names := make([]string, 0, len(snap.Backends))
+	for _, b := range snap.Backends {
+		c := b.Config()
+		caps = append(caps, admission.CapConfig{Name: c.Name, MaxConcurrency: c.MaxConcurrency})
+		names = append(names, c.Name)
+	}
+	s.caps.Update(caps)
+	s.outliers.Update(names)
+	s.queues.Range(func(k, v any) bool {
+		if snap.Models[k.(string)] == nil {
+			s.queues.Delete(k)
+			v.(*admission.Queue[*exchange]).Close()
+		}
+		return true
+	})
+	s.followed.Store(snap)
+}
+
+// queueFor returns the gateway queue of a model, creating it on first use. Queues outlive reloads (a reload
+// does not drop waiters); their size is the one in force when they were created.
+func (s *Server) queueFor(model string) *admission.Queue[*exchange] {
+	if q, ok := s.queues.Load(model); ok {
+		return q.(*admission.Queue[*exchange])
+	}
+	size := admission.DefaultQueueSize
+	if snap := s.src.Snapshot(); snap != nil && snap.Queue.Size > 0 {
+		size = snap.Queue.Size
+	}
+	q := admission.NewQueue(admission.QueueConfig[*exchange]{
+		Name: model, Size: size, Dispatch: dispatchQueued, Metrics: s.m,
+	})
+	if prev, loaded := s.queues.LoadOrStore(model, q); loaded {
+		q.Close()
+		return prev.(*admission.Queue[*exchange])
+	}
+	return q
+}
+
+// closeQueues answers every queued request (the gateway is stopping).
+func (s *Server) closeQueues() {
+	s.queues.Range(func(k, v any) bool {
+		v.(*admission.Queue[*exchange]).Close()
+		return true
+	})
+}
+
+// hedgeBudget returns the hedge budget of a model (its share of requests that may be hedged).
+func (s *Server) hedgeBudget(m *Model) *admission.HedgeBudget {
+	if b, ok := s.hedges.Load(m.Name); ok {
+		return b.(*admission.HedgeBudget)
+	}
+	pct := m.Hedge.BudgetPercent
+	if pct <= 0 {
+		pct = 5
+	}
+	b, _ := s.hedges.LoadOrStore(m.Name, admission.NewHedgeBudget(pct, 3, s.m))
+	return b.(*admission.HedgeBudget)
+}
+
+// pool measures a model's backends for brownout and shedding: the mean saturation S over its healthy backends
+// (engine queue, KV use and concurrency cap, admission.Saturation) and whether all are saturated.
+func (s *Server) pool(m *Model, saturated bool) admission.Pool {
+	var meter admission.PoolMeter
+	healthy, full := 0, 0
+	for _, t := range m.Targets {
+		b := t.Backend
+		if !b.Healthy() {
+			continue
+		}
+		healthy++
+		waiting, kv := 0, 0.0
+		if es := b.Engine(); es != nil && !es.Stale {
+			waiting, kv = int(es.Waiting), es.KVUsage
+		}
+		inflight, limit := int(b.Inflight()), 0
+		if c := s.caps.Get(b.Name()); c != nil {
+			inflight, limit = c.Inflight(), c.Limit()
+			if c.Full() {
+				full++
+			}
+		}
+		meter.Add(admission.Saturation(waiting, kv, inflight, limit))
+	}
+	return admission.Pool{Saturation: meter.S(), Saturated: saturated || healthy == 0 || full == healthy}
+}

@@ -1,0 +1,264 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/switchyard/switchyard/admission"
+	"github.com/switchyard/switchyard/openai"
+	"github.com/switchyard/switchyard/routing"
+)
+
+// attempt is one request sent to one backend. An exchange has one attempt at a time, or two while a hedge
+// races the first for the first token.
+//
+// Ownership: the handler goroutine picks the backend, takes the slots (breaker, concurrency cap, outlier probe)
+// and does all routing accounting (acct). The network part (send, readFirst) runs on the handler goroutine, or,
+// when hedging, on a goroutine of the attempt's own; it touches only the attempt and copies of the request's
+// inputs, so a losing attempt that is abandoned can finish and free itself after its exchange has moved on.
+// The watchdog reaches its connection through wd (per request, never reused) to abort it.
+type attempt struct {
+	wd     *watchdog
+	s      *Server
+	target routing.Target
+	name   string
+	hedge  bool // started as a hedge
+	retry  bool // started as a retry (holds a retry-budget slot until its first byte or failure)
+
+	acct    routing.Attempt
+	began   bool        // acct holds a dispatched attempt
+	brkDone func(error) // the circuit breaker's callback
+	cap     *admission.Cap
+	out     *admission.Outlier
+
+	up      *upstream
+	req     fasthttp.Request
+	resp    fasthttp.Response
+	conn    *upConn // guarded by wd.mu
+	events  *openai.EventReader
+	ci      openai.ChunkInfo
+	started time.Time
+	to      routing.Timeouts
+
+	gotFirst bool   // a content event arrived
+	complete bool   // the stream ended with [DONE]
+	pending  []byte // raw events up to and including the first with content
+	body     []byte // a non-streamed answer (embeddings)
+	err      error  // how the pre-commit part ended
+
+	killed atomic.Pointer[error] // this attempt alone was aborted (a hedge that lost)
+	state  atomic.Uint32         // raceRunning, raceReported, raceAbandoned (hedged attempts only)
+}
+
+const (
+	raceRunning uint32 = iota
+	raceReported
+	raceAbandoned
+)
+
+var attempts = sync.Pool{New: func() any { return &attempt{events: openai.NewEventReader(nil, maxEventBytes)} }}
+
+func newAttempt(s *Server, wd *watchdog) *attempt {
+	a := attempts.Get().(*attempt)
+	a.s, a.wd = s, wd
+	return a
+}
+
+// free returns a to the pool. The attempt must be closed (its body stream released) and its slots given back.
+func (a *attempt) free() {
+	a.req.Reset()
+	a.resp.Reset()
+	a.events.Reset(nil)
+	a.wd, a.s = nil, nil
+	a.target = routing.Target{}
+	a.name = ""
+	a.hedge, a.retry, a.began = false, false, false
+	a.acct = routing.Attempt{}
+	a.brkDone, a.cap, a.out, a.up, a.conn = nil, nil, nil, nil, nil
+	a.ci = openai.ChunkInfo{}
+	a.gotFirst, a.complete = false, false
+	a.pending = a.pending[:0]
+	a.body = a.body[:0]
+	a.err = nil
+	a.killed.Store(nil)
+	a.state.Store(raceRunning)
+	if cap(a.pending) > 1<<20 || cap(a.body) > 1<<20 {
+		a.pending, a.body = nil, nil
+	}
+	attempts.Put(a)
+}
+
+// aborted returns why the attempt was aborted from outside (the exchange's reason, or its own kill), or nil.
+func (a *attempt) aborted() error {
+	if p := a.killed.Load(); p != nil {
+		return *p
+	}
+	return a.wd.reason()
+}
+
+// send sends the prepared request (a.req) and waits for the response headers. It may run on the attempt's own
+// goroutine.
+func (a *attempt) send(streamed bool) error {
+	a.started = time.Now()
+	firstByte := a.to.FirstByte
+	if firstByte <= 0 {
+		firstByte = a.to.Total
+	}
+	var err error
+	if firstByte > 0 {
+		err = a.up.hc.DoDeadline(&a.req, &a.resp, a.started.Add(firstByte))
+	} else {
+		err = a.up.hc.Do(&a.req, &a.resp)
+	}
+	if err != nil {
+		if why := a.aborted(); why != nil {
+			return why
+		}
+		kind := kindConnect
+		if errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, os.ErrDeadlineExceeded) {
+			kind = kindFirstByte
+		}
+		return &upstreamError{kind: kind, backend: a.name, err: err}
+	}
+	a.wd.setConn(a, a.s.ups.conn(&a.resp))
+	if code := a.resp.StatusCode(); code != fasthttp.StatusOK {
+		return a.statusError(code)
+	}
+	if streamed {
+		if ct := a.resp.Header.ContentType(); !bytes.HasPrefix(ct, []byte("text/event-stream")) {
+			return &upstreamError{kind: kindProtocol, backend: a.name,
+				err: errors.New("streamed request answered with content type " + string(ct))}
+		}
+		a.events.Reset(a.resp.BodyStream())
+	}
+	return nil
+}
+
+// statusError reads (a bounded part of) an upstream error body.
+func (a *attempt) statusError(code int) error {
+	var body []byte
+	if rs := a.resp.BodyStream(); rs != nil {
+		buf := bytes.NewBuffer(a.body[:0])
+		_, _ = io.Copy(buf, io.LimitReader(rs, maxErrorBody))
+		body = buf.Bytes()
+		a.body = body[:0]
+	} else {
+		body = a.resp.Body()
+	}
+	msg, typ := openai.ParseUpstreamError(body)
+	return &upstreamError{kind: kindStatus, backend: a.name, status: code, message: msg, typ: typ}
+}
+
+// readFirst reads events into a.pending until one carries content, or the stream ends ([DONE]: an answer with
+// no tokens is still an answer). It may run on the attempt's own goroutine.
+func (a *attempt) readFirst() error {
+	for {
+		ev, err := a.events.Next()
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF // a stream must end with [DONE]
+			}
+			return a.streamError(err)
+		}
+		a.pending = append(a.pending, ev.Raw...)
+		if ev.Comment {
+			continue
+		}
+		if bytes.Equal(ev.Data, []byte("[DONE]")) {
+			a.complete = true
+			return nil
+		}
+		if err := openai.InspectChunk(ev.Data, &a.ci); err != nil {
+			return &upstreamError{kind: kindProtocol, backend: a.name, err: err}
+		}
+		if a.ci.Error {
+			msg, typ := openai.ParseUpstreamError(ev.Data)
+			return &upstreamError{kind: kindStatus, backend: a.name, status: 502, message: msg, typ: typ}
+		}
+		if a.ci.Content {
+			a.gotFirst = true
+			return nil
+		}
+	}
+}
+
+// readWhole reads a non-streamed answer (embeddings) into a.body.
+func (a *attempt) readWhole() error {
+	rs := a.resp.BodyStream()
+	if rs == nil {
+		a.body = append(a.body[:0], a.resp.Body()...)
+		return nil
+	}
+	buf := bytes.NewBuffer(a.body[:0])
+	limit := a.s.opts.MaxResponseBytes
+	if _, err := io.Copy(buf, io.LimitReader(rs, int64(limit)+1)); err != nil {
+		return a.streamError(err)
+	}
+	if buf.Len() > limit {
+		return &upstreamError{kind: kindProtocol, backend: a.name, err: errors.New("response larger than the gateway accepts")}
+	}
+	a.body = buf.Bytes()
+	a.gotFirst, a.complete = true, true
+	return nil
+}
+
+// streamError classifies a failed upstream read.
+func (a *attempt) streamError(err error) error {
+	if why := a.aborted(); why != nil {
+		return why
+	}
+	kind := kindStream
+	if !a.gotFirst {
+		kind = kindProtocol // nothing reached the client: another backend may still answer
+		if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, fasthttp.ErrTimeout) {
+			kind = kindFirstByte
+		}
+	}
+	return &upstreamError{kind: kind, backend: a.name, err: err}
+}
+
+// idleDeadline moves the read deadline to the next idle bound (and never past the total bound) after an event.
+func (a *attempt) idleDeadline() {
+	c := a.conn
+	if c == nil {
+		return
+	}
+	deadline := time.Time{}
+	if a.to.Idle > 0 {
+		deadline = time.Now().Add(a.to.Idle)
+	}
+	if a.to.Total > 0 {
+		if end := a.started.Add(a.to.Total); deadline.IsZero() || end.Before(deadline) {
+			deadline = end
+		}
+	}
+	_ = c.SetReadDeadline(deadline)
+	// abort stores its reason before it moves the deadline to the past; checking after our own update means an
+	// abort racing with it is never lost.
+	if a.aborted() != nil {
+		_ = c.SetReadDeadline(time.Unix(1, 0))
+	}
+}
+
+// closeStream releases the response body stream. A stream read to [DONE] is read on to the end of the HTTP
+// body (bounded by a short deadline) so that fasthttp pools the connection; any other is closed unread, which
+// closes the connection, which is how an engine learns to abort the generation.
+func (a *attempt) closeStream(ok bool) {
+	if ok && a.complete && a.aborted() == nil && a.events != nil && a.resp.BodyStream() != nil {
+		if c := a.conn; c != nil {
+			_ = c.SetReadDeadline(time.Now().Add(time.Second))
+		}
+		if _, err := a.events.Next(); err != io.EOF {
+			a.resp.SetConnectionClose()
+		}
+	}
+	a.wd.setConn(a, nil)
+	_ = a.resp.CloseBodyStream()
+}

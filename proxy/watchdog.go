@@ -1,0 +1,175 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/switchyard/switchyard/openai"
+)
+
+// watchdog runs beside an exchange while it waits for admission, waits on backends, or relays a stream: every
+// tick it checks that the client is still there and that the gateway is not past its drain deadline, and, once
+// a stream is committed, sends a ": ping" comment when the upstream has been silent. It aborts the exchange by
+// moving every live attempt's read deadline to the past (and cancelling a queue wait). It also serialises writes
+// to the client (mu), since pings and events go to the same connection.
+//
+// It is allocated per request and never reused, so that a tick that fires while the exchange is released, or a
+// hedged attempt that outlives its exchange, finds a watchdog that is simply done, never another request.
+type watchdog struct {
+	s        *Server
+	client   net.Conn
+	interval time.Duration
+	why      atomic.Pointer[error]
+
+	mu        sync.Mutex
+	t         *time.Timer
+	done      bool
+	live      [2]*attempt        // attempts whose connection an abort must reach
+	cancelQ   context.CancelFunc // cancels a queue wait
+	w         io.Writer          // the client's body writer once the stream is committed
+	lastWrite time.Time
+}
+
+func newWatchdog(s *Server, client net.Conn, interval time.Duration) *watchdog {
+	wd := &watchdog{s: s, client: client, interval: interval}
+	wd.mu.Lock() // the first tick must see wd.t
+	wd.t = time.AfterFunc(interval, wd.tick)
+	wd.mu.Unlock()
+	return wd
+}
+
+// stop ends the watchdog: no more ticks, no more writes.
+func (wd *watchdog) stop() {
+	wd.mu.Lock()
+	wd.done = true
+	wd.w = nil
+	wd.live = [2]*attempt{}
+	wd.cancelQ = nil
+	wd.mu.Unlock()
+	wd.t.Stop()
+}
+
+func (wd *watchdog) tick() {
+	wd.mu.Lock()
+	defer wd.mu.Unlock()
+	if wd.done {
+		return
+	}
+	switch {
+	case wd.s.drainExpired.Load():
+		wd.abortLocked(errShutdown)
+	case wd.client != nil && clientGone(wd.client):
+		wd.abortLocked(errClientGone)
+	case wd.w != nil && time.Since(wd.lastWrite) >= wd.interval:
+		if _, err := wd.w.Write(openai.Ping); err != nil {
+			wd.abortLocked(errClientGone)
+		} else {
+			wd.lastWrite = time.Now()
+		}
+	}
+	wd.t.Reset(wd.interval)
+}
+
+// reason returns why the exchange was aborted, or nil.
+func (wd *watchdog) reason() error {
+	if p := wd.why.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// abortLocked records why (the first reason wins) and unblocks everything the exchange may be waiting on.
+// wd.mu is held.
+func (wd *watchdog) abortLocked(why error) {
+	wd.why.CompareAndSwap(nil, &why)
+	for _, a := range wd.live {
+		if a != nil && a.conn != nil {
+			_ = a.conn.SetReadDeadline(time.Unix(1, 0))
+		}
+	}
+	if wd.cancelQ != nil {
+		wd.cancelQ()
+	}
+}
+
+// track makes a's connection reachable by aborts; untrack forgets it.
+func (wd *watchdog) track(a *attempt) {
+	wd.mu.Lock()
+	defer wd.mu.Unlock()
+	for i := range wd.live {
+		if wd.live[i] == nil {
+			wd.live[i] = a
+			return
+		}
+	}
+}
+
+func (wd *watchdog) untrack(a *attempt) {
+	wd.mu.Lock()
+	defer wd.mu.Unlock()
+	for i := range wd.live {
+		if wd.live[i] == a {
+			wd.live[i] = nil
+		}
+	}
+}
+
+// setConn publishes an attempt's connection (nil when it is released), applying an abort that came first.
+func (wd *watchdog) setConn(a *attempt, c *upConn) {
+	wd.mu.Lock()
+	a.conn = c
+	wd.mu.Unlock()
+	if c != nil && a.aborted() != nil {
+		_ = c.SetReadDeadline(time.Unix(1, 0))
+	}
+}
+
+// kill aborts one attempt only (a hedge that lost the race).
+func (wd *watchdog) kill(a *attempt, why error) {
+	a.killed.CompareAndSwap(nil, &why)
+	wd.mu.Lock()
+	if a.conn != nil {
+		_ = a.conn.SetReadDeadline(time.Unix(1, 0))
+	}
+	wd.mu.Unlock()
+}
+
+// queueContext returns a context that an abort cancels, for a queue wait.
+func (wd *watchdog) queueContext() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	wd.mu.Lock()
+	wd.cancelQ = cancel
+	aborted := wd.why.Load() != nil
+	wd.mu.Unlock()
+	if aborted {
+		cancel()
+	}
+	return ctx, cancel
+}
+
+// commit hands the watchdog the client's body writer: from now on it pings during upstream silence.
+func (wd *watchdog) commit(w io.Writer) error {
+	wd.mu.Lock()
+	defer wd.mu.Unlock()
+	wd.w = w
+	wd.lastWrite = time.Now()
+	return nil
+}
+
+// write writes one event to the client, serialised with the pings.
+func (wd *watchdog) write(b []byte) error {
+	wd.mu.Lock()
+	defer wd.mu.Unlock()
+	if wd.w == nil {
+		return errClientGone
+	}
+	if _, err := wd.w.Write(b); err != nil {
+		return errClientGone
+	}
+	wd.lastWrite = time.Now()
+	return nil
+}
