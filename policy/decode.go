@@ -517,9 +517,9 @@ func parseSize(s string) (int64, bool) {
 	return v * mult, true
 }
 
-// decodeNode reads an API key: ${ENV} (the plaintext comes from the environment and is hashed at once),
-// "sha256:<hex>", or a mapping {sha256: <hex>}. A plaintext key written in the file is refused: policy files
-// end up in repositories and ConfigMaps.
+// decodeNode reads an API key: ${ENV} (the plaintext comes from the environment and is hashed at once, so it is
+// kept nowhere), "sha256:<hex>", or a mapping {sha256: <hex>}. A plaintext key written in the file is refused,
+// and so is ${ENV:-default} with a default, which is one: policy files end up in repositories and ConfigMaps.
 func (k *KeyHash) decodeNode(d *decoder, n *yaml.Node, path string) {
 	const form = "must be ${ENV_VAR} or sha256:<64 hex digits> ({sha256: <hex>}), never a plaintext key"
 	var hexText string
@@ -537,6 +537,10 @@ func (k *KeyHash) decodeNode(d *decoder, n *yaml.Node, path string) {
 	case strings.HasPrefix(n.Value, "sha256:"):
 		hexText = strings.TrimSpace(strings.TrimPrefix(n.Value, "sha256:"))
 	case isEnvRef(n.Value):
+		if _, def, _ := strings.Cut(n.Value[2:len(n.Value)-1], ":-"); def != "" {
+			d.add(n.Line, path, "a default in ${VAR:-default} would write the key in the file in plaintext: give ${VAR} alone, or sha256:<hex>")
+			return
+		}
 		s, err := expand(n.Value, d.lookup)
 		if err != nil {
 			d.add(n.Line, path, err.Error())

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/switchyard/switchyard/admission"
 	"github.com/switchyard/switchyard/routing"
 )
 
@@ -22,9 +23,11 @@ const (
 	defaultQueueSize         = 1024
 	defaultQueueTimeout      = 10 * time.Second
 	defaultHedgeBudget       = 5.0
-	defaultPriorityHeader    = "x-switchyard-priority"
-	defaultPriority          = "standard"
+	defaultPriorityHeader    = admission.DefaultPriorityHeader
 )
+
+// defaultPriority is the class of a request that names none: admission's default.
+var defaultPriority = admission.DefaultPriorities().Default.String()
 
 var defaultTimeouts = Timeouts{
 	Connect:   5 * time.Second,
@@ -33,11 +36,15 @@ var defaultTimeouts = Timeouts{
 	Total:     30 * time.Minute,
 }
 
-var defaultClasses = []PriorityClass{
-	{Name: "critical", SLOFactor: 2},
-	{Name: "standard", SLOFactor: 1},
-	{Name: "sheddable", SLOFactor: 0.5},
-}
+// defaultClasses are admission's classes, most important first, with their default SLO factors.
+var defaultClasses = func() []PriorityClass {
+	p := admission.DefaultPriorities()
+	cs := make([]PriorityClass, admission.NumClasses)
+	for i := range cs {
+		cs[i] = PriorityClass{Name: admission.ClassAt(i).String(), SLOFactor: p.Factor(admission.ClassAt(i))}
+	}
+	return cs
+}()
 
 // applyDefaults fills what the file left out. A string field that is empty counts as absent (so ${VAR:-} can
 // ask for the default); a number, duration or size counts as absent only when the file does not set it, so that
@@ -111,7 +118,10 @@ func (r *report) applyDefaults(c *Config) {
 	} else {
 		for i := range pr.Classes {
 			if !r.set(fmt.Sprintf("priorities.classes[%d].slo_factor", i)) {
-				pr.Classes[i].SLOFactor = 1
+				pr.Classes[i].SLOFactor = 1 // an unknown class (an error) gets 1
+				if j := classIndex(pr.Classes[i].Name); j >= 0 {
+					pr.Classes[i].SLOFactor = defaultClasses[j].SLOFactor
+				}
 			}
 		}
 	}

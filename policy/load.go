@@ -62,9 +62,11 @@ func Load(path string, reg *routing.Registry) (*Config, *proxy.Snapshot, error) 
 
 // Compile builds the runtime snapshot of a valid Config. It syncs reg to the Config's backends, so a backend that
 // keeps its name and URL keeps its *routing.Backend and what was learned about it; prev, the snapshot being
-// replaced (nil on the first load), keeps each surviving model's creation time. Every model gets a new strategy
-// instance, reporting its prefix-cache lookups to m (nil: no metrics). c must come from Parse; reg must not be
-// nil. An error (a strategy that cannot be built, which validation rules out) leaves reg untouched.
+// replaced (nil on the first load), keeps each surviving model's creation time and each API key's rate-limit
+// buckets (the new limiter shares them with prev's, which stays usable by requests still running on prev). Every
+// model gets a new strategy instance, reporting its prefix-cache lookups to m (nil: no metrics), which also
+// receives admission's refusals. c must come from Parse; reg must not be nil. An error (a strategy or a key set
+// that cannot be built, which validation rules out) leaves reg and prev untouched.
 func (c *Config) Compile(reg *routing.Registry, prev *proxy.Snapshot, m *metrics.Gateway) (*proxy.Snapshot, error) {
 	now := time.Now()
 	strats := make([]routing.Strategy, len(c.Models))
@@ -74,6 +76,10 @@ func (c *Config) Compile(reg *routing.Registry, prev *proxy.Snapshot, m *metrics
 			return nil, fmt.Errorf("policy: models[%d].strategy: %w", i, err)
 		}
 		strats[i] = s
+	}
+	keys, err := c.keys()
+	if err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
 	}
 	cfgs := make([]*routing.BackendConfig, len(c.Backends))
 	for i, b := range c.Backends {
@@ -126,8 +132,17 @@ func (c *Config) Compile(reg *routing.Registry, prev *proxy.Snapshot, m *metrics
 				pm.Created = old.Created
 			}
 		}
+		if m.Hedge.After > 0 {
+			pm.Hedge = proxy.Hedge{After: m.Hedge.After, BudgetPercent: m.Hedge.BudgetPercent}
+		}
 		s.Models[m.Name] = pm
 		s.ModelNames = append(s.ModelNames, m.Name)
 	}
+	for _, md := range c.Models {
+		if md.DegradeTo != "" {
+			s.Models[md.Name].DegradeTo = s.Models[md.DegradeTo] // validation: it exists, is another model, no cycle
+		}
+	}
+	c.compileAdmission(s, keys, prev, m)
 	return s, nil
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard/switchyard/admission"
 	"github.com/switchyard/switchyard/proxy"
 	"github.com/switchyard/switchyard/routing"
 )
@@ -90,7 +91,9 @@ var invalidCases = []string{
 	"same_listen",             // listen == admin_listen
 	"not_supported",           // fields whose behaviour has not landed
 	"bad_feature_values",      // invalid values of those fields are reported too
-	"bad_priorities",          // priorities and api_keys validation
+	"bad_priorities",          // only admission's three classes, most important first; a key's unknown class
+	"bad_api_keys",            // api_keys: unknown models, limits, duplicate keys and names, a missing key
+	"bad_hedge",               // hedge.after missing or past the first-byte timeout; budget outside (0, 100]
 	"degrade_cycle",           // degrade_to loops, to itself, to an unknown model
 }
 
@@ -210,6 +213,26 @@ func TestFullFile(t *testing.T) {
 		t.Error("target does not point at the snapshot's backend")
 	}
 	check("slo", s.Models["sim-model"].SLO.TTFT, time.Second)
+
+	check("max_concurrency", s.Backends[0].Config().MaxConcurrency, 8)
+	check("max_concurrency default (adaptive)", s.Backends[1].Config().MaxConcurrency, 0)
+	check("hedge, default budget", s.Models["sim-model"].Hedge, proxy.Hedge{After: 250 * time.Millisecond, BudgetPercent: 5})
+	check("hedge", s.Models["gpt-4o-mini"].Hedge, proxy.Hedge{After: 2 * time.Second, BudgetPercent: 1.5})
+	check("no hedge", s.Models["llama-3-8b"].Hedge, proxy.Hedge{})
+	if m.DegradeTo != s.Models["sim-model"] {
+		t.Errorf("llama-3-8b degrades to %p, want the snapshot's sim-model %p", m.DegradeTo, s.Models["sim-model"])
+	}
+	check("priorities", s.Priorities, admission.Priorities{Header: "X-Priority", Default: admission.Standard, SLOFactor: [3]float64{2, 1.5, 0.5}})
+	check("queue", s.Queue, proxy.QueueSettings{Size: 64, Timeout: 2 * time.Second})
+	for key, want := range map[string]string{"backend-secret": "team-a", "test": "ops"} {
+		if k, err := s.Keys.Authenticate([]byte("Bearer " + key)); err != nil || k.Name != want {
+			t.Errorf("key %s: %v, %v; want %s", key, k, err, want)
+		}
+	}
+	check("team-a's class", s.Keys.All()[0].Class, admission.Standard)
+	if s.Limiter == nil || s.Shedder == nil {
+		t.Errorf("limiter %v, shedder %v; want both", s.Limiter, s.Shedder)
+	}
 }
 
 func TestDefaults(t *testing.T) {
@@ -237,21 +260,12 @@ func TestDefaults(t *testing.T) {
 // notSupportedSnippets sets each field the supported table marks false: the key is the table's path, the value
 // says where the YAML line goes in notSupportedBase ("top", "backend", "model", "limits", "key") and the line.
 var notSupportedSnippets = map[string][2]string{
-	"redis":                      {"top", "redis: redis://127.0.0.1:6379/0"},
-	"regions":                    {"top", "regions: {local: {failover: []}}"},
-	"priorities":                 {"top", "priorities: {default: standard}"},
-	"api_keys":                   {"top", "api_keys: [{name: k, key: '${HOME}'}]"},
-	"api_keys[].priority":        {"key", "priority: critical"},
-	"api_keys[].limits":          {"key", "limits: {requests_per_minute: 10}"},
-	"backends[].max_concurrency": {"backend", "max_concurrency: 0"},
-	"backends[].tier":            {"backend", "tier: overflow"},
-	"backends[].cost":            {"backend", "cost: {input: 1}"},
-	"models[].prefix_affinity":   {"model", "prefix_affinity: false"}, // false too: strategies have affinity by themselves
-	"models[].hedge":             {"model", "hedge: {after: 1s}"},
-	"models[].degrade_to":        {"model", "degrade_to: other"},
-	"models[].allowed_regions":   {"model", "allowed_regions: [local]"},
-	"limits.queue_size":          {"limits", "queue_size: 10"},
-	"limits.queue_timeout":       {"limits", "queue_timeout: 1s"},
+	"redis":                    {"top", "redis: redis://127.0.0.1:6379/0"},
+	"regions":                  {"top", "regions: {local: {failover: []}}"},
+	"backends[].tier":          {"backend", "tier: overflow"},
+	"backends[].cost":          {"backend", "cost: {input: 1}"},
+	"models[].prefix_affinity": {"model", "prefix_affinity: false"}, // false too: strategies have affinity by themselves
+	"models[].allowed_regions": {"model", "allowed_regions: [local]"},
 }
 
 // notSupportedBase is a valid file with a place for each snippet.

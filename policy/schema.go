@@ -28,10 +28,10 @@ type Config struct {
 	Models []Model `yaml:"models"`
 	// Regions holds per-region settings, keyed by region name. Not supported yet.
 	Regions map[string]Region `yaml:"regions"`
-	// Priorities configures priority classes and how a request picks one. Not supported yet.
+	// Priorities configures how a request gets its priority class, and each class's SLO factor.
 	Priorities Priorities `yaml:"priorities"`
-	// APIKeys, when present, makes the gateway require "Authorization: Bearer <key>" and lists the keys it
-	// accepts. Absent: no authentication. Not supported yet.
+	// APIKeys, when present, makes the gateway require "Authorization: Bearer <key>" on every request and lists
+	// the keys it accepts, each with its class, models and rate limits. Absent or empty: no authentication.
 	APIKeys []APIKey `yaml:"api_keys"`
 	// Limits bounds requests and the gateway's own resources.
 	Limits Limits `yaml:"limits"`
@@ -63,8 +63,10 @@ type Backend struct {
 	// Weight is the backend's relative share of traffic for the least_request and random strategies (the others
 	// ignore it). Default 1; must be > 0 (0, draining, is not supported yet).
 	Weight float64 `yaml:"weight"`
-	// MaxConcurrency caps the requests in flight to the backend; 0 means an adaptive cap that keeps the engine's
-	// queue shallow. Default: no cap. Not supported yet.
+	// MaxConcurrency is a fixed cap on the requests in flight through the gateway to the backend (first tries,
+	// retries and hedges alike); requests beyond it wait in the gateway queue or go to another backend. 0 means
+	// an adaptive cap (admission.CapParams: starts at 32, within [2, 1024]) that keeps the engine's own queue
+	// shallow. Default 0; >= 0.
 	MaxConcurrency int `yaml:"max_concurrency"`
 	// Tier is dedicated (capacity this deployment owns, used first) or overflow (used only when the dedicated
 	// backends are saturated). Default dedicated. Not supported yet.
@@ -120,10 +122,10 @@ type Model struct {
 	// Default 2; 0 disables retries; at most 10.
 	Retries int `yaml:"retries"`
 	// Hedge sends a second attempt to another backend when the first has no first byte in time. Default: off.
-	// Not supported yet.
 	Hedge Hedge `yaml:"hedge"`
-	// DegradeTo names another model that takes this model's requests under overload (brownout) instead of
-	// shedding them. Default: none. Not supported yet.
+	// DegradeTo names another model (a smaller or quantized variant) that serves this model's standard and
+	// sheddable requests when its backends are saturated (brownout), before any of them is shed; critical
+	// requests never degrade. Not the model itself, and no cycles. Default: none.
 	DegradeTo string `yaml:"degrade_to"`
 	// AllowedRegions restricts the model's traffic to backends in these regions (data residency). Default: any
 	// region. Not supported yet.
@@ -150,9 +152,11 @@ type SLO struct {
 // Hedge configures hedged requests for one model.
 type Hedge struct {
 	// After is how long an attempt may go without a first byte before a second attempt is raced against it on
-	// another backend; the loser is cancelled. Required when hedging is configured; > 0.
+	// another backend; the loser is cancelled. Required when hedging is configured; > 0, and shorter than the
+	// longest timeouts.first_byte of the model's backends (past it the attempt has failed: a retry, not a hedge).
 	After time.Duration `yaml:"after"`
-	// BudgetPercent caps hedged attempts as a percentage of the model's requests. Default 5; in (0, 100].
+	// BudgetPercent caps hedged attempts as a percentage of the model's requests (each request earns
+	// BudgetPercent/100 of a hedge: admission.HedgeBudget). Default 5; in (0, 100].
 	BudgetPercent float64 `yaml:"budget_percent"`
 }
 
@@ -163,24 +167,31 @@ type Region struct {
 	Failover []string `yaml:"failover"`
 }
 
-// Priorities configures priority classes.
+// Priorities configures priority classes. There are exactly three, most important first: critical (never shed
+// on a prediction, only queued), standard and sheddable (gives way first); see admission.Priorities.
+//
+// A request's class is its API key's priority; the priority header may lower it, never raise it (a critical
+// key is the trusted one that may mark each request, any key may demote its batch traffic to sheddable).
+// Without API keys a request's class is Default, and the header may name any class.
 type Priorities struct {
-	// Header is the request header a client may set to a class name. Default x-switchyard-priority. An API key's
-	// priority, when set, wins over the header.
+	// Header is the request header in which a client names a class (critical, standard or sheddable, in any
+	// case; another value is ignored). Default x-switchyard-priority.
 	Header string `yaml:"header"`
-	// Default is the class of a request that names none. Default standard.
+	// Default is the class of a request without a key (when no api_keys are configured) that names none, and
+	// the priority of a key that names none. Default standard.
 	Default string `yaml:"default"`
-	// Classes lists the classes from most to least important. Default: critical (slo_factor 2), standard (1),
-	// sheddable (0.5).
+	// Classes sets the classes' SLO factors, listed most important first (critical, standard, sheddable); a
+	// class not listed keeps its default. Default: critical (slo_factor 2), standard (1), sheddable (0.5).
 	Classes []PriorityClass `yaml:"classes"`
 }
 
-// PriorityClass is one priority class.
+// PriorityClass is one priority class's settings.
 type PriorityClass struct {
-	// Name is the class name clients and keys refer to. Required, unique.
+	// Name is critical, standard or sheddable. Required, unique.
 	Name string `yaml:"name"`
-	// SLOFactor multiplies the model's SLO for requests of this class when deciding to shed them: below 1 sheds
-	// the class earlier, above 1 later. Default 1; > 0.
+	// SLOFactor multiplies the model's TTFT objective for requests of this class, when shedding on a prediction
+	// and when bounding their wait in the queue: below 1 sheds the class earlier, above 1 later. Default: the
+	// class's default (critical 2, standard 1, sheddable 0.5); > 0.
 	SLOFactor float64 `yaml:"slo_factor"`
 }
 
@@ -188,10 +199,13 @@ type PriorityClass struct {
 type APIKey struct {
 	// Name identifies the key in logs and metrics (never the key itself). Required, unique.
 	Name string `yaml:"name"`
-	// Key is the credential: ${ENV_VAR} (the plaintext comes from the environment) or sha256:<64 hex digits>
-	// (also written as a mapping {sha256: <hex>}), so the file holds no plaintext. Required.
+	// Key is the credential: ${ENV_VAR} (the plaintext comes from the environment and is hashed at once; no
+	// ${ENV_VAR:-default}, which would put a key in the file) or sha256:<64 hex digits> (also written as a
+	// mapping {sha256: <hex>}), so neither the file nor the gateway's memory holds the plaintext. Required,
+	// unique.
 	Key KeyHash `yaml:"key"`
-	// Priority is the class of the key's requests. Default: Priorities.Default.
+	// Priority is the class of the key's requests and the most they can claim: the priority header may lower it,
+	// never raise it. Default: Priorities.Default.
 	Priority string `yaml:"priority"`
 	// Models restricts the key to these public models. Default: all models.
 	Models []string `yaml:"models"`
@@ -199,11 +213,16 @@ type APIKey struct {
 	Limits KeyLimits `yaml:"limits"`
 }
 
-// KeyLimits are per-key rate limits; 0 means unlimited.
+// KeyLimits are per-key rate limits (admission.LocalLimiter: token buckets refilled continuously, holding at
+// most one minute's worth, so a full bucket admits a burst of the whole limit); 0 means unlimited. Beyond a
+// limit a request gets 429 with Retry-After. Each replica limits on its own. A reload keeps each key's
+// buckets (by key name).
 type KeyLimits struct {
 	// RequestsPerMinute caps the key's requests per minute. Default 0 (unlimited); >= 0.
 	RequestsPerMinute int `yaml:"requests_per_minute"`
-	// TokensPerMinute caps the key's prompt plus completion tokens per minute. Default 0 (unlimited); >= 0.
+	// TokensPerMinute caps the key's prompt plus completion tokens per minute. A request reserves its prompt
+	// plus max_tokens (512 when unset) at admission and is refunded what it did not use when it ends. Default 0
+	// (unlimited); 0 or at least 512, so that a request without max_tokens can pass.
 	TokensPerMinute int `yaml:"tokens_per_minute"`
 }
 
@@ -220,11 +239,13 @@ type Limits struct {
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
 	// Timeouts are the defaults for every backend's timeouts.
 	Timeouts Timeouts `yaml:"timeouts"`
-	// QueueSize caps the requests waiting in the gateway queue for a backend; beyond it requests are shed (503).
-	// Default 1024; > 0. Not supported yet.
+	// QueueSize caps the requests waiting in each model's gateway queue for a backend with free capacity;
+	// beyond it the newest waiter of the least important class below the arrival is refused (503), or else the
+	// arrival. Default 1024; > 0.
 	QueueSize int `yaml:"queue_size"`
-	// QueueTimeout bounds a request's wait in the gateway queue (503 after it). Default 10s; > 0. Not supported
-	// yet.
+	// QueueTimeout bounds a request's wait in the gateway queue (503 after it). A model's SLO shortens it for
+	// standard (2x its objective) and sheddable (1x) requests, which would be shed anyway past that. Default
+	// 10s; > 0.
 	QueueTimeout time.Duration `yaml:"queue_timeout"`
 }
 

@@ -5,10 +5,14 @@ import (
 	"io"
 	"slices"
 	"strings"
+
+	"github.com/switchyard/switchyard/admission"
 )
 
 // WriteSummary writes a one-screen description of c for `switchyard check`: the gateway's addresses, the
-// backends of each region, and each model with its strategy and targets. It never prints a secret.
+// priority classes and the queue, the API keys (by name and class), the backends of each region and their
+// concurrency caps, and each model with its strategy, targets, hedging and brownout target. It never prints a
+// secret: not a key, not a key's hash.
 func (c *Config) WriteSummary(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: valid (sha256 %s)\n", c.File, short(c.Hash))
@@ -17,6 +21,14 @@ func (c *Config) WriteSummary(w io.Writer) error {
 		b.WriteString("  redis [redacted]")
 	}
 	b.WriteString("\n")
+
+	pr := c.priorities()
+	fmt.Fprintf(&b, "priority  header %s  default %s  slo_factor", pr.Header, pr.Default)
+	for i := range admission.NumClasses {
+		fmt.Fprintf(&b, " %s %g", admission.ClassAt(i), pr.SLOFactor[i])
+	}
+	fmt.Fprintf(&b, "\nqueue     %d per model  timeout %v\n", c.Limits.QueueSize, c.Limits.QueueTimeout)
+	c.writeKeys(&b)
 
 	byRegion := map[string][]string{}
 	var regions []string
@@ -39,6 +51,20 @@ func (c *Config) WriteSummary(w io.Writer) error {
 			local = "  (local)"
 		}
 		fmt.Fprintf(&b, "  %-*s  %s%s\n", width, r, strings.Join(byRegion[r], " "), local)
+	}
+	var caps []string
+	for _, be := range c.Backends {
+		if be.MaxConcurrency > 0 {
+			caps = append(caps, fmt.Sprintf("%s %d", be.Name, be.MaxConcurrency))
+		}
+	}
+	switch {
+	case len(caps) == 0:
+		b.WriteString("  max_concurrency adaptive\n")
+	case len(caps) == len(c.Backends):
+		fmt.Fprintf(&b, "  max_concurrency %s\n", strings.Join(caps, ", "))
+	default:
+		fmt.Fprintf(&b, "  max_concurrency %s; the others adaptive\n", strings.Join(caps, ", "))
 	}
 
 	width = 0
@@ -65,9 +91,50 @@ func (c *Config) WriteSummary(w io.Writer) error {
 			}
 		}
 		fmt.Fprintf(&b, "\n  %-*s  targets %s\n", width, "", strings.Join(targets, " "))
+		if m.Hedge.After > 0 || m.DegradeTo != "" {
+			fmt.Fprintf(&b, "  %-*s ", width, "")
+			if m.Hedge.After > 0 {
+				fmt.Fprintf(&b, " hedge after %v budget %g%%", m.Hedge.After, m.Hedge.BudgetPercent)
+			}
+			if m.DegradeTo != "" {
+				fmt.Fprintf(&b, " degrade_to %s", m.DegradeTo)
+			}
+			b.WriteString("\n")
+		}
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeKeys lists the API keys by name, with their class, models and limits; never the key or its hash.
+func (c *Config) writeKeys(b *strings.Builder) {
+	if len(c.APIKeys) == 0 {
+		b.WriteString("api keys  none: no authentication\n")
+		return
+	}
+	fmt.Fprintf(b, "api keys  %d: requests need Authorization: Bearer <key>\n", len(c.APIKeys))
+	width := 0
+	for _, k := range c.APIKeys {
+		width = max(width, len(k.Name))
+	}
+	for _, k := range c.APIKeys {
+		models := "all models"
+		if len(k.Models) > 0 {
+			models = "models " + strings.Join(k.Models, " ")
+		}
+		limits := "no limits"
+		if l := k.Limits; l.RequestsPerMinute > 0 || l.TokensPerMinute > 0 {
+			var ls []string
+			if l.RequestsPerMinute > 0 {
+				ls = append(ls, fmt.Sprintf("%d requests/min", l.RequestsPerMinute))
+			}
+			if l.TokensPerMinute > 0 {
+				ls = append(ls, fmt.Sprintf("%d tokens/min", l.TokensPerMinute))
+			}
+			limits = strings.Join(ls, " ")
+		}
+		fmt.Fprintf(b, "  %-*s  %-9s  %s  %s\n", width, k.Name, k.Priority, models, limits)
+	}
 }
 
 func boolInt(b bool) int {

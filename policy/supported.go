@@ -24,7 +24,7 @@ var supported = map[string]bool{
 	"backends[].models":              true,
 	"backends[].api_key":             true,
 	"backends[].weight":              true,
-	"backends[].max_concurrency":     false, // fixed and adaptive concurrency caps (admission)
+	"backends[].max_concurrency":     true,
 	"backends[].tier":                false, // overflow backends
 	"backends[].cost":                false, // cost-aware routing
 	"backends[].cost.input":          true,
@@ -46,28 +46,28 @@ var supported = map[string]bool{
 	"models[].slo.itl":              true,
 	"models[].prefix_affinity":      false, // prefix-cache affinity (cache, routing)
 	"models[].retries":              true,
-	"models[].hedge":                false, // hedged requests (proxy)
+	"models[].hedge":                true,
 	"models[].hedge.after":          true,
 	"models[].hedge.budget_percent": true,
-	"models[].degrade_to":           false, // brownout (admission)
+	"models[].degrade_to":           true,
 	"models[].allowed_regions":      false, // data residency (routing)
 
 	"regions":            false, // multi-region failover (routing)
 	"regions.*.failover": true,
 
-	"priorities":                      false, // priority classes (admission)
+	"priorities":                      true,
 	"priorities.header":               true,
 	"priorities.default":              true,
 	"priorities.classes":              true,
 	"priorities.classes[].name":       true,
 	"priorities.classes[].slo_factor": true,
 
-	"api_keys":                              false, // client authentication (admission)
+	"api_keys":                              true,
 	"api_keys[].name":                       true,
 	"api_keys[].key":                        true,
-	"api_keys[].priority":                   false, // priority classes (admission)
+	"api_keys[].priority":                   true,
 	"api_keys[].models":                     true,
-	"api_keys[].limits":                     false, // per-key rate limits (admission)
+	"api_keys[].limits":                     true,
 	"api_keys[].limits.requests_per_minute": true,
 	"api_keys[].limits.tokens_per_minute":   true,
 
@@ -80,8 +80,8 @@ var supported = map[string]bool{
 	"limits.timeouts.first_byte": true,
 	"limits.timeouts.idle":       true,
 	"limits.timeouts.total":      true,
-	"limits.queue_size":          false, // the gateway queue (admission)
-	"limits.queue_timeout":       false,
+	"limits.queue_size":          true,
+	"limits.queue_timeout":       true,
 }
 
 // checkSupported reports every field the file set, to a non-empty value, whose behaviour has not landed yet: the

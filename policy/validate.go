@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/switchyard/switchyard/admission"
 	"github.com/switchyard/switchyard/routing"
 )
 
@@ -20,7 +21,6 @@ var (
 	nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$`)
 	// Region names appear in paths (regions.us-east) and labels: no dots.
 	regionRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$`)
-	classRE  = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
 	// headerRE is an HTTP field name (RFC 9110 token).
 	headerRE = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 )
@@ -38,8 +38,8 @@ func (r *report) validate(c *Config) {
 	regions := r.validateBackends(c)
 	r.validateModels(c, regions)
 	r.validateRegions(c, regions)
-	classes := r.validatePriorities(c)
-	r.validateKeys(c, classes)
+	r.validatePriorities(c)
+	r.validateKeys(c)
 	r.validateLimits(c)
 }
 
@@ -237,12 +237,7 @@ func (r *report) validateModels(c *Config, regions map[string]bool) {
 			r.errorf(p+".retries", fmt.Sprintf("must be between 0 and %d", maxRetries))
 		}
 		if r.set(p + ".hedge") {
-			if m.Hedge.After <= 0 {
-				r.errorf(p+".hedge.after", "required, and must be positive")
-			}
-			if b := m.Hedge.BudgetPercent; b <= 0 || b > 100 {
-				r.errorf(p+".hedge.budget_percent", "must be in (0, 100]")
-			}
+			r.hedge(p+".hedge", m, backends)
 		}
 		if m.DegradeTo != "" {
 			switch _, ok := models[m.DegradeTo]; {
@@ -281,6 +276,26 @@ func (r *report) targets(p string, m Model, backends map[string]*Backend) {
 			r.errorf(tp, fmt.Sprintf("duplicate target %s/%s", t.Backend, t.Model))
 		}
 		seen[t] = true
+	}
+}
+
+// hedge checks a model's hedging: after is set, and shorter than the first-byte timeout of some target (past
+// it the attempt has failed and a retry, not a hedge, takes over), and the budget is a percentage.
+func (r *report) hedge(p string, m Model, backends map[string]*Backend) {
+	var firstByte time.Duration // the longest first-byte timeout of the model's backends
+	for _, t := range m.Targets {
+		if b, ok := backends[t.Backend]; ok {
+			firstByte = max(firstByte, b.Timeouts.FirstByte)
+		}
+	}
+	switch h := m.Hedge; {
+	case h.After <= 0:
+		r.errorf(p+".after", "required, and must be positive")
+	case firstByte > 0 && h.After >= firstByte:
+		r.errorf(p+".after", fmt.Sprintf("must be shorter than the backends' timeouts.first_byte (%v): an attempt that has no first byte by then has failed, and is retried rather than hedged", firstByte))
+	}
+	if b := m.Hedge.BudgetPercent; b <= 0 || b > 100 {
+		r.errorf(p+".budget_percent", "must be in (0, 100]")
 	}
 }
 
@@ -338,46 +353,49 @@ func (r *report) validateRegions(c *Config, regions map[string]bool) {
 	}
 }
 
-// validatePriorities checks the priority classes and returns their names.
-func (r *report) validatePriorities(c *Config) map[string]bool {
+// validatePriorities checks the priorities section. The classes are admission's three (critical, standard,
+// sheddable): the file may set their SLO factors, not invent classes, and lists them most important first.
+func (r *report) validatePriorities(c *Config) {
 	pr := c.Priorities
 	if !headerRE.MatchString(pr.Header) {
 		r.errorf("priorities.header", fmt.Sprintf("invalid HTTP header name %q", pr.Header))
 	}
-	classes := map[string]bool{}
+	seen := map[string]int{}
+	last, lastName := -1, "" // the least important class listed so far
 	for i, cl := range pr.Classes {
 		p := fmt.Sprintf("priorities.classes[%d]", i)
+		k := classIndex(cl.Name)
+		first, dup := seen[cl.Name]
 		switch {
 		case cl.Name == "":
 			r.errorf(p+".name", "required")
-		case !classRE.MatchString(cl.Name):
-			r.errorf(p+".name", fmt.Sprintf("invalid class name %q: lower-case letters, digits, '-' and '_'", cl.Name))
-		case classes[cl.Name]:
-			r.errorf(p+".name", fmt.Sprintf("duplicate class %q", cl.Name))
+		case k < 0:
+			r.unknownClass(p+".name", cl.Name)
+		case dup:
+			r.errorf(p+".name", fmt.Sprintf("duplicate class %q (also priorities.classes[%d])", cl.Name, first))
+		case k < last:
+			r.errorf(p+".name", fmt.Sprintf("%s is listed after %s: list classes most important first (%s)", cl.Name, lastName, validClasses()))
+		default:
+			last, lastName = k, cl.Name
 		}
-		classes[cl.Name] = true
+		if !dup {
+			seen[cl.Name] = i
+		}
 		if cl.SLOFactor <= 0 {
 			r.errorf(p+".slo_factor", "must be positive")
 		}
 	}
-	if !classes[pr.Default] {
-		r.errorf("priorities.default", fmt.Sprintf("unknown class %q (classes: %s)", pr.Default, strings.Join(classNames(pr.Classes), ", ")))
+	if classIndex(pr.Default) < 0 {
+		r.unknownClass("priorities.default", pr.Default)
 	}
-	return classes
 }
 
-// classNames lists the valid class names, once each, in order.
-func classNames(cs []PriorityClass) []string {
-	var names []string
-	for _, c := range cs {
-		if classRE.MatchString(c.Name) && !slices.Contains(names, c.Name) {
-			names = append(names, c.Name)
-		}
-	}
-	return names
+// unknownClass reports a name that is not one of admission's classes.
+func (r *report) unknownClass(path, name string) {
+	r.errorf(path, fmt.Sprintf("unknown class %q (one of: %s)", name, validClasses()))
 }
 
-func (r *report) validateKeys(c *Config, classes map[string]bool) {
+func (r *report) validateKeys(c *Config) {
 	names := map[string]int{}
 	hashes := map[KeyHash]int{}
 	models := map[string]bool{}
@@ -395,8 +413,9 @@ func (r *report) validateKeys(c *Config, classes map[string]bool) {
 		default:
 			hashes[k.Key] = i
 		}
-		if r.set(p+".priority") && !classes[k.Priority] { // an unknown default is reported at priorities.default
-			r.errorf(p+".priority", fmt.Sprintf("unknown class %q (classes: %s)", k.Priority, strings.Join(classNames(c.Priorities.Classes), ", ")))
+		// A priority left out (or "") is priorities.default, whose errors are reported there.
+		if f, ok := r.fields[p+".priority"]; ok && !f.empty && classIndex(k.Priority) < 0 {
+			r.unknownClass(p+".priority", k.Priority)
 		}
 		for j, m := range k.Models {
 			if !models[m] {
@@ -406,8 +425,12 @@ func (r *report) validateKeys(c *Config, classes map[string]bool) {
 		if k.Limits.RequestsPerMinute < 0 {
 			r.errorf(p+".limits.requests_per_minute", "must be >= 0 (0: unlimited)")
 		}
-		if k.Limits.TokensPerMinute < 0 {
+		switch tpm := k.Limits.TokensPerMinute; {
+		case tpm < 0:
 			r.errorf(p+".limits.tokens_per_minute", "must be >= 0 (0: unlimited)")
+		case tpm > 0 && tpm < admission.DefaultCompletionTokens:
+			r.errorf(p+".limits.tokens_per_minute", fmt.Sprintf("must be 0 (unlimited) or at least %d: a request without max_tokens reserves %d tokens, and could never pass",
+				admission.DefaultCompletionTokens, admission.DefaultCompletionTokens))
 		}
 	}
 }
