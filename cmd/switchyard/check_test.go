@@ -65,10 +65,23 @@ func TestCheckAcceptsTheShippedConfig(t *testing.T) {
 		"us-east  use-1 use-2 use-3 use-4  (local)",
 		"eu-west  euw-1 euw-2",
 		"sim-model     strategy adaptive  retries 2  slo ttft 500ms itl 50ms",
-		"targets use-1 use-2 use-3 use-4 euw-1 euw-2",
+		"targets use-1 use-2 use-3 use-4 euw-1 euw-2\n                hedge after 300ms budget 5%\n",
+		"priority  header x-switchyard-priority  default standard  slo_factor critical 2 standard 1 sheddable 0.5\n",
+		"queue     1024 per model  timeout 10s\n",
+		"api keys  2: requests need Authorization: Bearer <key>\n",
+		"  demo        standard   all models  6000 requests/min 6000000 tokens/min\n",
+		"  demo-batch  sheddable  models sim-model  600 requests/min 1000000 tokens/min\n",
+		"  max_concurrency use-4 64; the others adaptive\n",
 	} {
 		if !strings.Contains(out, s) {
 			t.Errorf("summary lacks %q:\n%s", s, out)
+		}
+	}
+	// Keys by name and class only: never their text or their hashes (config.yaml's demo keys are public, but
+	// check prints every file the same way).
+	for _, s := range []string{"sk-switchyard-demo", "37cbfc18", "5cca7d10", "sha256:"} {
+		if strings.Contains(out, s) {
+			t.Errorf("summary shows a key or its hash (%q):\n%s", s, out)
 		}
 	}
 	if n := strings.Count(out, "\n"); n > 24 {
