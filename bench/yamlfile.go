@@ -19,6 +19,7 @@ type FileError struct {
 	Msg  string
 }
 
+// Error is "FILE:LINE: message", or "FILE: message" without a line.
 func (e *FileError) Error() string {
 	if e.Line <= 0 {
 		return fmt.Sprintf("%s: %s", e.File, e.Msg)
@@ -29,6 +30,7 @@ func (e *FileError) Error() string {
 // FileErrors is every problem found in one file, in file order. Its Error is one "FILE:LINE: message" per line.
 type FileErrors []*FileError
 
+// Error is one "FILE:LINE: message" per line.
 func (es FileErrors) Error() string {
 	var b strings.Builder
 	for i, e := range es {
