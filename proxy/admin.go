@@ -8,26 +8,19 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/switchyard/switchyard/routing"
 )
 
-// BackendStatus is one backend as /debug/backends shows it.
+// BackendStatus is one backend as /debug/backends shows it: routing's view (live counts, scraped engine
+// metrics, predictions, prefix-index share) plus what the request path knows (URL, circuit breaker, outlier
+// detector, concurrency cap).
 type BackendStatus struct {
-	Name          string  `json:"name"`
-	Region        string  `json:"region"`
-	URL           string  `json:"url"`
-	Healthy       bool    `json:"healthy"`
-	Breaker       string  `json:"breaker"`
-	Inflight      int64   `json:"inflight"`
-	Prefilling    int64   `json:"prefilling"`
-	Decoding      int64   `json:"decoding"`
-	QueueDepth    float64 `json:"queue_depth"`
-	KVUsage       float64 `json:"kv_usage"`
-	TTFTMs        float64 `json:"ttft_ms"`
-	ITLMs         float64 `json:"itl_ms"`
-	RTTMs         float64 `json:"rtt_ms"`
-	PrefixHitRate float64 `json:"prefix_hit_rate"`
-	Requests      uint64  `json:"requests"`
-	Failures      uint64  `json:"failures"`
+	routing.BackendStatus
+	URL              string `json:"url"`
+	Breaker          string `json:"breaker"`
+	Outlier          string `json:"outlier"`
+	ConcurrencyLimit int    `json:"concurrency_limit"`
 }
 
 // Admin serves the admin port: /metrics, /healthz, /readyz, /debug/backends, /debug/config and a small live
@@ -36,9 +29,6 @@ type BackendStatus struct {
 type Admin struct {
 	s   *Server
 	mux *http.ServeMux
-	// Describe fills in what routing knows about a backend beyond the gateway's own accounting (queue depth,
-	// KV usage, predictions, breaker state). Optional.
-	Describe func(*BackendStatus)
 }
 
 //go:embed status.html
@@ -78,15 +68,12 @@ func (a *Admin) Backends() []BackendStatus {
 	}
 	out := make([]BackendStatus, 0, len(snap.Backends))
 	for _, b := range snap.Backends {
-		c := b.Config()
-		pre, _ := b.Prefilling()
-		st := BackendStatus{
-			Name: c.Name, Region: c.Region, URL: c.URL, Healthy: b.Healthy(), Breaker: a.s.brk.state(b).String(),
-			Inflight: b.Inflight(), Prefilling: pre, Decoding: b.Decoding(),
-			Requests: b.Requests(), Failures: b.Failures(),
+		st := BackendStatus{BackendStatus: b.Status(), URL: b.Config().URL, Breaker: a.s.brk.state(b).String(), Outlier: "serving"}
+		if o := a.s.outliers.Get(st.Name); o != nil {
+			st.Outlier = o.State().String()
 		}
-		if a.Describe != nil {
-			a.Describe(&st)
+		if c := a.s.caps.Get(st.Name); c != nil {
+			st.ConcurrencyLimit = c.Limit()
 		}
 		out = append(out, st)
 	}

@@ -257,3 +257,20 @@ func TestRewriteModel(t *testing.T) {
 		}
 	}
 }
+
+// TestIdleConnectionClosesSilently: a connection that sends nothing within the header timeout is closed
+// without a response (an answer would arrive unsolicited on a client's spare connection).
+func TestIdleConnectionClosesSilently(t *testing.T) {
+	t.Parallel()
+	gw := startGateway(t, snapshotOf(&routing.RoundRobin{}, 2, deadURL(t)), Options{HeaderTimeout: 200 * time.Millisecond})
+	c, err := net.Dial("tcp", strings.TrimPrefix(gw.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	b, err := io.ReadAll(c)
+	if err != nil || len(b) != 0 {
+		t.Errorf("an idle connection got %q (%v); want a silent close", b, err)
+	}
+}

@@ -248,6 +248,14 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 
 // handleError renders fasthttp's own request errors (body too large, bad request, timeouts) as OpenAI errors.
 func (s *Server) handleError(ctx *fasthttp.RequestCtx, err error) {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		// A client that sent nothing (or too little) within the read timeout: typically an HTTP client's spare
+		// connection that it never used. An answer would arrive unsolicited on its idle connection, so close
+		// silently, as net/http does.
+		_ = ctx.Conn().Close()
+		return
+	}
 	ctx.Response.Header.SetBytesV(headerRequestID, appendRequestID(nil, nil))
 	ctx.Response.Header.Set(headerBackend, "none")
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {

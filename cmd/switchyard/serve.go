@@ -94,16 +94,6 @@ func serve(ctx context.Context, path string, log *slog.Logger, ready gatewayRead
 		return fmt.Errorf("admin listen: %w", err)
 	}
 	admin := proxy.NewAdmin(srv, reg)
-	admin.Describe = func(st *proxy.BackendStatus) {
-		for _, b := range w.Snapshot().Backends {
-			if b.Name() == st.Name {
-				rs := b.Status()
-				st.QueueDepth, st.KVUsage, st.TTFTMs, st.ITLMs, st.RTTMs, st.PrefixHitRate =
-					rs.QueueDepth, rs.KVUsage, rs.TTFTms, rs.ITLms, rs.RTTms, rs.PrefixHitRate
-				return
-			}
-		}
-	}
 	adminSrv := &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second}
 
 	monitor := routing.NewMonitor(backends, routing.MonitorOptions{})
