@@ -39,6 +39,9 @@ type Scenario struct {
 	Warmup      time.Duration `yaml:"warmup"`
 	Seed        uint64        `yaml:"seed"`
 	SLO         SLO           `yaml:"slo"`
+	// Timeout bounds each request (send to last byte) when the command line sets no -timeout; default 2m. A
+	// request over it counts as a timeout error, so an overloaded column ends instead of draining for minutes.
+	Timeout time.Duration `yaml:"timeout"`
 	// Region is the generated gateway's region; default the first backend's.
 	Region  string   `yaml:"region"`
 	Columns []Column `yaml:"columns"`
@@ -87,8 +90,8 @@ func LoadScenario(path string) (*Scenario, error) {
 	if s.Workload == "" {
 		errs.add("workload", "missing workload file")
 	}
-	if s.Rate < 0 || s.Duration < 0 || s.Warmup < 0 {
-		errs.add("rate", "rate, duration and warmup must be >= 0")
+	if s.Rate < 0 || s.Duration < 0 || s.Warmup < 0 || s.Timeout < 0 {
+		errs.add("rate", "rate, duration, warmup and timeout must be >= 0")
 	}
 	if len(s.Columns) == 0 {
 		errs.add("columns", "at least one column is needed")

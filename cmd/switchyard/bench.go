@@ -83,7 +83,7 @@ func (f *workloadFlags) register(fs *flag.FlagSet) {
 	fs.Uint64Var(&f.seed, "seed", 0, "random seed (default: "+f.from+"); same seed, same requests")
 	fs.DurationVar(&f.sloTTFT, "slo-ttft", 0, "goodput SLO on time to first token (default: "+f.from+")")
 	fs.DurationVar(&f.sloITL, "slo-itl", 0, "goodput SLO on mean inter-token latency (default: "+f.from+")")
-	fs.DurationVar(&f.timeout, "timeout", 2*time.Minute, "per-request timeout, send to last byte")
+	fs.DurationVar(&f.timeout, "timeout", 2*time.Minute, "per-request timeout, send to last byte (compare: default the scenario's timeout, else 2m)")
 }
 
 func (f *workloadFlags) overrides() bench.Overrides {
@@ -197,7 +197,11 @@ func benchCompare(ctx context.Context, command string, args []string, stdout, st
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
-	env, code := benchEnv(out, "bench/out/"+sc.Name, wf.timeout, stderr)
+	timeout := wf.timeout
+	if sc.Timeout > 0 && !flagSet(fs, "timeout") {
+		timeout = sc.Timeout
+	}
+	env, code := benchEnv(out, "bench/out/"+sc.Name, timeout, stderr)
 	if code != 0 {
 		return code
 	}
@@ -275,6 +279,13 @@ func benchOverhead(ctx context.Context, command string, args []string, stdout, s
 		}
 	}
 	return 0
+}
+
+// flagSet reports whether the command line set the flag name.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // benchEnv makes the output and work directories and finds this binary, which compare and overhead run as
