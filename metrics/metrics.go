@@ -83,6 +83,15 @@ type Gateway struct {
 	// BudgetDenied counts retries and hedges not attempted because their budget was spent, by kind (retry,
 	// hedge).
 	BudgetDenied *prometheus.CounterVec
+	// RegionSpills counts picks (retries and hedges included) that chose a backend outside the gateway's region,
+	// by model, the gateway's region (from) and the backend's region (to). Regions come from the policy.
+	RegionSpills *prometheus.CounterVec
+	// RegionActiveTier is, per model, the position in the failover order of the first region that takes the
+	// model's traffic in full: 0 the gateway's region, 1 its first failover region, and so on.
+	RegionActiveTier *prometheus.GaugeVec
+	// RegionShare is, per model and region of the failover order, the share of picks the region may take: 1
+	// normally, 0 while it is held back after a failure, rising on the return ramp.
+	RegionShare *prometheus.GaugeVec
 }
 
 // New creates the gateway's metrics and registers them, with the Go runtime and process collectors, on reg.
@@ -199,12 +208,25 @@ func New(reg prometheus.Registerer) *Gateway {
 			Name: "switchyard_budget_denied_total",
 			Help: "Retries and hedges not attempted because their budget was spent, by kind.",
 		}, []string{"kind"}),
+		RegionSpills: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_region_spill_total",
+			Help: "Picks that chose a backend outside the gateway's region, by model, gateway region and backend region.",
+		}, []string{"model", "from", "to"}),
+		RegionActiveTier: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_region_active_tier",
+			Help: "Position in the failover order of the region taking the model's traffic: 0 the gateway's own.",
+		}, []string{"model"}),
+		RegionShare: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_region_share",
+			Help: "Share of picks a region may take: 1 normally, 0 held back after a failure, rising on the return ramp.",
+		}, []string{"model", "region"}),
 	}
 	reg.MustRegister(
 		m.TTFT, m.TPOT, m.Duration, m.Tokens, m.Requests, m.Inflight, m.QueueDepth, m.Retries, m.Overhead,
 		m.UpstreamErrors, m.ClientDisconnects, m.TTFTPredictionError, m.PrefixLookups, m.PrefixHits, m.Shed,
 		m.Hedges, m.BreakerState, m.QueueWait, m.ConfigReloadSuccess, m.ConfigReloadTime,
 		m.QueueLength, m.ConcurrencyLimit, m.OutlierState, m.OutlierEjections, m.Degraded, m.BudgetDenied,
+		m.RegionSpills, m.RegionActiveTier, m.RegionShare,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
