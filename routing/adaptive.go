@@ -24,8 +24,10 @@ type AdaptiveParams struct {
 	// it is saturated when waiting > QueueThreshold*(1+Headroom) or kv > KVThreshold (KV usage cannot exceed 1,
 	// so it gets no headroom). Default 0.2.
 	Headroom float64
-	// RegionMargin is added to the cost of a backend outside the gateway's region (hysteresis against flapping
-	// between regions; its RTT is counted separately). Default 100ms.
+	// RegionMargin is added to the cost of a backend outside the gateway's region, once per step down the
+	// failover order (a backend in the first failover region pays it once, in the second twice, elsewhere once
+	// more than the last): a remote backend wins only when it is cheaper by more than that, a hysteresis against
+	// flapping between regions. Its RTT is counted separately. Default 100ms.
 	RegionMargin time.Duration
 	// Interference weighs the stall a request's prefill imposes on the sequences already decoding on a
 	// backend: running * prefill_time * Interference seconds are added to its cost. Default 0.05.
@@ -104,7 +106,7 @@ const maxTies = 8
 //	         if the request has an ITL objective, predicted p90 ITL within it. Each filter fails open when it
 //	         would leave nothing.
 //	cost_b = RTT_b + TTFT_b(uncached_b, queued_b, running_b) + Interference*running_b*prefill_b
-//	         + RegionMargin (if b is in another region)
+//	         + RegionMargin * tier_b (0 in the gateway's region, i in its i-th failover region)
 //	pick:    among candidates within best*(1+TieRelative)+TieAbsolute: for a prefix no candidate holds, the
 //	         rendezvous-hash winner of the first block (every replica agrees); otherwise a softmax sample among
 //	         the TieMax cheapest.
@@ -114,7 +116,8 @@ const maxTies = 8
 // an 8 KiB prompt takes microseconds and allocates nothing.
 type Adaptive struct {
 	p      AdaptiveParams
-	region string
+	order  regionOrder
+	sat    saturation
 	clock  Clock
 	lookup prometheus.Counter // nil without metrics
 	hits   prometheus.Counter
@@ -122,12 +125,15 @@ type Adaptive struct {
 
 var _ Strategy = (*Adaptive)(nil)
 
+// weighsRegions implements regionWeigher: the cost's region margin lets a remote backend win by more than it.
+func (*Adaptive) weighsRegions() {}
+
 // NewAdaptive returns an adaptive strategy for one model with parameters p (see DefaultAdaptiveParams).
 func NewAdaptive(env StrategyEnv, p AdaptiveParams) (*Adaptive, error) {
 	if err := p.Validate(); err != nil {
 		return nil, fmt.Errorf("adaptive: %w", err)
 	}
-	s := &Adaptive{p: p, region: env.Region, clock: env.Clock}
+	s := &Adaptive{p: p, order: newRegionOrder(env), sat: saturationOf(p), clock: env.Clock}
 	if s.clock == nil {
 		s.clock = SystemClock{}
 	}
@@ -230,14 +236,12 @@ func (s *Adaptive) evaluate(b *Backend, now time.Time, prompt, blocks int, itlSL
 	}
 	rtt := b.rtt()
 	cost := rtt + ttft + s.p.Interference*l.running*b.lat.prefillPerToken()*u
-	if s.region != "" && cfg.Region != "" && cfg.Region != s.region {
-		cost += s.p.RegionMargin.Seconds()
+	if k := s.order.tier(cfg.Region); k > 0 {
+		cost += float64(k) * s.p.RegionMargin.Seconds()
 	}
 	c := cand{blocks: blocks, hit: hit, cost: cost, ttft: rtt + p90}
 	switch {
-	case l.fresh && (l.waiting > s.p.QueueThreshold*(1+s.p.Headroom) || l.kv > s.p.KVThreshold):
-		c.tier = 2
-	case cfg.MaxConcurrency > 0 && b.Inflight() >= int64(cfg.MaxConcurrency):
+	case s.sat.at(b, cfg, l):
 		c.tier = 2
 	case float64(b.Inflight()) > max(minInflight+s.p.ImbalanceAbs, minInflight*s.p.ImbalanceRel):
 		c.tier = 2

@@ -130,8 +130,19 @@ type StrategyEnv struct {
 	Metrics *metrics.Gateway
 	// Clock is the time source for staleness checks; nil means the system clock.
 	Clock Clock
-	// Adaptive tunes the adaptive strategy; nil means DefaultAdaptiveParams. Other strategies ignore it.
+	// Adaptive tunes the adaptive strategy; nil means DefaultAdaptiveParams. Other strategies ignore it, but
+	// region failover counts a backend as saturated at its thresholds.
 	Adaptive *AdaptiveParams
+	// Failover is Region's failover order (the policy's regions.<region>.failover): a pick considers the
+	// backends of these regions, in this order, only when every backend of the regions before is unhealthy or
+	// saturated (see Regional). Backends of regions not listed come after all of them. Ignored without Region;
+	// at most MaxFailover regions.
+	Failover []string
+	// Regions tunes the failover's hysteresis; nil means DefaultRegionParams.
+	Regions *RegionParams
+	// Previous is the strategy this one replaces (the same model's, before a policy reload), or nil: the new
+	// strategy keeps its region failover state, so a reload neither forgets a failure nor restarts a return.
+	Previous Strategy
 }
 
 var strategyTable = map[string]func(StrategyEnv) (Strategy, error){
@@ -150,8 +161,10 @@ var strategyTable = map[string]func(StrategyEnv) (Strategy, error){
 }
 
 // NewStrategy returns a new instance of the strategy called name (one of StrategyNames; "" means
-// DefaultStrategy) for one model. Each call returns an independent instance: give each model its own. The error
-// wraps ErrUnknownStrategy for an unknown name, or says which parameter is invalid.
+// DefaultStrategy) for one model. With env.Region set, the strategy is wrapped in a Regional: it sees the
+// gateway's region first and the others in env.Failover's order. Each call returns an independent instance
+// (except for the region state it takes over from env.Previous): give each model its own. The error wraps
+// ErrUnknownStrategy for an unknown name, or says which parameter is invalid.
 func NewStrategy(name string, env StrategyEnv) (Strategy, error) {
 	if name == "" {
 		name = DefaultStrategy
@@ -160,7 +173,11 @@ func NewStrategy(name string, env StrategyEnv) (Strategy, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w %q (known: %v)", ErrUnknownStrategy, name, StrategyNames())
 	}
-	return mk(env)
+	s, err := mk(env)
+	if err != nil || env.Region == "" {
+		return s, err
+	}
+	return NewRegional(s, env)
 }
 
 // StrategyNames returns the names NewStrategy knows, sorted.
