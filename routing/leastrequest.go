@@ -10,7 +10,7 @@ type LeastRequest struct{}
 var _ Strategy = LeastRequest{}
 
 // Pick implements Strategy.
-func (LeastRequest) Pick(_ *Request, targets []Target) (Target, error) {
+func (LeastRequest) Pick(r *Request, targets []Target) (Target, error) {
 	var best Target
 	bestLoad, ties := 0.0, 0
 	for _, t := range targets {
@@ -32,6 +32,7 @@ func (LeastRequest) Pick(_ *Request, targets []Target) (Target, error) {
 	if ties == 0 {
 		return Target{}, ErrNoBackend
 	}
+	r.dec = Decision{Backend: best.Backend}
 	return best, nil
 }
 

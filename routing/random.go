@@ -9,7 +9,7 @@ type Random struct{}
 var _ Strategy = Random{}
 
 // Pick implements Strategy.
-func (Random) Pick(_ *Request, targets []Target) (Target, error) {
+func (Random) Pick(r *Request, targets []Target) (Target, error) {
 	total := 0.0
 	for _, t := range targets {
 		if t.Backend.Healthy() {
@@ -27,8 +27,9 @@ func (Random) Pick(_ *Request, targets []Target) (Target, error) {
 		}
 		last = t
 		if x -= weight(t.Backend.Config()); x < 0 {
-			return t, nil
+			break
 		}
 	}
-	return last, nil // rounding left x at exactly 0
+	r.dec = Decision{Backend: last.Backend} // the loop ends on the pick, or rounding left x at exactly 0
+	return last, nil
 }
