@@ -53,7 +53,7 @@ func BenchmarkRateLimit(b *testing.B) {
 			b.Fatal(q.Err)
 		}
 		buf = q.AppendHeaders(buf, set)
-		l.Settle(k, q.Reserved, 700)
+		l.Settle(k, &q, 700)
 	}
 }
 
@@ -65,7 +65,7 @@ func BenchmarkRateLimitParallel(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			q := l.Take(k, 1500)
-			l.Settle(k, q.Reserved, 700)
+			l.Settle(k, &q, 700)
 		}
 	})
 }

@@ -1,6 +1,8 @@
 package admission
 
 import (
+	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +32,13 @@ type OutlierParams struct {
 	// MaxEjectedPercent caps the backends out of service (ejected or probing) at once, as a share of those
 	// tracked; one may always be ejected. Default 50 (ops.md B1: GPU pools are small; never eject most of one).
 	MaxEjectedPercent float64
+	// PeerFactor makes both rules relative to the pool, as Envoy's success-rate ejection is: a backend is
+	// ejected only if its slow (or error) share is also more than PeerFactor times the median share of the other
+	// serving backends that have enough observations, and there must be at least one such peer. A pool where
+	// every backend looks slow (the router's predictions are off, say round robin missing the prefix cache
+	// everywhere) or fails alike (the requests themselves are bad) ejects nobody: ejecting would only
+	// concentrate the same load on fewer backends. Default 3.
+	PeerFactor float64
 	// Probes is how many good probes in a row bring a backend back. Default 3.
 	Probes int
 	// ProbeTimeout frees the probe slot when a granted probe reports nothing (its client left before the first
@@ -40,7 +49,7 @@ type OutlierParams struct {
 // DefaultOutlierParams returns the defaults listed on OutlierParams.
 func DefaultOutlierParams() OutlierParams {
 	return OutlierParams{
-		Window: 30 * time.Second, SlowRatio: 3, SlowShare: 0.1, ErrorRate: 0.05, MinRequests: 20,
+		Window: 30 * time.Second, SlowRatio: 3, SlowShare: 0.1, ErrorRate: 0.05, MinRequests: 20, PeerFactor: 3,
 		BaseEjection: 30 * time.Second, MaxEjection: 300 * time.Second, MaxEjectedPercent: 50,
 		Probes: 3, ProbeTimeout: 60 * time.Second,
 	}
@@ -56,6 +65,9 @@ func (p OutlierParams) withDefaults() OutlierParams {
 	}
 	if p.SlowShare <= 0 {
 		p.SlowShare = d.SlowShare
+	}
+	if p.PeerFactor <= 0 {
+		p.PeerFactor = d.PeerFactor
 	}
 	if p.ErrorRate <= 0 {
 		p.ErrorRate = d.ErrorRate
@@ -145,6 +157,8 @@ func (d *OutlierDetector) Update(names []string) {
 		o := old[name]
 		if o == nil {
 			o = &Outlier{d: d, name: name}
+			o.slowShare.Store(math.Float64bits(-1))
+			o.errShare.Store(math.Float64bits(-1))
 			if d.m != nil {
 				o.gauge = d.m.OutlierState.WithLabelValues(name)
 				o.ejectErrors = d.m.OutlierEjections.WithLabelValues(name, "errors")
@@ -171,6 +185,34 @@ func (d *OutlierDetector) Update(names []string) {
 	}
 	d.tracked.Store(int64(len(next)))
 	d.by.Store(&next)
+}
+
+// standsOut reports whether o's share is more than PeerFactor times the median share of the other serving
+// backends that have enough observations. Without any such peer there is no evidence that o is worse than the
+// pool, and nothing to gain from ejecting it (a lone backend's hard failures are the circuit breaker's job), so
+// it does not stand out. It reads the others' published shares lock-free; it runs only when o is over a
+// threshold, so its pass over the pool is rare.
+func (d *OutlierDetector) standsOut(o *Outlier, v float64, share func(*Outlier) float64) bool {
+	var buf [64]float64
+	vals := buf[:0]
+	for _, x := range *d.by.Load() {
+		if x == o || OutlierState(x.state.Load()) != Serving {
+			continue
+		}
+		if s := share(x); s >= 0 {
+			vals = append(vals, s)
+		}
+	}
+	if len(vals) == 0 {
+		return false
+	}
+	slices.Sort(vals)
+	n := len(vals)
+	median := vals[n/2]
+	if n%2 == 0 {
+		median = (vals[n/2-1] + vals[n/2]) / 2
+	}
+	return v > d.p.PeerFactor*median
 }
 
 // Get returns the backend's Outlier, or nil for a name Update did not install. Lock-free.
@@ -201,6 +243,10 @@ type Outlier struct {
 	ejections int   // consecutive ejections, for the ejection length
 	recovered int64 // ns since base when the backend last came back into service
 	probesOK  int
+
+	// The window's shares as of the last observation (math.Float64bits; -1 while it has too few observations),
+	// read lock-free by the other backends' peer comparison.
+	slowShare, errShare atomic.Uint64
 
 	gauge                  prometheus.Gauge
 	ejectErrors, ejectSlow prometheus.Counter
@@ -325,8 +371,21 @@ func (o *Outlier) Observe(ok bool, ttft, predicted time.Duration) {
 			requests, errors, ratios, slows = requests+x.requests, errors+x.errors, ratios+x.ratios, slows+x.slow
 		}
 	}
-	byErrors := requests >= p.MinRequests && float64(errors) > p.ErrorRate*float64(requests)
-	bySlow := ratios >= p.MinRequests && float64(slows) > p.SlowShare*float64(ratios)
+	errShare, slowShare := -1.0, -1.0
+	if requests >= p.MinRequests {
+		errShare = float64(errors) / float64(requests)
+	}
+	if ratios >= p.MinRequests {
+		slowShare = float64(slows) / float64(ratios)
+	}
+	o.errShare.Store(math.Float64bits(errShare))
+	o.slowShare.Store(math.Float64bits(slowShare))
+	byErrors := errShare > p.ErrorRate && o.d.standsOut(o, errShare, func(x *Outlier) float64 {
+		return math.Float64frombits(x.errShare.Load())
+	})
+	bySlow := slowShare > p.SlowShare && o.d.standsOut(o, slowShare, func(x *Outlier) float64 {
+		return math.Float64frombits(x.slowShare.Load())
+	})
 	if (byErrors || bySlow) && o.d.mayEject() {
 		o.d.out.Add(1)
 		if now-o.recovered > int64(p.MaxEjection) {
@@ -343,6 +402,8 @@ func (o *Outlier) ejectLocked(now int64, byErrors bool) {
 	o.until.Store(now + int64(o.length()))
 	o.probesOK = 0
 	o.buckets = [outlierBuckets]outlierBucket{}
+	o.slowShare.Store(math.Float64bits(-1))
+	o.errShare.Store(math.Float64bits(-1))
 	o.state.Store(uint32(Ejected))
 	o.setGauge(Ejected)
 	switch {

@@ -12,12 +12,15 @@ import (
 
 const pred = 100 * time.Millisecond
 
+// newDetector returns a detector of names plus a healthy backend "peer" with a full window of good
+// observations: the rules judge a backend against its peers, so a test of one bad backend needs a healthy pool.
 func newDetector(t *testing.T, names ...string) (*OutlierDetector, *fakeClock, *metrics.Gateway) {
 	t.Helper()
 	clk := newFakeClock()
 	m := metrics.New(prometheus.NewRegistry())
 	d := NewOutlierDetector(OutlierParams{}, clk, m)
-	d.Update(names)
+	d.Update(append(names, "peer"))
+	feed(d.Get("peer"), 20, 0, 0)
 	return d, clk, m
 }
 
@@ -206,14 +209,19 @@ func TestOutlierEjectionCap(t *testing.T) {
 	for _, tc := range []struct {
 		backends, bad, want int
 	}{
-		{1, 1, 1}, {2, 2, 1}, {4, 4, 2}, {5, 5, 2}, {10, 3, 3},
+		{2, 1, 1}, {3, 2, 1}, {4, 3, 2}, {5, 3, 2}, {10, 3, 3},
 	} {
 		t.Run(fmt.Sprintf("%d of %d bad", tc.bad, tc.backends), func(t *testing.T) {
 			names := make([]string, tc.backends)
 			for i := range names {
 				names[i] = fmt.Sprint("b", i)
 			}
-			d, clk, _ := newDetector(t, names...)
+			clk := newFakeClock()
+			d := NewOutlierDetector(OutlierParams{}, clk, nil)
+			d.Update(names)
+			for _, n := range names[tc.bad:] {
+				feed(d.Get(n), 20, 0, 0) // the healthy ones the bad ones are judged against
+			}
 			for _, n := range names[:tc.bad] {
 				feed(d.Get(n), 0, 0, 20)
 			}
@@ -237,6 +245,9 @@ func TestOutlierEjectionCap(t *testing.T) {
 				t.Fatalf("no recovery: %v", first.State())
 			}
 			if tc.bad > tc.want {
+				for _, n := range names[tc.bad:] {
+					feed(d.Get(n), 20, 0, 0) // the healthy peers' window moved on too
+				}
 				next := d.Get(names[tc.want])
 				feed(next, 0, 0, 20) // its earlier errors left the window while it waited for room
 				if next.State() != Ejected {
@@ -252,11 +263,11 @@ func TestOutlierUpdate(t *testing.T) {
 	a := d.Get("a")
 	feed(a, 0, 0, 20)
 	feed(d.Get("b"), 0, 0, 20)
-	d.Update([]string{"a", "b", "c", "d", "e"})
+	d.Update([]string{"a", "b", "c", "d", "e", "peer"})
 	if d.Get("a") != a || a.State() != Ejected {
 		t.Fatal("a lost its state across the reload")
 	}
-	d.Update([]string{"c", "d", "e"}) // a and b leave: they no longer count against the cap
+	d.Update([]string{"c", "d", "e", "peer"}) // a and b leave: they no longer count against the cap
 	feed(d.Get("c"), 0, 0, 20)
 	if d.Get("c").State() != Ejected || d.Get("a") != nil {
 		t.Errorf("c %v, a %v", d.Get("c").State(), d.Get("a"))
@@ -277,4 +288,58 @@ func TestOutlierServingDoesNotAllocate(t *testing.T) {
 	}); a != 0 {
 		t.Errorf("allocates %v times", a)
 	}
+}
+
+// TestOutlierPeers: the slow and error rules judge a backend against its peers. When every backend looks slow
+// (the router's predictions are off for all) nobody is ejected; when one stands out it is.
+func TestOutlierPeers(t *testing.T) {
+	pool := func(names ...string) *OutlierDetector {
+		d := NewOutlierDetector(OutlierParams{}, newFakeClock(), nil)
+		d.Update(names)
+		return d
+	}
+	t.Run("all alike", func(t *testing.T) {
+		d := pool("a", "b", "c", "d")
+		for range 3 {
+			for _, n := range []string{"a", "b", "c", "d"} {
+				feed(d.Get(n), 7, 3, 0) // 30% slow everywhere
+			}
+		}
+		for _, n := range []string{"a", "b", "c", "d"} {
+			if st := d.Get(n).State(); st != Serving {
+				t.Errorf("%s is %v although every backend is as slow", n, st)
+			}
+		}
+	})
+	t.Run("one stands out", func(t *testing.T) {
+		d := pool("a", "b", "c", "d")
+		for _, n := range []string{"b", "c", "d"} {
+			feed(d.Get(n), 19, 1, 0) // 5% slow
+		}
+		feed(d.Get("a"), 8, 12, 0) // 60% slow
+		if st := d.Get("a").State(); st != Ejected {
+			t.Errorf("the outlier is %v, want ejected", st)
+		}
+		for _, n := range []string{"b", "c", "d"} {
+			if st := d.Get(n).State(); st != Serving {
+				t.Errorf("%s is %v", n, st)
+			}
+		}
+	})
+	t.Run("alone", func(t *testing.T) {
+		d := pool("a")
+		feed(d.Get("a"), 0, 0, 20)
+		if st := d.Get("a").State(); st != Serving {
+			t.Errorf("a lone failing backend is %v: ejecting it helps nobody (its breaker opens)", st)
+		}
+	})
+	t.Run("errors against healthy peers", func(t *testing.T) {
+		d := pool("a", "b", "c")
+		feed(d.Get("b"), 20, 0, 0)
+		feed(d.Get("c"), 20, 0, 0)
+		feed(d.Get("a"), 16, 0, 4) // 20% errors
+		if st := d.Get("a").State(); st != Ejected {
+			t.Errorf("a backend failing 20%% among healthy peers is %v", st)
+		}
+	})
 }

@@ -37,12 +37,13 @@ type RateLimiter interface {
 	// routing work; skip it when key is nil (no keys configured). The returned Quota carries the
 	// x-ratelimit-* headers for the response either way, and Reserved for Settle.
 	Take(key *Key, tokens int64) Quota
-	// Settle reconciles an admitted request's reservation once its usage is known: reserved is
-	// Quota.Reserved, used the prompt plus completion tokens the backend reported (or the reservation, when it
-	// reported none). Unused tokens are refunded; an overrun is charged, and may leave the key in debt until
-	// its budget refills. Call it exactly once per admitted request, when the response ends (also when it fails
-	// or the client leaves: use what was generated, or 0 when nothing reached a backend).
-	Settle(key *Key, reserved, used int64)
+	// Settle reconciles an admitted request's reservation once its usage is known: q is the Quota Take
+	// returned (its Reserved tokens, and where they were taken), used the prompt plus completion tokens the
+	// backend reported (or the reservation, when it reported none). Unused tokens are refunded; an overrun is
+	// charged, and may leave the key in debt until its budget refills. Call it exactly once per admitted request,
+	// when the response ends (also when it fails or the client leaves: use what was generated, or 0 when nothing
+	// reached a backend).
+	Settle(key *Key, q *Quota, used int64)
 }
 
 // Quota is a rate-limit decision and the state of the key's limits after it.
@@ -57,6 +58,8 @@ type Quota struct {
 	Reserved int64
 	// Requests and Tokens are the limits after the decision; a zero Limit means unlimited (send no headers).
 	Requests, Tokens Allowance
+
+	fallback bool // a shared limiter decided on its local fallback: Settle goes there too
 }
 
 // Allowance is one limit's state, as OpenAI's x-ratelimit-* headers report it.
@@ -238,7 +241,11 @@ func (l *LocalLimiter) Take(key *Key, tokens int64) Quota {
 }
 
 // Settle implements RateLimiter.
-func (l *LocalLimiter) Settle(key *Key, reserved, used int64) {
+func (l *LocalLimiter) Settle(key *Key, q *Quota, used int64) {
+	l.settle(key, q.Reserved, used)
+}
+
+func (l *LocalLimiter) settle(key *Key, reserved, used int64) {
 	if key == nil || reserved == used {
 		return
 	}

@@ -94,12 +94,12 @@ func TestTokensReserveAndSettle(t *testing.T) {
 		t.Errorf("RetryAfter = %v, want 12s", q2.RetryAfter)
 	}
 	// The first request used only 100 tokens: 500 come back and the second fits now.
-	l.Settle(k, q.Reserved, 100)
+	l.Settle(k, &q, 100)
 	if q3 := l.Take(k, 600); q3.Err != nil || q3.Tokens.Remaining != 300 {
 		t.Fatalf("after the refund: %+v", q3)
 	}
 	// An overrun is charged: reserved 600, used 1500 leaves the key 600 in debt.
-	l.Settle(k, 600, 1500)
+	l.Settle(k, &Quota{Reserved: 600}, 1500)
 	q4 := l.Take(k, 1)
 	if !errors.Is(q4.Err, ErrRateLimitTokens) || q4.Tokens.Remaining != 0 {
 		t.Fatalf("in debt: %+v", q4)
@@ -109,7 +109,7 @@ func TestTokensReserveAndSettle(t *testing.T) {
 	}
 	// A refund never fills the bucket beyond its limit.
 	clk.Advance(RateWindow)
-	l.Settle(k, 1000, 0)
+	l.Settle(k, &Quota{Reserved: 1000}, 0)
 	if q5 := l.Take(k, 0); q5.Tokens.Remaining != 1000 {
 		t.Errorf("remaining after a refund to a full bucket = %d, want 1000", q5.Tokens.Remaining)
 	}
@@ -163,8 +163,8 @@ func TestUnlimitedAndUnknownKeys(t *testing.T) {
 			}
 		}
 	}
-	l.Settle(nil, 1, 2) // no-op, no panic
-	l.Settle(free, 1, 2)
+	l.Settle(nil, &Quota{Reserved: 1}, 2) // no-op, no panic
+	l.Settle(free, &Quota{Reserved: 1}, 2)
 }
 
 // TestReloadKeepsBuckets: a reload neither refills nor empties a key's budget, and applies a new limit at once.
