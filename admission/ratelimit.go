@@ -279,15 +279,21 @@ func (b *bucket) setLimit(limit, now int64) {
 // refill adds what has accrued since the last refill, exactly: elapsed*limit/window units, carrying the
 // remainder. A full bucket accrues nothing.
 func (b *bucket) refill(now int64) {
-	if b.limit == 0 || now <= b.last {
+	if b.limit == 0 {
+		return
+	}
+	if b.level >= b.limit {
+		// Full (also when a refund or a lowered limit just capped it): no fraction carries over, whether or not
+		// time has passed, so the outcome never depends on how calls fall in time (the Redis script does the same).
+		b.resid = 0
+		b.last = max(b.last, now)
+		return
+	}
+	if now <= b.last {
 		return
 	}
 	elapsed := uint64(now - b.last)
 	b.last = now
-	if b.level >= b.limit {
-		b.resid = 0
-		return
-	}
 	need := uint64(b.limit - b.level)
 	hi, lo := bits.Mul64(elapsed, uint64(b.limit))
 	var c uint64

@@ -263,7 +263,7 @@ func (ex *exchange) record(code int, backend string) {
 		if !ex.hasUsage {
 			used = int64(ex.sum.PromptTokens + ex.tokens)
 		}
-		ex.snap.Limiter.Settle(ex.key, ex.quota.Reserved, used)
+		ex.snap.Limiter.Settle(ex.key, &ex.quota, used)
 		ex.limited = false
 	}
 }
