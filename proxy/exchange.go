@@ -409,7 +409,7 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 	ex.tried = append(ex.tried, t.Backend)
 	a.acct = t.Backend.Dispatch(&ex.rreq)
 	a.began = true
-	ex.s.m.Inflight.WithLabelValues(a.name).Set(float64(t.Backend.Inflight()))
+	ex.s.m.Inflight.WithLabelValues(a.name).Set(float64(t.Backend.LocalInflight()))
 	if ex.attempts == 1 {
 		ex.s.m.Overhead.Observe(time.Since(ex.arrival).Seconds())
 	}
@@ -691,7 +691,7 @@ func (ex *exchange) settle(a *attempt, outcome error, reached bool) {
 	if a.began {
 		a.acct.End(fault)
 		a.began = false
-		ex.s.m.Inflight.WithLabelValues(a.name).Set(float64(a.target.Backend.Inflight()))
+		ex.s.m.Inflight.WithLabelValues(a.name).Set(float64(a.target.Backend.LocalInflight()))
 	}
 	if a.brkDone != nil {
 		a.brkDone(outcome)

@@ -111,6 +111,9 @@ type Backend struct {
 
 	owner atomic.Pointer[cache.Owner]
 	obs   atomic.Pointer[backendMetrics]
+
+	peer  atomic.Pointer[PeerLoad] // the other gateway replicas' load on b (hints.go), until it goes stale
+	hints *hintCell                // where confirmed prefixes are published (the Registry's; nil outside one)
 }
 
 // backendMetrics are a backend's resolved metric children (label lookups done once, not per request).
@@ -142,8 +145,20 @@ func (b *Backend) Config() *BackendConfig { return b.cfg.Load() }
 // Name returns the backend's name.
 func (b *Backend) Name() string { return b.cfg.Load().Name }
 
-// Inflight returns the number of requests dispatched to b and not yet finished.
-func (b *Backend) Inflight() int64 { return b.inflight.Load() }
+// Inflight returns the number of requests in flight to b: those this gateway dispatched and that have not
+// finished, plus those the other gateway replicas reported (their load hints, while fresh: see Peers). Every
+// strategy sees the fleet's load through it.
+func (b *Backend) Inflight() int64 {
+	n := b.inflight.Load()
+	if p := b.peerLoad(b.clock.Now()); p != nil {
+		n += p.Inflight
+	}
+	return n
+}
+
+// LocalInflight returns the number of requests this gateway dispatched to b that have not finished
+// (switchyard_backend_inflight; what this replica reports to the others).
+func (b *Backend) LocalInflight() int64 { return b.inflight.Load() }
 
 // Prefilling returns the number of requests dispatched to b that have no first token yet, and their uncached
 // prompt tokens (all prompt tokens for attempts begun with Begin).
@@ -225,6 +240,10 @@ type load struct {
 func (b *Backend) loadAt(now time.Time) load {
 	_, tok := b.Prefilling()
 	l := load{queuedTok: float64(tok), running: float64(b.decoding.Load())}
+	if p := b.peerLoad(now); p != nil { // the other replicas' prefill queue and decoding sequences there
+		l.queuedTok += float64(p.PrefillTokens)
+		l.running += float64(p.Decoding)
+	}
 	if e := b.engine.Load(); e.Fresh(now, time.Duration(b.staleAfter.Load())) {
 		l.fresh = true
 		l.waiting = e.Waiting
@@ -362,6 +381,11 @@ func (a *Attempt) FirstToken() {
 	}
 	if a.hashes != nil {
 		a.owner.Confirm(a.hashes, now)
+		if c := b.hints; c != nil {
+			if p := c.p.Load(); p != nil {
+				p.confirmed(b, a.hashes, now) // tell the other replicas (hints.go); copies, never blocks
+			}
+		}
 	}
 }
 

@@ -243,7 +243,7 @@ func (m *Monitor) run(ctx context.Context, b *Backend) {
 			}()
 		}
 		if o := b.obs.Load(); o != nil {
-			o.inflight.Set(float64(b.Inflight()))
+			o.inflight.Set(float64(b.LocalInflight()))
 		}
 		timer.Reset(jitter(m.opts.ScrapeInterval))
 	}

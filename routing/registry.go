@@ -23,6 +23,7 @@ type Registry struct {
 	clock Clock
 	index *cache.Index
 	m     *metrics.Gateway
+	hints hintCell // the Peers publishing this registry's confirmed prefixes, if any (hints.go)
 }
 
 type registryKey struct{ name, url string }
@@ -103,6 +104,7 @@ func (r *Registry) Sync(cfgs []*BackendConfig) []*Backend {
 
 func (r *Registry) newBackend(c *BackendConfig) *Backend {
 	b := newBackend(c, r.clock)
+	b.hints = &r.hints
 	if o, err := r.index.NewOwner(c.Name, 0); err == nil { // beyond cache.MaxOwners, no prefix affinity
 		b.owner.Store(o)
 		b.applyCapacity()

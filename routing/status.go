@@ -13,7 +13,10 @@ type BackendStatus struct {
 	Healthy bool `json:"healthy"`
 	// Inflight, Prefilling and Decoding are the gateway's own counts of requests; PrefillTokens is the uncached
 	// prompt tokens dispatched without a first token yet.
-	Inflight      int64 `json:"inflight"`
+	Inflight int64 `json:"inflight"`
+	// PeerInflight is the requests the other gateway replicas reported in flight to the backend (fresh load
+	// hints through Redis; 0 without them). Routing counts Inflight + PeerInflight.
+	PeerInflight  int64 `json:"peer_inflight"`
 	Prefilling    int64 `json:"prefilling"`
 	PrefillTokens int64 `json:"prefill_tokens"`
 	Decoding      int64 `json:"decoding"`
@@ -60,7 +63,7 @@ func (b *Backend) Status() BackendStatus {
 	req, tok := b.Prefilling()
 	s := BackendStatus{
 		Name: cfg.Name, Region: cfg.Region, Engine: cfg.Engine, Healthy: b.Healthy(),
-		Inflight: b.Inflight(), Prefilling: req, PrefillTokens: tok, Decoding: b.Decoding(),
+		Inflight: b.LocalInflight(), Prefilling: req, PrefillTokens: tok, Decoding: b.Decoding(),
 		RTTms: b.rtt() * 1e3, TTFTSamples: b.ttftCount.Load(), Requests: b.Requests(), Failures: b.Failures(),
 		PrefillMsPerKTok: b.lat.pubTTFT[1].load() * 1e3,
 	}
@@ -78,6 +81,9 @@ func (b *Backend) Status() BackendStatus {
 	}
 	if e := b.engine.Load(); e != nil {
 		s.QueueDepth, s.Running, s.KVUsage, s.ScrapedAt = e.Waiting, e.Running, e.KVUsage, e.At
+	}
+	if p := b.peerLoad(now); p != nil {
+		s.PeerInflight = p.Inflight
 	}
 	s.Stale = cfg.Engine != EngineOpenAI && !l.fresh
 	return s

@@ -1,0 +1,473 @@
+package routing
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// PeerLoad is the load the other gateway replicas reported on one backend, summed over the replicas whose reports
+// are fresh. Routing adds it to the backend's own accounting (Inflight, and the prefill queue and decoding
+// sequences the latency models see) until Until.
+type PeerLoad struct {
+	// Inflight, PrefillTokens and Decoding are the other replicas' requests in flight to the backend, the
+	// uncached prompt tokens they dispatched without a first token yet, and their requests decoding there.
+	Inflight, PrefillTokens, Decoding int64
+	// Until is when the figures go stale (a replica that stopped reporting stops counting).
+	Until time.Time
+}
+
+// peerLoad returns b's fresh peer load, or nil.
+func (b *Backend) peerLoad(now time.Time) *PeerLoad {
+	p := b.peer.Load()
+	if p == nil || !now.Before(p.Until) {
+		return nil
+	}
+	return p
+}
+
+// hintCell is where a Registry's backends find the Peers that publishes their confirmed prefixes.
+type hintCell struct{ p atomic.Pointer[Peers] }
+
+// PeersOptions configure Peers. Zero fields take the defaults.
+type PeersOptions struct {
+	// Prefix starts every Redis key, e.g. "switchyard:". The keys are Prefix+"{fleet}:load" (a hash) and
+	// Prefix+"{fleet}:prefixes" (a stream); the hash tag keeps them in one Redis Cluster slot.
+	Prefix string
+	// ID names this replica among the others; default a random one (a restarted replica is a new one; the old
+	// one's load expires).
+	ID string
+	// Interval is how often this replica publishes its load and reads the others'. A report counts for three
+	// intervals. Default 200ms.
+	Interval time.Duration
+	// HintFlush is how often confirmed prefixes are published, batched. Default min(Interval, 50ms).
+	HintFlush time.Duration
+	// MaxHintBlocks is how many leading 64-byte blocks of a prompt a hint carries (a longer shared prefix is
+	// matched up to there on the other replicas). Default 128 (8 KiB of prompt, about 2,000 tokens).
+	MaxHintBlocks int
+	// Clock stamps load expiry and hint de-duplication; nil means the system clock.
+	Clock Clock
+	// OnError is told of every failed Redis operation, with the operation ("load" or "prefix_hints"); nil
+	// ignores them. It must not block.
+	OnError func(op string, err error)
+}
+
+// Peers shares what this gateway replica knows with the others through Redis, and folds in what they know
+// (DESIGN.md section 7), entirely off the request path:
+//
+//   - Load hints. Every Interval it writes its own in-flight requests, queued prefill tokens and decoding
+//     requests per backend into a Redis hash, field per replica, stamped with an expiry in Redis TIME, and reads
+//     back the others' fresh entries in the same atomic script (expired ones are deleted there). The sums go to
+//     each Backend as a PeerLoad valid for three intervals, so Inflight and the latency models count the fleet's
+//     load, and a replica that died stops counting within three intervals.
+//   - Prefix ownership hints. When a request's first token confirms that a backend holds its prompt's leading
+//     blocks, the backend's name and up to MaxHintBlocks chained block hashes are queued (one mutex, a copy,
+//     never a wait) and published in batches every HintFlush to a Redis stream (capped at about 10,000
+//     batches, expiring 30 minutes after the last write). A reader follows the stream with blocking reads and
+//     confirms the other replicas' hints in this replica's prefix index, so a prefix stays on one backend
+//     whichever replica receives it; the index's own TTL and capacity expire them. The same prefix on the same
+//     backend is published at most once a minute.
+//
+// A Redis failure costs nothing on the request path: the load hints in hand expire and routing falls back to
+// this replica's own accounting, unpublished hints are dropped, each failure is reported through OnError, and
+// both loops retry every interval (the go-redis client reconnects by itself), resuming the stream where they
+// left it, or from its start when Redis came back empty.
+//
+// Start and Stop may be called from any goroutine, once each; Stop waits for the loops.
+type Peers struct {
+	c                   redis.UniversalClient
+	reg                 *Registry
+	o                   PeersOptions
+	loadKey, streamKey  string
+	stale               time.Duration
+	opTimeout           time.Duration
+	cancel              context.CancelFunc
+	wg                  sync.WaitGroup
+	published, received atomic.Uint64
+
+	mu      sync.Mutex
+	pending []pendingHint
+	hashes  []uint64
+	sent    map[uint64]int64 // deepest hash ^ backend name hash -> UnixNano when published or received
+}
+
+type pendingHint struct {
+	name     string
+	off, len int // in Peers.hashes
+}
+
+const (
+	hintRefresh    = time.Minute      // the same prefix on the same backend is published at most this often
+	maxPendingHint = 4096             // hints queued between two flushes beyond this are dropped
+	maxSent        = 1 << 17          // de-duplication entries kept
+	streamMaxLen   = 10000            // batches kept in the stream (approximately)
+	streamTTL      = 30 * time.Minute // the stream expires this long after the last batch
+	replayWindow   = time.Minute      // a starting replica reads the hints of the last minute
+)
+
+// NewPeers returns the sharing of reg's backends through c. It does nothing until Start.
+func NewPeers(c redis.UniversalClient, reg *Registry, o PeersOptions) *Peers {
+	if o.Interval <= 0 {
+		o.Interval = 200 * time.Millisecond
+	}
+	if o.HintFlush <= 0 {
+		o.HintFlush = min(o.Interval, 50*time.Millisecond)
+	}
+	if o.MaxHintBlocks <= 0 {
+		o.MaxHintBlocks = 128
+	}
+	if o.Clock == nil {
+		o.Clock = SystemClock{}
+	}
+	if o.ID == "" {
+		var b [6]byte
+		_, _ = rand.Read(b[:])
+		o.ID = hex.EncodeToString(b[:])
+	}
+	return &Peers{c: c, reg: reg, o: o, loadKey: o.Prefix + "{fleet}:load", streamKey: o.Prefix + "{fleet}:prefixes",
+		stale: 3 * o.Interval, opTimeout: max(o.Interval, 100*time.Millisecond), sent: make(map[uint64]int64)}
+}
+
+// ID returns this replica's name among its peers.
+func (p *Peers) ID() string { return p.o.ID }
+
+// Counts returns how many prefix hints this replica published and how many of the others' it applied.
+func (p *Peers) Counts() (published, received uint64) { return p.published.Load(), p.received.Load() }
+
+// Start begins publishing and reading.
+func (p *Peers) Start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	p.cancel = cancel
+	p.reg.hints.p.Store(p)
+	p.wg.Add(2)
+	go func() { defer p.wg.Done(); p.publishLoop(ctx) }()
+	go func() { defer p.wg.Done(); p.readLoop(ctx) }()
+}
+
+// Stop stops both loops and waits for them; the peer load in hand expires by itself.
+func (p *Peers) Stop() {
+	p.reg.hints.p.CompareAndSwap(p, nil)
+	if p.cancel != nil {
+		p.cancel()
+	}
+	p.wg.Wait()
+}
+
+func (p *Peers) report(op string, err error) {
+	if p.o.OnError != nil && err != nil {
+		p.o.OnError(op, err)
+	}
+}
+
+func (p *Peers) publishLoop(ctx context.Context) {
+	load := time.NewTicker(p.o.Interval)
+	defer load.Stop()
+	flush := time.NewTicker(p.o.HintFlush)
+	defer flush.Stop()
+	p.syncLoad(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-load.C:
+			p.syncLoad(ctx)
+		case <-flush.C:
+			p.flushHints(ctx)
+		}
+	}
+}
+
+// loadScript writes this replica's load report (ARGV[2]) under its id (ARGV[1]) with an expiry of ARGV[3] ms
+// in Redis TIME, deletes the expired reports, and returns the others' fresh ones.
+var loadScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], ARGV[1], (now + ttl) .. ' ' .. ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ttl * 4)
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  local v = all[i + 1]
+  local sp = string.find(v, ' ', 1, true)
+  local exp = sp and tonumber(string.sub(v, 1, sp - 1))
+  if exp == nil or exp <= now then redis.call('HDEL', KEYS[1], all[i])
+  elseif all[i] ~= ARGV[1] then out[#out + 1] = string.sub(v, sp + 1) end
+end
+return out
+`)
+
+// syncLoad publishes this replica's load and installs the others'.
+func (p *Peers) syncLoad(ctx context.Context) {
+	backends := p.reg.Backends()
+	var b strings.Builder
+	for _, be := range backends {
+		inflight := be.LocalInflight()
+		_, tok := be.Prefilling()
+		dec := be.Decoding()
+		if inflight == 0 && tok == 0 && dec == 0 {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte(';')
+		}
+		b.WriteString(be.Name())
+		b.WriteByte('=')
+		b.WriteString(strconv.FormatInt(inflight, 10))
+		b.WriteByte(',')
+		b.WriteString(strconv.FormatInt(tok, 10))
+		b.WriteByte(',')
+		b.WriteString(strconv.FormatInt(dec, 10))
+	}
+	cctx, cancel := context.WithTimeout(ctx, p.opTimeout)
+	res, err := loadScript.Run(cctx, p.c, []string{p.loadKey}, p.o.ID, b.String(), p.stale.Milliseconds()).StringSlice()
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			p.report("load", err)
+		}
+		return // the load in hand expires by itself
+	}
+	sums := make(map[string]*PeerLoad, len(backends))
+	for _, r := range res {
+		parsePeerLoad(r, sums)
+	}
+	until := p.o.Clock.Now().Add(p.stale)
+	for _, be := range backends {
+		pl := PeerLoad{Until: until}
+		if s := sums[be.Name()]; s != nil {
+			pl.Inflight, pl.PrefillTokens, pl.Decoding = s.Inflight, s.PrefillTokens, s.Decoding
+		}
+		be.peer.Store(&pl)
+	}
+}
+
+// parsePeerLoad adds one replica's report ("name=inflight,prefill_tokens,decoding;...") to sums. Malformed
+// entries are skipped.
+func parsePeerLoad(r string, sums map[string]*PeerLoad) {
+	for entry := range strings.SplitSeq(r, ";") {
+		name, nums, ok := strings.Cut(entry, "=")
+		if !ok {
+			continue
+		}
+		f := strings.Split(nums, ",")
+		if len(f) != 3 {
+			continue
+		}
+		var v [3]int64
+		bad := false
+		for i := range v {
+			n, err := strconv.ParseInt(f[i], 10, 64)
+			if err != nil || n < 0 {
+				bad = true
+				break
+			}
+			v[i] = n
+		}
+		if bad {
+			continue
+		}
+		s := sums[name]
+		if s == nil {
+			s = &PeerLoad{}
+			sums[name] = s
+		}
+		s.Inflight += v[0]
+		s.PrefillTokens += v[1]
+		s.Decoding += v[2]
+	}
+}
+
+// confirmed queues a prefix hint: b holds hashes (its first token arrived). It runs on the request path: it
+// copies at most MaxHintBlocks hashes under a mutex and never waits on Redis.
+func (p *Peers) confirmed(b *Backend, hashes []uint64, now time.Time) {
+	n := min(len(hashes), p.o.MaxHintBlocks)
+	if n == 0 {
+		return
+	}
+	key := hashes[n-1] ^ b.nameHash // the deepest hash stands for the whole chain before it
+	t := now.UnixNano()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if last, ok := p.sent[key]; ok && t-last < int64(hintRefresh) {
+		return
+	}
+	if len(p.pending) >= maxPendingHint {
+		return
+	}
+	if len(p.sent) >= maxSent {
+		clear(p.sent)
+	}
+	p.sent[key] = t
+	p.pending = append(p.pending, pendingHint{name: b.Name(), off: len(p.hashes), len: n})
+	p.hashes = append(p.hashes, hashes[:n]...)
+}
+
+// flushHints publishes the queued hints as one stream entry.
+func (p *Peers) flushHints(ctx context.Context) {
+	p.mu.Lock()
+	if len(p.pending) == 0 {
+		p.mu.Unlock()
+		return
+	}
+	payload := encodeHints(nil, p.pending, p.hashes)
+	count := len(p.pending)
+	p.pending, p.hashes = p.pending[:0], p.hashes[:0]
+	p.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, p.opTimeout)
+	defer cancel()
+	_, err := p.c.Pipelined(cctx, func(pl redis.Pipeliner) error {
+		pl.XAdd(cctx, &redis.XAddArgs{Stream: p.streamKey, MaxLen: streamMaxLen, Approx: true,
+			Values: []any{"r", p.o.ID, "d", payload}})
+		pl.PExpire(cctx, p.streamKey, streamTTL)
+		return nil
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			p.report("prefix_hints", err)
+		}
+		return
+	}
+	p.published.Add(uint64(count))
+}
+
+// encodeHints appends the hints: per hint, the backend name's length (1 byte) and bytes, the number of hashes
+// (2 bytes, little endian) and the hashes (8 bytes each, little endian).
+func encodeHints(dst []byte, hs []pendingHint, hashes []uint64) []byte {
+	for _, h := range hs {
+		dst = append(dst, byte(len(h.name)))
+		dst = append(dst, h.name...)
+		dst = binary.LittleEndian.AppendUint16(dst, uint16(h.len))
+		for _, x := range hashes[h.off : h.off+h.len] {
+			dst = binary.LittleEndian.AppendUint64(dst, x)
+		}
+	}
+	return dst
+}
+
+var errBadHints = errors.New("routing: malformed prefix hints")
+
+// decodeHints calls fn for each hint in b; it stops at the first malformed one.
+func decodeHints(b []byte, fn func(name string, hashes []uint64)) error {
+	var hs []uint64
+	for len(b) > 0 {
+		nl := int(b[0])
+		if len(b) < 1+nl+2 {
+			return errBadHints
+		}
+		name := string(b[1 : 1+nl])
+		n := int(binary.LittleEndian.Uint16(b[1+nl:]))
+		b = b[1+nl+2:]
+		if len(b) < 8*n {
+			return errBadHints
+		}
+		hs = hs[:0]
+		for i := range n {
+			hs = append(hs, binary.LittleEndian.Uint64(b[8*i:]))
+		}
+		b = b[8*n:]
+		fn(name, hs)
+	}
+	return nil
+}
+
+// readLoop follows the hint stream and applies the other replicas' hints.
+func (p *Peers) readLoop(ctx context.Context) {
+	last := strconv.FormatInt(p.o.Clock.Now().Add(-replayWindow).UnixMilli(), 10) + "-0"
+	failed := false
+	for ctx.Err() == nil {
+		if failed {
+			last = p.resume(ctx, last)
+		}
+		streams, err := p.c.XRead(ctx, &redis.XReadArgs{Streams: []string{p.streamKey, last}, Count: 256,
+			Block: p.o.Interval}).Result()
+		if errors.Is(err, redis.Nil) {
+			failed = false
+			continue // nothing new within the block time
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			p.report("prefix_hints", err)
+			failed = true
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(p.o.Interval):
+			}
+			continue
+		}
+		failed = false
+		for _, s := range streams {
+			for _, m := range s.Messages {
+				last = m.ID
+				if r, _ := m.Values["r"].(string); r == p.o.ID {
+					continue
+				}
+				d, _ := m.Values["d"].(string)
+				p.apply([]byte(d))
+			}
+		}
+	}
+}
+
+// resume returns where to read the stream after a failure: where we were, unless the stream's newest entry is
+// older than that (Redis restarted empty, or failed over to a server whose stream is behind), then its start.
+func (p *Peers) resume(ctx context.Context, last string) string {
+	cctx, cancel := context.WithTimeout(ctx, p.opTimeout)
+	defer cancel()
+	top, err := p.c.XRevRangeN(cctx, p.streamKey, "+", "-", 1).Result()
+	if err != nil {
+		return last
+	}
+	if len(top) == 0 || streamIDLess(top[0].ID, last) {
+		return "0-0"
+	}
+	return last
+}
+
+// streamIDLess compares two stream IDs ("ms-seq").
+func streamIDLess(a, b string) bool {
+	am, as, _ := strings.Cut(a, "-")
+	bm, bs, _ := strings.Cut(b, "-")
+	ai, _ := strconv.ParseUint(am, 10, 64)
+	bi, _ := strconv.ParseUint(bm, 10, 64)
+	if ai != bi {
+		return ai < bi
+	}
+	asq, _ := strconv.ParseUint(as, 10, 64)
+	bsq, _ := strconv.ParseUint(bs, 10, 64)
+	return asq < bsq
+}
+
+// apply confirms another replica's hints in this replica's prefix index.
+func (p *Peers) apply(payload []byte) {
+	backends := p.reg.Backends()
+	now := p.o.Clock.Now()
+	t := now.UnixNano()
+	_ = decodeHints(payload, func(name string, hashes []uint64) {
+		for _, b := range backends {
+			if b.Name() != name {
+				continue
+			}
+			if o := b.prefixOwner(); o != nil && len(hashes) > 0 {
+				o.Confirm(hashes, now)
+				p.received.Add(1)
+				p.mu.Lock()
+				p.sent[hashes[len(hashes)-1]^b.nameHash] = t // it is known: no need to publish it again soon
+				p.mu.Unlock()
+			}
+			return
+		}
+	})
+}
