@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -56,15 +57,21 @@ func (s *BreakerSettings) setDefaults() {
 // An open breaker marks its backend unhealthy, so every strategy leaves it out; after OpenFor it is marked healthy
 // again, and the next request routed there finds the breaker half-open and probes it. Client hang-ups and the
 // backend's 4xx (including 429) never count against it.
+//
+// With a SharedBreakers (Redis), a breaker that opens is published to the other replicas, and a backend another
+// replica reports open is kept out of rotation here too until that replica's OpenFor ends (remoteUntil), without
+// touching the local breaker's counts: health is "neither breaker says open".
 type breakers struct {
 	settings BreakerSettings
 	m        sync.Map // *routing.Backend -> *breaker
 	onState  func(b *routing.Backend, st gobreaker.State)
+	shared   *SharedBreakers // nil: breakers are this replica's own
 }
 
 type breaker struct {
-	cb *gobreaker.TwoStepCircuitBreaker[struct{}]
-	b  *routing.Backend
+	cb          *gobreaker.TwoStepCircuitBreaker[struct{}]
+	b           *routing.Backend
+	remoteUntil atomic.Int64 // UnixNano until which another replica reports the breaker open; 0: none
 }
 
 func newBreakers(s BreakerSettings, onState func(*routing.Backend, gobreaker.State)) *breakers {
@@ -105,21 +112,51 @@ func (bs *breakers) get(b *routing.Backend) *breaker {
 }
 
 func (bs *breakers) changed(br *breaker, to gobreaker.State) {
-	switch to {
-	case gobreaker.StateOpen:
+	if to == gobreaker.StateOpen {
 		br.b.SetHealthy(false)
-		time.AfterFunc(bs.settings.OpenFor, func() {
-			// State moves an expired open breaker to half-open; a breaker that opened again meanwhile stays out.
-			if br.cb.State() != gobreaker.StateOpen {
-				br.b.SetHealthy(true)
-			}
-		})
-	default:
-		br.b.SetHealthy(true)
+		// State moves an expired open breaker to half-open; a breaker that opened again meanwhile stays out.
+		time.AfterFunc(bs.settings.OpenFor, func() { bs.refresh(br, br.cb.State() == gobreaker.StateOpen, time.Now()) })
+		if bs.shared != nil {
+			bs.shared.opened(br.b.Name(), bs.settings.OpenFor)
+		}
+	} else {
+		// gobreaker calls this under its lock: the state is to, and asking the breaker would deadlock.
+		bs.refresh(br, false, time.Now())
 	}
 	if bs.onState != nil {
 		bs.onState(br.b, to)
 	}
+}
+
+// refresh sets br's backend healthy unless its own breaker is open (localOpen) or another replica reports it
+// open.
+func (bs *breakers) refresh(br *breaker, localOpen bool, now time.Time) {
+	remote := br.remoteUntil.Load()
+	if remote != 0 && now.UnixNano() >= remote {
+		br.remoteUntil.CompareAndSwap(remote, 0)
+		remote = 0
+	}
+	br.b.SetHealthy(remote == 0 && !localOpen)
+}
+
+// setRemote records that another replica reports b's breaker open for the next d (d <= 0: it reports nothing)
+// and updates b's health.
+func (bs *breakers) setRemote(b *routing.Backend, d time.Duration, now time.Time) {
+	br := bs.get(b)
+	if d > 0 {
+		br.remoteUntil.Store(now.Add(d).UnixNano())
+	} else {
+		br.remoteUntil.Store(0)
+	}
+	bs.refresh(br, br.cb.State() == gobreaker.StateOpen, now)
+}
+
+// peek returns b's breaker, or nil when it has none yet.
+func (bs *breakers) peek(b *routing.Backend) *breaker {
+	if v, ok := bs.m.Load(b); ok {
+		return v.(*breaker)
+	}
+	return nil
 }
 
 // state returns b's breaker state, "closed" for a backend that never had one.

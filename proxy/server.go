@@ -38,6 +38,9 @@ type Options struct {
 	PingInterval time.Duration
 	// Breakers tune every backend's circuit breaker.
 	Breakers BreakerSettings
+	// SharedBreakers, when set, shares breaker openings with the other replicas through Redis (start it after
+	// New); nil keeps each replica's breakers its own.
+	SharedBreakers *SharedBreakers
 	// Timeouts are the defaults for backends that set none. Defaults: connect 3 s, first byte 60 s, idle 60 s,
 	// total 30 min.
 	Timeouts routing.Timeouts
@@ -127,6 +130,10 @@ func New(src Source, opts Options) (*Server, error) {
 		s.m.BreakerState.WithLabelValues(b.Name()).Set(float64(breakerGauge(st)))
 		s.log.Warn("circuit breaker", "backend", b.Name(), "state", st.String())
 	})
+	if sb := opts.SharedBreakers; sb != nil {
+		s.brk.shared = sb
+		sb.attach(s)
+	}
 	s.srv = &fasthttp.Server{
 		Handler:               s.handle,
 		ErrorHandler:          s.handleError,
