@@ -92,6 +92,9 @@ type Gateway struct {
 	// RegionShare is, per model and region of the failover order, the share of picks the region may take: 1
 	// normally, 0 while it is held back after a failure, rising on the return ramp.
 	RegionShare *prometheus.GaugeVec
+	// RedisErrors counts Redis operations that failed or timed out, by op (ratelimit, breakers, load,
+	// prefix_hints, response_cache); each fell back to this replica's local state.
+	RedisErrors *prometheus.CounterVec
 }
 
 // New creates the gateway's metrics and registers them, with the Go runtime and process collectors, on reg.
@@ -220,13 +223,17 @@ func New(reg prometheus.Registerer) *Gateway {
 			Name: "switchyard_region_share",
 			Help: "Share of picks a region may take: 1 normally, 0 held back after a failure, rising on the return ramp.",
 		}, []string{"model", "region"}),
+		RedisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_redis_errors_total",
+			Help: "Redis operations that failed or timed out, by operation; each fell back to local state.",
+		}, []string{"op"}),
 	}
 	reg.MustRegister(
 		m.TTFT, m.TPOT, m.Duration, m.Tokens, m.Requests, m.Inflight, m.QueueDepth, m.Retries, m.Overhead,
 		m.UpstreamErrors, m.ClientDisconnects, m.TTFTPredictionError, m.PrefixLookups, m.PrefixHits, m.Shed,
 		m.Hedges, m.BreakerState, m.QueueWait, m.ConfigReloadSuccess, m.ConfigReloadTime,
 		m.QueueLength, m.ConcurrencyLimit, m.OutlierState, m.OutlierEjections, m.Degraded, m.BudgetDenied,
-		m.RegionSpills, m.RegionActiveTier, m.RegionShare,
+		m.RegionSpills, m.RegionActiveTier, m.RegionShare, m.RedisErrors,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

@@ -36,6 +36,7 @@ func TestNamesAndBuckets(t *testing.T) {
 	m.OutlierEjections.WithLabelValues("b", "slow").Inc()
 	m.Degraded.WithLabelValues("m", "m-small").Inc()
 	m.BudgetDenied.WithLabelValues("retry").Inc()
+	m.RedisErrors.WithLabelValues("ratelimit").Inc()
 	m.RegionSpills.WithLabelValues("m", "us-east", "eu-west").Inc()
 	m.RegionActiveTier.WithLabelValues("m").Set(0)
 	m.RegionShare.WithLabelValues("m", "us-east").Set(1)
@@ -61,7 +62,7 @@ func TestNamesAndBuckets(t *testing.T) {
 		"switchyard_hedges_total", "switchyard_retries_total", "switchyard_breaker_state",
 		"switchyard_overhead_seconds", "switchyard_config_reload_success", "switchyard_queue_wait_seconds",
 		"switchyard_queue_length", "switchyard_backend_concurrency_limit", "switchyard_outlier_state",
-		"switchyard_outlier_ejections_total", "switchyard_degraded_total", "switchyard_budget_denied_total",
+		"switchyard_outlier_ejections_total", "switchyard_degraded_total", "switchyard_budget_denied_total", "switchyard_redis_errors_total",
 		"switchyard_region_spill_total", "switchyard_region_active_tier", "switchyard_region_share",
 	} {
 		if _, ok := got[name]; !ok {

@@ -62,16 +62,24 @@ func Load(path string, reg *routing.Registry) (*Config, *proxy.Snapshot, error) 
 
 // Compile builds the runtime snapshot of a valid Config. It syncs reg to the Config's backends, so a backend that
 // keeps its name and URL keeps its *routing.Backend and what was learned about it; prev, the snapshot being
-// replaced (nil on the first load), keeps each surviving model's creation time and each API key's rate-limit
-// buckets (the new limiter shares them with prev's, which stays usable by requests still running on prev). Every
-// model gets a new strategy instance, reporting its prefix-cache lookups to m (nil: no metrics), which also
-// receives admission's refusals. c must come from Parse; reg must not be nil. An error (a strategy or a key set
-// that cannot be built, which validation rules out) leaves reg and prev untouched.
+// replaced (nil on the first load), keeps each surviving model's creation time, its region failover state and
+// each API key's rate-limit buckets (the new limiter shares them with prev's, which stays usable by requests
+// still running on prev). Every model gets a new strategy instance, reporting its prefix-cache lookups and
+// region spills to m (nil: no metrics), which also receives admission's refusals. Each model's targets are
+// those its allowed_regions and the gateway's failover order keep (regions.go). c must come from Parse; reg
+// must not be nil. An error (a strategy or a key set that cannot be built, which validation rules out) leaves
+// reg and prev untouched.
 func (c *Config) Compile(reg *routing.Registry, prev *proxy.Snapshot, m *metrics.Gateway) (*proxy.Snapshot, error) {
 	now := time.Now()
 	strats := make([]routing.Strategy, len(c.Models))
 	for i := range c.Models {
-		s, err := newStrategy(c, &c.Models[i], m)
+		var was routing.Strategy
+		if prev != nil {
+			if old, ok := prev.Models[c.Models[i].Name]; ok {
+				was = old.Strategy
+			}
+		}
+		s, err := newStrategy(c, &c.Models[i], m, was)
 		if err != nil {
 			return nil, fmt.Errorf("policy: models[%d].strategy: %w", i, err)
 		}
@@ -115,16 +123,17 @@ func (c *Config) Compile(reg *routing.Registry, prev *proxy.Snapshot, m *metrics
 		Hash:       c.Hash,
 	}
 	for i, m := range c.Models {
+		routed := c.routedTargets(&c.Models[i]) // allowed_regions and the failover scope (regions.go)
 		pm := &proxy.Model{
 			Name:         m.Name,
-			Targets:      make([]routing.Target, len(m.Targets)),
+			Targets:      make([]routing.Target, len(routed)),
 			Strategy:     strats[i],
 			StrategyName: m.Strategy,
 			SLO:          proxy.SLO{TTFT: m.SLO.TTFT, ITL: m.SLO.ITL},
 			Retries:      m.Retries,
 			Created:      now.Unix(),
 		}
-		for i, t := range m.Targets {
+		for i, t := range routed {
 			pm.Targets[i] = routing.Target{Backend: byName[t.Backend], Model: t.Model}
 		}
 		if prev != nil {

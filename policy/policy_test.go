@@ -95,6 +95,7 @@ var invalidCases = []string{
 	"bad_api_keys",            // api_keys: unknown models, limits, duplicate keys and names, a missing key
 	"bad_hedge",               // hedge.after missing or past the first-byte timeout; budget outside (0, 100]
 	"degrade_cycle",           // degrade_to loops, to itself, to an unknown model
+	"region_no_target",        // allowed_regions or the failover order leave a model without a target
 }
 
 func TestInvalidFiles(t *testing.T) {
@@ -207,7 +208,7 @@ func TestFullFile(t *testing.T) {
 	check("backend 1 url", s.Backends[1].Config().URL, "https://gpu.example.com:8443/prefix")
 	m := s.Models["llama-3-8b"]
 	check("strategy name", m.StrategyName, "random")
-	check("strategy", m.Strategy, routing.Strategy(routing.Random{}))
+	check("strategy", m.Strategy.(*routing.Regional).Strategy(), routing.Strategy(routing.Random{}))
 	check("target model rewrite", m.Targets[0].Model, "llama-3-8b-instruct")
 	if m.Targets[1].Backend != s.Backends[1] {
 		t.Error("target does not point at the snapshot's backend")
@@ -261,11 +262,9 @@ func TestDefaults(t *testing.T) {
 // says where the YAML line goes in notSupportedBase ("top", "backend", "model", "limits", "key") and the line.
 var notSupportedSnippets = map[string][2]string{
 	"redis":                    {"top", "redis: redis://127.0.0.1:6379/0"},
-	"regions":                  {"top", "regions: {local: {failover: []}}"},
 	"backends[].tier":          {"backend", "tier: overflow"},
 	"backends[].cost":          {"backend", "cost: {input: 1}"},
 	"models[].prefix_affinity": {"model", "prefix_affinity: false"}, // false too: strategies have affinity by themselves
-	"models[].allowed_regions": {"model", "allowed_regions: [local]"},
 }
 
 // notSupportedBase is a valid file with a place for each snippet.

@@ -26,7 +26,10 @@ type Config struct {
 	Backends []Backend `yaml:"backends"`
 	// Models are the public model names clients may ask for, and how each is routed. At least one.
 	Models []Model `yaml:"models"`
-	// Regions holds per-region settings, keyed by region name. Not supported yet.
+	// Regions holds per-region settings, keyed by region name (the gateway's region or a backend's). Only the
+	// entry of the gateway's own Region is used, so that replicas in several regions can share one file. Without
+	// an entry for it, every region may take the gateway's traffic: its own region first, all others after it as
+	// one last resort. Default: none.
 	Regions map[string]Region `yaml:"regions"`
 	// Priorities configures how a request gets its priority class, and each class's SLO factor.
 	Priorities Priorities `yaml:"priorities"`
@@ -127,8 +130,9 @@ type Model struct {
 	// sheddable requests when its backends are saturated (brownout), before any of them is shed; critical
 	// requests never degrade. Not the model itself, and no cycles. Default: none.
 	DegradeTo string `yaml:"degrade_to"`
-	// AllowedRegions restricts the model's traffic to backends in these regions (data residency). Default: any
-	// region. Not supported yet.
+	// AllowedRegions restricts the model's traffic to backends in these regions (data residency): its targets
+	// elsewhere are dropped when the policy is compiled, and a model left with no target is an error. Default:
+	// any region.
 	AllowedRegions []string `yaml:"allowed_regions"`
 }
 
@@ -162,8 +166,11 @@ type Hedge struct {
 
 // Region holds one region's settings.
 type Region struct {
-	// Failover lists the regions that take this region's traffic, in order, when its own backends are saturated
-	// or failing. Default: none.
+	// Failover lists, in order, the regions that take this region's traffic: a region's backends are used only
+	// when every backend of this region and of the failover regions before it is unhealthy or saturated, and the
+	// traffic comes back gradually once they recover (after 2 s of health, over 4 s: routing.RegionParams).
+	// Regions not listed never take it: a gateway in this region does not use their backends, and an empty list
+	// keeps its traffic in the region. Each region once, not this region itself, at most 14. Default: none.
 	Failover []string `yaml:"failover"`
 }
 

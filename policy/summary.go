@@ -10,8 +10,9 @@ import (
 )
 
 // WriteSummary writes a one-screen description of c for `switchyard check`: the gateway's addresses, the
-// priority classes and the queue, the API keys (by name and class), the backends of each region and their
-// concurrency caps, and each model with its strategy, targets, hedging and brownout target. It never prints a
+// priority classes and the queue, the API keys (by name and class), the backends of each region (in failover
+// order) and their concurrency caps, and each model with its strategy, targets (those its regions keep),
+// hedging and brownout target. It never prints a
 // secret: not a key, not a key's hash.
 func (c *Config) WriteSummary(w io.Writer) error {
 	var b strings.Builder
@@ -38,8 +39,18 @@ func (c *Config) WriteSummary(w io.Writer) error {
 		}
 		byRegion[be.Region] = append(byRegion[be.Region], be.Name)
 	}
-	// The gateway's own region first, then the others in the order the file lists them.
-	slices.SortStableFunc(regions, func(a, b string) int { return boolInt(b == c.Region) - boolInt(a == c.Region) })
+	// The gateway's own region first, then its failover regions in order, then the others as the file lists them.
+	fo, scoped := c.failover()
+	rank := func(r string) int {
+		if r == c.Region {
+			return 0
+		}
+		if i := slices.Index(fo, r); i >= 0 {
+			return 1 + i
+		}
+		return 1 + len(fo)
+	}
+	slices.SortStableFunc(regions, func(a, b string) int { return rank(a) - rank(b) })
 	width := 0
 	for _, r := range regions {
 		width = max(width, len(r))
@@ -47,8 +58,13 @@ func (c *Config) WriteSummary(w io.Writer) error {
 	fmt.Fprintf(&b, "backends  %d\n", len(c.Backends))
 	for _, r := range regions {
 		local := ""
-		if r == c.Region {
+		switch i := slices.Index(fo, r); {
+		case r == c.Region:
 			local = "  (local)"
+		case i >= 0:
+			local = fmt.Sprintf("  (failover %d)", i+1)
+		case scoped:
+			local = "  (not used: not in regions." + c.Region + ".failover)"
 		}
 		fmt.Fprintf(&b, "  %-*s  %s%s\n", width, r, strings.Join(byRegion[r], " "), local)
 	}
@@ -72,7 +88,7 @@ func (c *Config) WriteSummary(w io.Writer) error {
 		width = max(width, len(m.Name))
 	}
 	fmt.Fprintf(&b, "models    %d\n", len(c.Models))
-	for _, m := range c.Models {
+	for i, m := range c.Models {
 		fmt.Fprintf(&b, "  %-*s  strategy %s  retries %d", width, m.Name, m.Strategy, m.Retries)
 		if m.SLO.TTFT > 0 || m.SLO.ITL > 0 {
 			b.WriteString("  slo")
@@ -83,14 +99,19 @@ func (c *Config) WriteSummary(w io.Writer) error {
 				fmt.Fprintf(&b, " itl %v", m.SLO.ITL)
 			}
 		}
-		targets := make([]string, len(m.Targets))
-		for i, t := range m.Targets {
+		routed := c.routedTargets(&c.Models[i])
+		targets := make([]string, len(routed))
+		for i, t := range routed {
 			targets[i] = t.Backend
 			if t.Model != m.Name {
 				targets[i] += "=" + t.Model
 			}
 		}
-		fmt.Fprintf(&b, "\n  %-*s  targets %s\n", width, "", strings.Join(targets, " "))
+		fmt.Fprintf(&b, "\n  %-*s  targets %s", width, "", strings.Join(targets, " "))
+		if len(m.AllowedRegions) > 0 {
+			fmt.Fprintf(&b, "  (allowed_regions %s)", strings.Join(m.AllowedRegions, " "))
+		}
+		b.WriteString("\n")
 		if m.Hedge.After > 0 || m.DegradeTo != "" {
 			fmt.Fprintf(&b, "  %-*s ", width, "")
 			if m.Hedge.After > 0 {
@@ -135,11 +156,4 @@ func (c *Config) writeKeys(b *strings.Builder) {
 		}
 		fmt.Fprintf(b, "  %-*s  %-9s  %s  %s\n", width, k.Name, k.Priority, models, limits)
 	}
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }

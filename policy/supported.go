@@ -50,9 +50,9 @@ var supported = map[string]bool{
 	"models[].hedge.after":          true,
 	"models[].hedge.budget_percent": true,
 	"models[].degrade_to":           true,
-	"models[].allowed_regions":      false, // data residency (routing)
+	"models[].allowed_regions":      true,
 
-	"regions":            false, // multi-region failover (routing)
+	"regions":            true,
 	"regions.*.failover": true,
 
 	"priorities":                      true,

@@ -38,6 +38,7 @@ func (r *report) validate(c *Config) {
 	regions := r.validateBackends(c)
 	r.validateModels(c, regions)
 	r.validateRegions(c, regions)
+	r.validateRouted(c, regions) // regions.go
 	r.validatePriorities(c)
 	r.validateKeys(c)
 	r.validateLimits(c)
@@ -221,7 +222,7 @@ func (r *report) validateModels(c *Config, regions map[string]bool) {
 	}
 	for i, m := range c.Models {
 		p := fmt.Sprintf("models[%d]", i)
-		if _, err := newStrategy(c, &m, nil); err != nil {
+		if _, err := newStrategy(c, &m, nil, nil); err != nil {
 			r.errorf(p+".strategy", err.Error())
 		}
 		r.targets(p, m, backends)
@@ -350,6 +351,9 @@ func (r *report) validateRegions(c *Config, regions map[string]bool) {
 			r.errorf(p+".failover", "a region cannot fail over to itself")
 		}
 		r.regionList(p+".failover", fo, regions)
+		if len(fo) > routing.MaxFailover {
+			r.errorf(p+".failover", fmt.Sprintf("%d regions: at most %d", len(fo), routing.MaxFailover))
+		}
 	}
 }
 

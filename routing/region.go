@@ -201,6 +201,29 @@ func NewRegional(inner Strategy, env StrategyEnv) (*Regional, error) {
 // Strategy returns the strategy g hands each tier to.
 func (g *Regional) Strategy() Strategy { return g.inner }
 
+// RegionStatus is one tier of a Regional as Status reports it.
+type RegionStatus struct {
+	// Region is the tier's region; "" stands for the regions outside the failover order.
+	Region string `json:"region"`
+	// Unavailable says the last pick with a candidate there found every one unhealthy or saturated; Failed,
+	// that this has lasted Debounce.
+	Unavailable bool `json:"unavailable"`
+	Failed      bool `json:"failed"`
+	// Share is the share of picks the tier may take now: 1 normally, 0 during Hold, rising over Ramp.
+	Share float64 `json:"share"`
+}
+
+// Status returns g's tiers in order, for logs and debugging.
+func (g *Regional) Status() []RegionStatus {
+	ns := g.clock.Now().UnixNano()
+	out := make([]RegionStatus, len(g.states))
+	for k, st := range g.states {
+		out[k] = RegionStatus{Region: g.regionName(k), Unavailable: st.badSince.Load() != 0,
+			Failed: st.failed(ns, int64(g.p.Debounce)), Share: st.share(ns, &g.p)}
+	}
+	return out
+}
+
 // regionName is tier k's region ("" for the regions outside the order).
 func (g *Regional) regionName(k int) string {
 	if k < len(g.order.names) {

@@ -441,3 +441,25 @@ func BenchmarkPickRegionalAdaptive64(b *testing.B) {
 		}
 	}
 }
+
+func TestRegionStatus(t *testing.T) {
+	f := newFleet(t, regions(1, "us-east", "eu-west")...)
+	s := regional(t, f, StrategyRandom, nil, "eu-west").(*Regional)
+	f.setHealthy("us-east", false)
+	f.regionOf(s, 1)
+	f.clk.Advance(DefaultRegionParams().Debounce)
+	f.regionOf(s, 1)
+	f.setHealthy("us-east", true)
+	f.regionOf(s, 1)
+	f.clk.Advance(DefaultRegionParams().Hold + DefaultRegionParams().Ramp/4)
+	want := []RegionStatus{{Region: "us-east", Share: 0.25}, {Region: "eu-west", Share: 1}, {Region: "", Share: 1}}
+	if got := s.Status(); !slices.Equal(got, want) {
+		t.Fatalf("status %+v, want %+v", got, want)
+	}
+	f.setHealthy("us-east", false)
+	f.regionOf(s, 1)
+	f.clk.Advance(DefaultRegionParams().Debounce)
+	if got := s.Status()[0]; !got.Unavailable || !got.Failed {
+		t.Fatalf("status of a region down for Debounce: %+v", got)
+	}
+}
