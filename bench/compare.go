@@ -199,7 +199,11 @@ func runColumn(ctx context.Context, e *Env, sc *Scenario, col Column, plan *Plan
 		defer gw.Stop()
 	}
 	var actions []Action
-	for _, ev := range sc.Events {
+	events := sc.Events
+	if col.NoEvents {
+		events = nil
+	}
+	for _, ev := range events {
 		a, err := controlAction(ev, backends)
 		if err != nil {
 			return nil, err

@@ -123,6 +123,9 @@ type Window struct {
 	Errors  int     `json:"errors"`
 	TTFTP50 float64 `json:"ttft_p50_ms"`
 	TTFTP99 float64 `json:"ttft_p99_ms"`
+	// Backends counts the window's requests by the backend that answered (X-Switchyard-Backend, else
+	// X-Sim-Backend), so a shift of traffic (a slowed backend losing its share) can be timed.
+	Backends map[string]int `json:"backends,omitempty"`
 }
 
 // CPUUse is CPU time of a process over a run.
@@ -268,6 +271,7 @@ func series(res *Result) []Window {
 	ttft := make([][]float64, n)
 	errs := make([]int, n)
 	count := make([]int, n)
+	byBackend := make([]map[string]int, n)
 	for i := range res.Samples {
 		s := &res.Samples[i]
 		if !s.Sent {
@@ -276,6 +280,12 @@ func series(res *Result) []Window {
 		b := min(int(s.SendAt/time.Second), n-1)
 		b = max(b, 0)
 		count[b]++
+		if s.Backend != "" {
+			if byBackend[b] == nil {
+				byBackend[b] = map[string]int{}
+			}
+			byBackend[b][s.Backend]++
+		}
 		switch {
 		case s.Err != "":
 			errs[b]++
@@ -285,7 +295,7 @@ func series(res *Result) []Window {
 	}
 	out := make([]Window, 0, n)
 	for b := range n {
-		w := Window{T: float64(b), N: count[b], Errors: errs[b]}
+		w := Window{T: float64(b), N: count[b], Errors: errs[b], Backends: byBackend[b]}
 		if len(ttft[b]) > 0 {
 			q := Summarize(ttft[b])
 			w.TTFTP50, w.TTFTP99 = q.P50, q.P99
@@ -440,6 +450,7 @@ func PrintCompare(out io.Writer, all []*RunReport) {
 			fmt.Fprintf(out, " shed %s", shedText(r.Shed))
 		}
 		fmt.Fprintln(out)
+		writePhases(out, r)
 		for _, p := range slices.Sorted(maps.Keys(r.Priorities)) {
 			c := r.Priorities[p]
 			fmt.Fprintf(out, "  %-10s requests %d ok %d shed %d good %d TTFT p99 %s ms\n", p, c.Requests, c.OK, c.Shed,
@@ -531,4 +542,51 @@ func errSuffix(e string) string {
 		return ""
 	}
 	return " (failed: " + e + ")"
+}
+
+// phaseGrace is how long after an event the phases table starts a new phase, so that "how did traffic move
+// within a few seconds of the event" reads directly off the table.
+const phaseGrace = 5 * time.Second
+
+// writePhases prints, for a run with scenario events, each backend's share of the requests sent in each phase:
+// between events, with a phase boundary phaseGrace after each event too.
+func writePhases(out io.Writer, r *RunReport) {
+	if len(r.Events) == 0 || len(r.Series) == 0 {
+		return
+	}
+	end := r.Series[len(r.Series)-1].T + 1
+	cuts := []float64{0, end}
+	for _, e := range r.Events {
+		for _, at := range []float64{e.At.Seconds(), (e.At + phaseGrace).Seconds()} {
+			if at > 0 && at < end {
+				cuts = append(cuts, at)
+			}
+		}
+	}
+	slices.Sort(cuts)
+	cuts = slices.Compact(cuts)
+	fmt.Fprintf(out, "  share by phase (send time):")
+	for i := 0; i+1 < len(cuts); i++ {
+		from, to := cuts[i], cuts[i+1]
+		byBackend := map[string]int{}
+		total := 0
+		for _, w := range r.Series {
+			if w.T >= from && w.T < to {
+				for b, n := range w.Backends {
+					byBackend[b] += n
+					total += n
+				}
+			}
+		}
+		fmt.Fprintf(out, " [%.1fs,%.1fs)", from, to)
+		if total == 0 {
+			fmt.Fprintf(out, " -")
+			continue
+		}
+		for _, b := range slices.Sorted(maps.Keys(byBackend)) {
+			fmt.Fprintf(out, " %s %.0f%%", b, 100*float64(byBackend[b])/float64(total))
+		}
+		fmt.Fprintf(out, ";")
+	}
+	fmt.Fprintln(out)
 }

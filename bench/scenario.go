@@ -58,6 +58,9 @@ type Column struct {
 	Strategy string         `yaml:"strategy"`
 	Gateway  map[string]any `yaml:"gateway"`
 	Model    map[string]any `yaml:"model"`
+	// NoEvents runs the column without the scenario's events: the undisturbed baseline of a fault scenario,
+	// measured in the same command (same workload, seed and fleet).
+	NoEvents bool `yaml:"no_events"`
 }
 
 // Event is a timed fault: at At on the load's timeline, POST Control as JSON to the named backend's /sim/control.
