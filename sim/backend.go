@@ -279,6 +279,7 @@ func (b *Backend) serveCompletion(w http.ResponseWriter, r *http.Request, ep ope
 		return
 	}
 	s := newSeq(promptTokens, maxTokens, AppendBlockHashes(nil, prompt))
+	s.stalled = faults.StallRate > 0 && b.failDraw(faults.StallRate)
 	seed := textSeed(b.cfg.Seed, prompt)
 	if err := b.eng.submit(s); err != nil {
 		writeError(w, http.StatusServiceUnavailable, "The engine is down.")

@@ -22,6 +22,9 @@ type Faults struct {
 	// Stall holds each new request's first token this much longer (it is added to the overhead when the request
 	// arrives, so requests already queued are not affected). Not negative.
 	Stall time.Duration
+	// StallRate, when > 0, stalls only that share of new requests (drawn per request), in [0, 1]: a backend
+	// with a heavy TTFT tail rather than a stalled one. 0 stalls every request.
+	StallRate float64
 	// Down refuses every request but /sim/control with 503; going down drops the running streams at once,
 	// without [DONE], as a crash would.
 	Down bool
@@ -32,16 +35,18 @@ type faultsJSON struct {
 	Slowdown  float64 `json:"slowdown"`
 	FailRate  float64 `json:"fail_rate"`
 	Stall     string  `json:"stall"`
+	StallRate float64 `json:"stall_rate,omitempty"`
 	Down      bool    `json:"down"`
 	StartedAt string  `json:"started_at,omitempty"`
 }
 
 // controlRequest is POST /sim/control's body; nil fields take their baseline.
 type controlRequest struct {
-	Slowdown *float64 `json:"slowdown"`
-	FailRate *float64 `json:"fail_rate"`
-	Stall    *string  `json:"stall"`
-	Down     *bool    `json:"down"`
+	Slowdown  *float64 `json:"slowdown"`
+	FailRate  *float64 `json:"fail_rate"`
+	Stall     *string  `json:"stall"`
+	StallRate *float64 `json:"stall_rate"`
+	Down      *bool    `json:"down"`
 	// Restart is an action: it restarts the engine (see Backend.Restart) before the new state applies.
 	Restart bool `json:"restart"`
 }
@@ -54,6 +59,8 @@ func (f Faults) validate() error {
 		return fmt.Errorf("fail_rate: %v is outside [0, 1]", f.FailRate)
 	case f.Stall < 0:
 		return fmt.Errorf("stall: %v must not be negative", f.Stall)
+	case !(f.StallRate >= 0 && f.StallRate <= 1):
+		return fmt.Errorf("stall_rate: %v is outside [0, 1]", f.StallRate)
 	}
 	return nil
 }
@@ -83,6 +90,9 @@ func parseControl(body []byte, base Faults) (Faults, bool, error) {
 			return Faults{}, false, fmt.Errorf("stall: %q is not a duration (like 5s)", *req.Stall)
 		}
 		f.Stall = d
+	}
+	if req.StallRate != nil {
+		f.StallRate = *req.StallRate
 	}
 	if req.Down != nil {
 		f.Down = *req.Down
@@ -141,7 +151,7 @@ func (b *Backend) serveControl(w http.ResponseWriter, r *http.Request) {
 	}
 	f := b.eng.getFaults()
 	out, _ := json.Marshal(faultsJSON{
-		Slowdown: f.Slowdown, FailRate: f.FailRate, Stall: f.Stall.String(), Down: f.Down,
+		Slowdown: f.Slowdown, FailRate: f.FailRate, Stall: f.Stall.String(), StallRate: f.StallRate, Down: f.Down,
 		StartedAt: b.eng.startTime().UTC().Format(time.RFC3339Nano),
 	})
 	w.Header().Set("Content-Type", "application/json")

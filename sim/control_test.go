@@ -243,3 +243,24 @@ func TestControlRestart(t *testing.T) {
 		t.Errorf("after restart: %d, cached %d; want the cache wiped", code, cached)
 	}
 }
+
+// TestControlStallRate: with stall_rate, only that share of new requests is stalled (a heavy TTFT tail).
+func TestControlStallRate(t *testing.T) {
+	b := startBackend(t, fastConfig)
+	if code, f := control(t, b, `{"stall":"200ms","stall_rate":0.25}`); code != 200 || f.StallRate != 0.25 {
+		t.Fatalf("control: %d %+v", code, f)
+	}
+	stalled := 0
+	const n = 40
+	for i := range n {
+		if ttft, _ := ttftOf(t, b, "tail "+strings.Repeat("x", i), 1); ttft >= 200*time.Millisecond {
+			stalled++
+		}
+	}
+	if stalled < 3 || stalled > 20 {
+		t.Errorf("%d of %d requests stalled at stall_rate 0.25", stalled, n)
+	}
+	if code, _ := control(t, b, `{"stall_rate":1.5}`); code != 400 {
+		t.Errorf("stall_rate 1.5 accepted (%d)", code)
+	}
+}

@@ -66,6 +66,8 @@ type seq struct {
 	cached         int     // prefix-cache hit in tokens at first scheduling; -1 before
 	lastAt         time.Time
 
+	stalled bool // drawn into the StallRate share of stalled requests (set before submit)
+
 	emitted atomic.Int32
 	end     atomic.Int32
 	notify  chan struct{}
@@ -257,7 +259,11 @@ func (e *engine) submit(s *seq) error {
 		return errDown
 	}
 	s.arrival = now
-	s.ready = now.Add(e.cfg.Overhead + e.faults.Stall)
+	stall := e.faults.Stall
+	if e.faults.StallRate > 0 && !s.stalled {
+		stall = 0
+	}
+	s.ready = now.Add(e.cfg.Overhead + stall)
 	s.state = statePending
 	i, _ := slices.BinarySearchFunc(e.pending, s.ready, func(p *seq, t time.Time) int {
 		if p.ready.After(t) {
