@@ -1,0 +1,223 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard/switchyard/metrics"
+	"github.com/switchyard/switchyard/routing"
+	"github.com/switchyard/switchyard/sim"
+)
+
+// regionResult is one request of TestRegionFailover as its client saw it.
+type regionResult struct {
+	start   time.Duration // since the load began
+	backend string        // X-Switchyard-Backend
+	ok      bool          // 200, content, [DONE], no error event
+	content bool          // at least one content chunk arrived
+	detail  string        // why it failed
+}
+
+// streamOnce sends one streaming chat request and reads it to the end.
+func streamOnce(ctx context.Context, client *http.Client, url string, i int) regionResult {
+	body := fmt.Sprintf(`{"model":"sim-model","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"region %d"}]}`, i)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return regionResult{detail: err.Error()}
+	}
+	defer resp.Body.Close()
+	res := regionResult{backend: resp.Header.Get("X-Switchyard-Backend")}
+	if resp.StatusCode != http.StatusOK {
+		res.detail = fmt.Sprintf("status %d", resp.StatusCode)
+		return res
+	}
+	done := false
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case line == "data: [DONE]":
+			done = true
+		case strings.HasPrefix(line, "data: ") && strings.Contains(line, `"error"`):
+			res.detail = line
+		case strings.HasPrefix(line, "data: ") && strings.Contains(line, `"content":"`) && !strings.Contains(line, `"content":""`):
+			res.content = true
+		}
+	}
+	switch {
+	case res.detail != "":
+	case sc.Err() != nil:
+		res.detail = sc.Err().Error()
+	case !done:
+		res.detail = "no [DONE]"
+	case !res.content:
+		res.detail = "no content"
+	default:
+		res.ok = true
+	}
+	return res
+}
+
+// TestRegionFailover runs steady load through the real gateway against two local (us-east) and two remote
+// (eu-west, 80 ms away) simulators, takes both local ones down, and brings them back: traffic must move to
+// eu-west within 2 s with no failure of a request that had not started streaming, and return to us-east within
+// about 10 s (the breaker's open time, then the region's hold and ramp) without flapping.
+//
+// Three clients: the retry budget (admission.RetryBudget, 20% of the requests in flight) always allows 3
+// concurrent retries, and when a whole region fails every request in flight there fails at once and retries at
+// once. With more clients than that, some requests that had not started streaming get a 502 when the budget
+// refuses their retry: that is the budget's call, not routing's, and this test does not measure it.
+func TestRegionFailover(t *testing.T) {
+	t.Parallel()
+	const (
+		workers = 3
+		downAt  = 3 * time.Second
+		upAt    = 8 * time.Second
+		endAt   = 21 * time.Second
+	)
+	fast := func(c *sim.Config) { c.ITL = 5 * time.Millisecond }
+	remote := func(c *sim.Config) { fast(c); c.RTT = 80 * time.Millisecond }
+	sims := []*sim.Backend{startSim(t, "use-0", fast), startSim(t, "use-1", fast),
+		startSim(t, "euw-0", remote), startSim(t, "euw-1", remote)}
+	regionOf := map[string]string{"use-0": "us-east", "use-1": "us-east", "euw-0": "eu-west", "euw-1": "eu-west"}
+
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg)
+	strategy, err := routing.NewStrategy(routing.StrategyAdaptive, routing.StrategyEnv{Region: "us-east",
+		Failover: []string{"eu-west"}, Model: "sim-model", Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := &Snapshot{Region: "us-east", Models: map[string]*Model{}, ModelNames: []string{"sim-model"},
+		Loaded: time.Now(), Hash: "test"}
+	model := &Model{Name: "sim-model", Strategy: strategy, StrategyName: routing.StrategyAdaptive, Retries: 2, Created: 1}
+	for _, s := range sims {
+		b := routing.NewBackend(&routing.BackendConfig{Name: s.Config().Name, URL: s.URL(),
+			Region: regionOf[s.Config().Name], Engine: routing.EngineVLLM, Models: []string{"sim-model"}})
+		snap.Backends = append(snap.Backends, b)
+		model.Targets = append(model.Targets, routing.Target{Backend: b, Model: "sim-model"})
+	}
+	snap.Models["sim-model"] = model
+	gw, err := New(Static{snap}, Options{Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- gw.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = gw.Shutdown(ctx)
+		<-served
+	})
+	url := "http://" + ln.Addr().String()
+
+	var (
+		mu      sync.Mutex
+		results []regionResult
+		wg      sync.WaitGroup
+	)
+	start := time.Now()
+	ctx, cancel := context.WithDeadline(context.Background(), start.Add(endAt))
+	defer cancel()
+	client := &http.Client{Timeout: 10 * time.Second}
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; ctx.Err() == nil; i += workers {
+				at := time.Since(start)
+				r := streamOnce(ctx, client, url, i)
+				if ctx.Err() != nil {
+					return // cut by the end of the test, not by the gateway
+				}
+				r.start = at
+				mu.Lock()
+				results = append(results, r)
+				mu.Unlock()
+			}
+		}()
+	}
+	for _, ev := range []struct {
+		at   time.Duration
+		body string
+	}{{downAt, `{"down":true}`}, {upAt, `{}`}} {
+		time.Sleep(time.Until(start.Add(ev.at)))
+		control(t, sims[0].URL(), ev.body)
+		control(t, sims[1].URL(), ev.body)
+	}
+	wg.Wait()
+
+	// Per second of start time: the local share of the requests the gateway answered.
+	secs := int(endAt / time.Second)
+	local, total := make([]int, secs), make([]int, secs)
+	for _, r := range results {
+		s := int(r.start / time.Second)
+		if !r.ok && !r.content {
+			t.Errorf("a request sent at %v failed before streaming anything (backend %q): %s", r.start.Round(time.Millisecond), r.backend, r.detail)
+		}
+		if !r.ok && r.content && (r.start < downAt-time.Second || r.start > downAt) {
+			t.Errorf("a request sent at %v failed mid-stream, not at the outage (%v): %s", r.start.Round(time.Millisecond), downAt, r.detail)
+		}
+		if r.ok && s < secs {
+			total[s]++
+			if regionOf[r.backend] == "us-east" {
+				local[s]++
+			}
+		}
+	}
+	share := make([]float64, secs)
+	for s := range secs {
+		if total[s] == 0 {
+			t.Fatalf("no request completed in second %d: %v", s, total)
+		}
+		share[s] = float64(local[s]) / float64(total[s])
+	}
+	cut := 0
+	for _, r := range results {
+		if !r.ok {
+			cut++
+		}
+	}
+	t.Logf("%d requests, %d cut mid-stream by the outage; local share per second: %.2f", len(results), cut, share)
+	for s := range secs {
+		at := time.Duration(s) * time.Second
+		switch {
+		case at+time.Second <= downAt && share[s] < 0.9:
+			t.Errorf("second %d, before the outage: local share %.2f, want the local region", s, share[s])
+		case at >= downAt+2*time.Second && at+time.Second <= upAt && share[s] != 0:
+			t.Errorf("second %d, 2 s into the outage: local share %.2f, want 0", s, share[s])
+		case at >= upAt+10*time.Second && share[s] < 0.9:
+			t.Errorf("second %d, 10 s after recovery: local share %.2f, want the local region back", s, share[s])
+		}
+	}
+	switches, majority := 0, true
+	for _, v := range share {
+		if v > 0.5 != majority {
+			switches++
+			majority = v > 0.5
+		}
+	}
+	if switches != 2 {
+		t.Errorf("the majority region switched %d times, want 2 (out at the outage, back after it): %.2f", switches, share)
+	}
+	t.Logf("retries denied by the budget: %v", counterValue(t, reg, "switchyard_budget_denied_total"))
+	if v := counterValue(t, reg, "switchyard_region_spill_total"); v == 0 {
+		t.Error("switchyard_region_spill_total stayed 0")
+	}
+}
