@@ -57,6 +57,24 @@ func newLogger(w io.Writer, level string) (*slog.Logger, error) {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
 }
 
+// loadShared reads the policy file's redis section and builds the shared state (nil without redis). An invalid
+// file is reported as the watcher reports it.
+func loadShared(path string, reg *routing.Registry, m *metrics.Gateway, log *slog.Logger) (*sharedState, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	c, err := policy.Parse(path, data)
+	if err != nil {
+		var errs policy.Errors
+		if errors.As(err, &errs) {
+			return nil, fmt.Errorf("invalid policy:\n%w", err)
+		}
+		return nil, err
+	}
+	return newSharedState(c.Redis, reg, m, log)
+}
+
 // gatewayReady is called once the gateway listens, with its client and admin addresses.
 type gatewayReady func(client, admin string)
 
@@ -66,8 +84,15 @@ func serve(ctx context.Context, path string, log *slog.Logger, ready gatewayRead
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
 	backends := routing.NewRegistry(routing.WithMetrics(m))
-	w, err := policy.NewWatcher(path, backends, m, log)
+	// The redis section is static: read it before the watcher compiles the first snapshot, which wraps its rate
+	// limiter in the shared one.
+	shared, err := loadShared(path, backends, m, log)
 	if err != nil {
+		return err
+	}
+	w, err := policy.NewWatcher(path, backends, m, log, policy.WithShared(shared.shared(m)))
+	if err != nil {
+		shared.stop()
 		var errs policy.Errors
 		if errors.As(err, &errs) {
 			return fmt.Errorf("invalid policy:\n%w", err)
@@ -76,14 +101,18 @@ func serve(ctx context.Context, path string, log *slog.Logger, ready gatewayRead
 	}
 	cfg := w.Config()
 	srv, err := proxy.New(w, proxy.Options{
-		MaxBodyBytes:  int(cfg.Limits.MaxBodyBytes),
-		HeaderTimeout: cfg.Limits.HeaderReadTimeout,
-		Metrics:       m,
-		Logger:        log,
+		MaxBodyBytes:   int(cfg.Limits.MaxBodyBytes),
+		HeaderTimeout:  cfg.Limits.HeaderReadTimeout,
+		Metrics:        m,
+		Logger:         log,
+		SharedBreakers: shared.sharedBreakers(),
 	})
 	if err != nil {
+		shared.stop()
 		return err
 	}
+	shared.start()
+	defer shared.stop()
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/switchyard/switchyard/admission"
+	"github.com/switchyard/switchyard/metrics"
+	"github.com/switchyard/switchyard/policy"
+	"github.com/switchyard/switchyard/proxy"
+	"github.com/switchyard/switchyard/routing"
+)
+
+// sharedState is what a gateway shares with its replicas through Redis (DESIGN.md section 7) when the policy
+// sets redis: the client, the rate limiter each snapshot wraps, the breaker sharing and the load and prefix
+// hints. Its zero value (no redis) shares nothing. It owns the client and the loops: start after the server
+// exists, stop before the process ends.
+type sharedState struct {
+	client   redis.UniversalClient
+	cfg      policy.Redis
+	errs     *redisErrors
+	breakers *proxy.SharedBreakers
+	peers    *routing.Peers
+}
+
+// newSharedState builds the client and the sharing for cfg (nil, nil when cfg is not enabled). Redis being
+// down is not an error: the gateway starts on local state and shares once Redis answers.
+func newSharedState(cfg policy.Redis, reg *routing.Registry, m *metrics.Gateway, log *slog.Logger) (*sharedState, error) {
+	if !cfg.Enabled() {
+		return nil, nil
+	}
+	opts, err := cfg.Options()
+	if err != nil {
+		return nil, fmt.Errorf("redis: %w", err)
+	}
+	redis.SetLogger(redisLogger{log}) // go-redis's own messages (dial failures) are ours at debug level
+	c := redis.NewUniversalClient(opts)
+	errs := &redisErrors{m: m, log: log, every: 10 * time.Second, last: map[string]time.Time{}, hidden: map[string]int{}}
+	s := &sharedState{client: c, cfg: cfg, errs: errs}
+	s.breakers = proxy.NewSharedBreakers(c, proxy.SharedBreakersOptions{Prefix: cfg.KeyPrefix,
+		Interval: cfg.SyncInterval, OnError: errs.report})
+	s.peers = routing.NewPeers(c, reg, routing.PeersOptions{Prefix: cfg.KeyPrefix, Interval: cfg.SyncInterval,
+		OnError: errs.report})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		log.Warn("redis is not reachable; starting on local state, sharing begins once it answers", "error", err.Error())
+	}
+	return s, nil
+}
+
+// shared returns what the policy watcher applies to each snapshot.
+func (s *sharedState) shared(m *metrics.Gateway) policy.Shared {
+	if s == nil {
+		return policy.Shared{}
+	}
+	return policy.Shared{Limiter: func(local *admission.LocalLimiter) admission.RateLimiter {
+		return admission.NewRedisLimiter(s.client, admission.RedisLimiterOptions{Prefix: s.cfg.KeyPrefix,
+			Timeout: s.cfg.Timeout, Local: local, OnError: s.errs.report, Metrics: m})
+	}}
+}
+
+// sharedBreakers returns the breaker sharing for proxy.Options (nil without redis).
+func (s *sharedState) sharedBreakers() *proxy.SharedBreakers {
+	if s == nil {
+		return nil
+	}
+	return s.breakers
+}
+
+func (s *sharedState) start() {
+	if s == nil {
+		return
+	}
+	s.breakers.Start()
+	s.peers.Start()
+}
+
+func (s *sharedState) stop() {
+	if s == nil {
+		return
+	}
+	s.peers.Stop()
+	s.breakers.Stop()
+	_ = s.client.Close()
+}
+
+// redisErrors counts every failed Redis operation in switchyard_redis_errors_total{op} and logs at most one
+// line per op per interval (with how many it did not log), so an outage is visible without flooding the log.
+type redisErrors struct {
+	m     *metrics.Gateway
+	log   *slog.Logger
+	every time.Duration
+
+	mu     sync.Mutex
+	last   map[string]time.Time
+	hidden map[string]int
+}
+
+func (r *redisErrors) report(op string, err error) {
+	if r.m != nil {
+		r.m.RedisErrors.WithLabelValues(op).Inc()
+	}
+	now := time.Now()
+	r.mu.Lock()
+	if now.Sub(r.last[op]) < r.every {
+		r.hidden[op]++
+		r.mu.Unlock()
+		return
+	}
+	hidden := r.hidden[op]
+	r.last[op], r.hidden[op] = now, 0
+	r.mu.Unlock()
+	r.log.Warn("redis operation failed; this replica uses its local state for it", "op", op, "error", err.Error(),
+		"unlogged_since_last", hidden)
+}
+
+// redisLogger sends go-redis's internal messages to slog at debug level: failures reach the operator through
+// redisErrors already.
+type redisLogger struct{ l *slog.Logger }
+
+func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	if r.l.Enabled(ctx, slog.LevelDebug) {
+		r.l.Debug(fmt.Sprintf(format, v...), "component", "go-redis")
+	}
+}
