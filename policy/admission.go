@@ -94,7 +94,12 @@ func (c *Config) compileAdmission(s *proxy.Snapshot, keys *admission.Keys, prev 
 	if c.hasKeyLimits() {
 		var old *admission.LocalLimiter
 		if prev != nil {
-			old, _ = prev.Limiter.(*admission.LocalLimiter)
+			switch l := prev.Limiter.(type) {
+			case *admission.LocalLimiter:
+				old = l
+			case interface{ Local() *admission.LocalLimiter }: // a shared limiter (Shared.Limiter) around one
+				old = l.Local()
+			}
 		}
 		// Limiter is an interface: assign only a non-nil limiter, so that "no limiter" stays a nil interface.
 		s.Limiter = admission.NewLocalLimiter(keys, old, nil, m)

@@ -58,6 +58,7 @@ func (r *report) applyDefaults(c *Config) {
 	str(&c.Listen, defaultListen)
 	str(&c.AdminListen, defaultAdminListen)
 	str(&c.Region, defaultRegion)
+	r.defaultRedis(&c.Redis)
 
 	l := &c.Limits
 	if !r.set("limits.max_body_bytes") {

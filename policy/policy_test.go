@@ -180,7 +180,7 @@ func TestFullFile(t *testing.T) {
 		}
 	}
 	check("listen (${VAR:-default})", c.Listen, "127.0.0.1:18080")
-	check("redis (${UNSET:-})", c.Redis, Secret(""))
+	check("redis (${UNSET:-})", c.Redis, Redis{})
 	check("backend 0 api_key", c.Backends[0].APIKey.Value(), "backend-secret")
 	check("backend 3 api_key ($${ escape)", c.Backends[3].APIKey.Value(), "${NOT_EXPANDED}")
 	check("merged engine", c.Backends[1].Engine, "vllm")
@@ -261,7 +261,6 @@ func TestDefaults(t *testing.T) {
 // notSupportedSnippets sets each field the supported table marks false: the key is the table's path, the value
 // says where the YAML line goes in notSupportedBase ("top", "backend", "model", "limits", "key") and the line.
 var notSupportedSnippets = map[string][2]string{
-	"redis":                    {"top", "redis: redis://127.0.0.1:6379/0"},
 	"backends[].tier":          {"backend", "tier: overflow"},
 	"backends[].cost":          {"backend", "cost: {input: 1}"},
 	"models[].prefix_affinity": {"model", "prefix_affinity: false"}, // false too: strategies have affinity by themselves

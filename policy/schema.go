@@ -19,9 +19,10 @@ type Config struct {
 	AdminListen string `yaml:"admin_listen"`
 	// Region is where this gateway runs (e.g. us-east); backends in other regions are remote. Default "local".
 	Region string `yaml:"region"`
-	// Redis is the URL (redis://[:password@]host:port/db or rediss://...) of the state shared between
-	// replicas; empty keeps all state in process. Static. Not supported yet (unless empty).
-	Redis Secret `yaml:"redis"`
+	// Redis is where replicas share state: a URL (redis://[:password@]host:port/db or rediss://...) or a
+	// mapping with the URL and its settings (see the Redis type). Absent or empty keeps all state in process.
+	// Static.
+	Redis Redis `yaml:"redis"`
 	// Backends are the upstream inference servers, in the order they are listed. At least one.
 	Backends []Backend `yaml:"backends"`
 	// Models are the public model names clients may ask for, and how each is routed. At least one.

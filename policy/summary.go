@@ -18,8 +18,9 @@ func (c *Config) WriteSummary(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: valid (sha256 %s)\n", c.File, short(c.Hash))
 	fmt.Fprintf(&b, "gateway   listen %s  admin %s  region %s", c.Listen, c.AdminListen, c.Region)
-	if c.Redis != "" {
-		b.WriteString("  redis [redacted]")
+	if c.Redis.Enabled() {
+		fmt.Fprintf(&b, "  redis [redacted] (%s, prefix %q, timeout %v, sync every %v)", c.Redis.Mode, c.Redis.KeyPrefix,
+			c.Redis.Timeout, c.Redis.SyncInterval)
 	}
 	b.WriteString("\n")
 

@@ -11,10 +11,15 @@ import (
 // ignored. Landing a feature is flipping its line to true; TestSupportedTableCoversSchema keeps the table in step
 // with the schema types and TestNotSupportedYet proves every false line is enforced.
 var supported = map[string]bool{
-	"listen":       true,
-	"admin_listen": true,
-	"region":       true,
-	"redis":        false, // shared state across replicas
+	"listen":              true,
+	"admin_listen":        true,
+	"region":              true,
+	"redis":               true,
+	"redis.url":           true,
+	"redis.mode":          true,
+	"redis.key_prefix":    true,
+	"redis.timeout":       true,
+	"redis.sync_interval": true,
 
 	"backends":                       true,
 	"backends[].name":                true,

@@ -51,12 +51,7 @@ func (r *report) validateTop(c *Config) {
 		r.errorf("admin_listen", "must differ from listen") // port 0 is "any free port" for each of them
 	}
 	r.regionName("region", c.Region)
-	if c.Redis != "" {
-		u, err := url.Parse(c.Redis.Value())
-		if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
-			r.errorf("redis", "expected redis://host:port/db or rediss://host:port/db") // never print the value
-		}
-	}
+	r.validateRedis(c.Redis) // redis.go; never prints the URL
 }
 
 // addr checks a listen address: host:port, the host possibly empty (all interfaces).

@@ -41,6 +41,7 @@ type Watcher struct {
 	m    *metrics.Gateway
 	log  *slog.Logger
 
+	shared  Shared     // shared.go: what snapshots share with the other replicas
 	mu      sync.Mutex // serialises reloads
 	snap    atomic.Pointer[proxy.Snapshot]
 	cfg     atomic.Pointer[Config]
@@ -53,11 +54,14 @@ var _ proxy.Source = (*Watcher)(nil)
 // returns a Watcher serving it. m (may be nil) receives the reload metrics and the strategies' prefix-cache
 // lookups; log (nil: slog.Default) receives every reload's outcome. An invalid file at start is an error: a
 // gateway must not start without a policy. Call Run to follow the file's changes.
-func NewWatcher(path string, reg *routing.Registry, m *metrics.Gateway, log *slog.Logger) (*Watcher, error) {
+func NewWatcher(path string, reg *routing.Registry, m *metrics.Gateway, log *slog.Logger, opts ...WatcherOption) (*Watcher, error) {
 	if log == nil {
 		log = slog.Default()
 	}
 	w := &Watcher{path: path, reg: reg, m: m, log: log}
+	for _, o := range opts {
+		o(w)
+	}
 	data, err := os.ReadFile(path)
 	if err != nil {
 		err = fmt.Errorf("policy: %w", err)
@@ -74,6 +78,7 @@ func NewWatcher(path string, reg *routing.Registry, m *metrics.Gateway, log *slo
 		w.failed(err)
 		return nil, err
 	}
+	w.shared.apply(c, s)
 	w.cfg.Store(c)
 	w.snap.Store(s)
 	w.succeeded(true)
@@ -124,6 +129,7 @@ func (w *Watcher) Reload() error {
 		w.failed(err)
 		return err
 	}
+	w.shared.apply(c, s)
 	w.cfg.Store(c)
 	w.snap.Store(s)
 	w.succeeded(true)
