@@ -240,8 +240,11 @@ type load struct {
 func (b *Backend) loadAt(now time.Time) load {
 	_, tok := b.Prefilling()
 	l := load{queuedTok: float64(tok), running: float64(b.decoding.Load())}
-	if p := b.peerLoad(now); p != nil { // the other replicas' prefill queue and decoding sequences there
-		l.queuedTok += float64(p.PrefillTokens)
+	if p := b.peerLoad(now); p != nil {
+		// The other replicas' decoding sequences count. Their queued prefill does not: a prefill lasts about as
+		// long as a report is old, so the figure in hand is mostly stale, and taken as a feature it taught the
+		// latency models a prefill rate several times too fast. The engine's scraped queue (below) covers the
+		// other replicas' prefill work.
 		l.running += float64(p.Decoding)
 	}
 	if e := b.engine.Load(); e.Fresh(now, time.Duration(b.staleAfter.Load())) {
@@ -323,6 +326,11 @@ func (b *Backend) Dispatch(r *Request) Attempt {
 	}
 	if a.hashes != nil {
 		a.owner.Insert(a.hashes, now)
+		if c := b.hints; c != nil {
+			if p := c.p.Load(); p != nil {
+				p.routed(b, a.hashes, now) // tell the other replicas at once (hints.go); copies, never blocks
+			}
+		}
 	}
 	return a
 }
@@ -381,11 +389,6 @@ func (a *Attempt) FirstToken() {
 	}
 	if a.hashes != nil {
 		a.owner.Confirm(a.hashes, now)
-		if c := b.hints; c != nil {
-			if p := c.p.Load(); p != nil {
-				p.confirmed(b, a.hashes, now) // tell the other replicas (hints.go); copies, never blocks
-			}
-		}
 	}
 }
 

@@ -16,8 +16,9 @@ import (
 )
 
 // PeerLoad is the load the other gateway replicas reported on one backend, summed over the replicas whose reports
-// are fresh. Routing adds it to the backend's own accounting (Inflight, and the prefill queue and decoding
-// sequences the latency models see) until Until.
+// are fresh. Routing adds its Inflight to the backend's own (Backend.Inflight, which every strategy reads) and its
+// Decoding to the sequences the latency models see, until Until. PrefillTokens is shown, not used: a prefill
+// lasts about as long as a report is old (see loadAt).
 type PeerLoad struct {
 	// Inflight, PrefillTokens and Decoding are the other replicas' requests in flight to the backend, the
 	// uncached prompt tokens they dispatched without a first token yet, and their requests decoding there.
@@ -49,7 +50,8 @@ type PeersOptions struct {
 	// Interval is how often this replica publishes its load and reads the others'. A report counts for three
 	// intervals. Default 200ms.
 	Interval time.Duration
-	// HintFlush is how often confirmed prefixes are published, batched. Default min(Interval, 50ms).
+	// HintFlush bounds how long a queued prefix hint waits for the publisher when its wake-up was missed.
+	// Default min(Interval, 50ms).
 	HintFlush time.Duration
 	// MaxHintBlocks is how many leading 64-byte blocks of a prompt a hint carries (a longer shared prefix is
 	// matched up to there on the other replicas). Default 128 (8 KiB of prompt, about 2,000 tokens).
@@ -67,15 +69,17 @@ type PeersOptions struct {
 //   - Load hints. Every Interval it writes its own in-flight requests, queued prefill tokens and decoding
 //     requests per backend into a Redis hash, field per replica, stamped with an expiry in Redis TIME, and reads
 //     back the others' fresh entries in the same atomic script (expired ones are deleted there). The sums go to
-//     each Backend as a PeerLoad valid for three intervals, so Inflight and the latency models count the fleet's
-//     load, and a replica that died stops counting within three intervals.
-//   - Prefix ownership hints. When a request's first token confirms that a backend holds its prompt's leading
-//     blocks, the backend's name and up to MaxHintBlocks chained block hashes are queued (one mutex, a copy,
-//     never a wait) and published in batches every HintFlush to a Redis stream (capped at about 10,000
-//     batches, expiring 30 minutes after the last write). A reader follows the stream with blocking reads and
-//     confirms the other replicas' hints in this replica's prefix index, so a prefix stays on one backend
-//     whichever replica receives it; the index's own TTL and capacity expire them. The same prefix on the same
-//     backend is published at most once a minute.
+//     each Backend as a PeerLoad valid for three intervals, so Inflight and the decoding count the fleet's
+//     requests, and a replica that died stops counting within three intervals.
+//   - Prefix ownership hints. When a request is dispatched to a backend, the backend's name and up to
+//     MaxHintBlocks chained block hashes of its prompt are queued (one mutex, a copy, never a wait) and the
+//     publisher is woken: it sends what is queued as one entry of a Redis stream (capped at about 10,000
+//     entries, expiring 30 minutes after the last write), so hints batch by themselves under load and reach
+//     the others within a round trip or two, before the request's prefill is done (the next request of a
+//     conversation must find them). A reader follows the stream with blocking reads and confirms the other
+//     replicas' hints in this replica's prefix index, so a prefix stays on one backend whichever replica
+//     receives it; the index's own TTL and capacity expire them. The same prefix on the same backend is
+//     published at most once a minute.
 //
 // A Redis failure costs nothing on the request path: the load hints in hand expire and routing falls back to
 // this replica's own accounting, unpublished hints are dropped, each failure is reported through OnError, and
@@ -94,6 +98,7 @@ type Peers struct {
 	wg                  sync.WaitGroup
 	published, received atomic.Uint64
 
+	kick    chan struct{} // wakes the publisher when a hint is queued
 	mu      sync.Mutex
 	pending []pendingHint
 	hashes  []uint64
@@ -134,7 +139,8 @@ func NewPeers(c redis.UniversalClient, reg *Registry, o PeersOptions) *Peers {
 		o.ID = hex.EncodeToString(b[:])
 	}
 	return &Peers{c: c, reg: reg, o: o, loadKey: o.Prefix + "{fleet}:load", streamKey: o.Prefix + "{fleet}:prefixes",
-		stale: 3 * o.Interval, opTimeout: max(o.Interval, 100*time.Millisecond), sent: make(map[uint64]int64)}
+		stale: 3 * o.Interval, opTimeout: max(o.Interval, 100*time.Millisecond), sent: make(map[uint64]int64),
+		kick: make(chan struct{}, 1)}
 }
 
 // ID returns this replica's name among its peers.
@@ -181,6 +187,8 @@ func (p *Peers) publishLoop(ctx context.Context) {
 		case <-load.C:
 			p.syncLoad(ctx)
 		case <-flush.C:
+			p.flushHints(ctx)
+		case <-p.kick:
 			p.flushHints(ctx)
 		}
 	}
@@ -287,9 +295,10 @@ func parsePeerLoad(r string, sums map[string]*PeerLoad) {
 	}
 }
 
-// confirmed queues a prefix hint: b holds hashes (its first token arrived). It runs on the request path: it
-// copies at most MaxHintBlocks hashes under a mutex and never waits on Redis.
-func (p *Peers) confirmed(b *Backend, hashes []uint64, now time.Time) {
+// routed queues a prefix hint: a request with these prompt hashes was dispatched to b. It runs on the request
+// path: it copies at most MaxHintBlocks hashes under a mutex, wakes the publisher without waiting, and never
+// waits on Redis.
+func (p *Peers) routed(b *Backend, hashes []uint64, now time.Time) {
 	n := min(len(hashes), p.o.MaxHintBlocks)
 	if n == 0 {
 		return
@@ -310,6 +319,10 @@ func (p *Peers) confirmed(b *Backend, hashes []uint64, now time.Time) {
 	p.sent[key] = t
 	p.pending = append(p.pending, pendingHint{name: b.Name(), off: len(p.hashes), len: n})
 	p.hashes = append(p.hashes, hashes[:n]...)
+	select {
+	case p.kick <- struct{}{}:
+	default: // a wake-up is pending already
+	}
 }
 
 // flushHints publishes the queued hints as one stream entry.
