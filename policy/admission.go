@@ -97,7 +97,7 @@ func (c *Config) compileAdmission(s *proxy.Snapshot, keys *admission.Keys, prev 
 			switch l := prev.Limiter.(type) {
 			case *admission.LocalLimiter:
 				old = l
-			case interface{ Local() *admission.LocalLimiter }: // a shared limiter (Shared.Limiter) around one
+			case localer: // a shared limiter (Shared.Limiter) around one
 				old = l.Local()
 			}
 		}
@@ -109,3 +109,6 @@ func (c *Config) compileAdmission(s *proxy.Snapshot, keys *admission.Keys, prev 
 	s.Shedder = admission.NewShedder(sp, m)
 	s.Queue = proxy.QueueSettings{Size: c.Limits.QueueSize, Timeout: c.Limits.QueueTimeout}
 }
+
+// localer is a shared rate limiter that decides on a local one when it cannot share (admission.RedisLimiter).
+type localer interface{ Local() *admission.LocalLimiter }
