@@ -111,4 +111,6 @@ func (c *Config) compileAdmission(s *proxy.Snapshot, keys *admission.Keys, prev 
 }
 
 // localer is a shared rate limiter that decides on a local one when it cannot share (admission.RedisLimiter).
-type localer interface{ Local() *admission.LocalLimiter }
+type localer interface {
+	Local() *admission.LocalLimiter
+}
