@@ -44,7 +44,7 @@ type attempt struct {
 	conn    *upConn // guarded by wd.mu
 	events  *openai.EventReader
 	ci      openai.ChunkInfo
-	started time.Time
+	started time.Time // set by prepare, on the handler goroutine, right before the send
 	to      routing.Timeouts
 
 	gotFirst bool   // a content event arrived
@@ -106,7 +106,6 @@ func (a *attempt) aborted() error {
 // send sends the prepared request (a.req) and waits for the response headers. It may run on the attempt's own
 // goroutine.
 func (a *attempt) send(streamed bool) error {
-	a.started = time.Now()
 	firstByte := a.to.FirstByte
 	if firstByte <= 0 {
 		firstByte = a.to.Total

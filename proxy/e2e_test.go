@@ -644,3 +644,38 @@ func TestLongStreamIsNotCut(t *testing.T) {
 		t.Errorf("got %d words, want about 300", n)
 	}
 }
+
+// TestNonStreamRetriedAfterBreak: a non-streaming request whose backend dies mid-generation has sent nothing to
+// its client, so it is answered whole by another backend instead of failing.
+func TestNonStreamRetriedAfterBreak(t *testing.T) {
+	t.Parallel()
+	dying := startSim(t, "dying", func(c *sim.Config) { c.ITL = 10 * time.Millisecond })
+	good := startSim(t, "good", func(c *sim.Config) { c.ITL = time.Millisecond })
+	gw := startGateway(t, snapshotOf(firstHealthy{}, 2, dying.URL(), good.URL()), Options{})
+	done := make(chan answer, 1)
+	go func() {
+		done <- post(t, gw.url, `{"model":"sim-model","max_tokens":200,"messages":[{"role":"user","content":"whole"}]}`, nil)
+	}()
+	waitFor(t, 5*time.Second, func() bool { return simGauge(t, dying.URL(), "vllm:num_requests_running") == 1 })
+	time.Sleep(100 * time.Millisecond) // well into the generation
+	control(t, dying.URL(), `{"down":true}`)
+	a := <-done
+	if a.code != 200 || a.backend != "b1" {
+		t.Fatalf("status %d backend %q: %s", a.code, a.backend, a.body)
+	}
+	var resp struct {
+		Choices []struct {
+			Message      struct{ Content string } `json:"message"`
+			FinishReason string                   `json:"finish_reason"`
+		} `json:"choices"`
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal([]byte(a.body), &resp); err != nil || len(resp.Choices) != 1 {
+		t.Fatalf("body %s: %v", a.body, err)
+	}
+	if resp.Usage.CompletionTokens != 200 || resp.Choices[0].FinishReason != "length" {
+		t.Errorf("the answer is not whole: %d tokens, finish %q", resp.Usage.CompletionTokens, resp.Choices[0].FinishReason)
+	}
+}

@@ -23,6 +23,10 @@ const (
 // errNoCapacity: every candidate backend is at its concurrency cap or out of service (the request can wait).
 var errNoCapacity = errors.New("proxy: no backend has capacity")
 
+// hedgeMaxPromptTokens bounds the prompts that may be hedged: a hedge repeats the prefill on a second backend,
+// which is cheap for a short prompt and a real cost for a long one (routing.md 4.7: hedge cheap prefills only).
+const hedgeMaxPromptTokens = 2048
+
 // errHedgeLost ends the attempt that lost a hedged race; it never counts against the backend.
 var errHedgeLost = errors.New("proxy: hedge race lost")
 
@@ -409,6 +413,7 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 	ex.tried = append(ex.tried, t.Backend)
 	a.acct = t.Backend.Dispatch(&ex.rreq)
 	a.began = true
+	a.started = time.Now()
 	ex.s.m.Inflight.WithLabelValues(a.name).Set(float64(t.Backend.LocalInflight()))
 	if ex.attempts == 1 {
 		ex.s.m.Overhead.Observe(time.Since(ex.arrival).Seconds())
@@ -454,9 +459,13 @@ func (ex *exchange) run() error {
 	if ex.model.Hedge.After > 0 && ex.endpoint != openai.Embeddings {
 		return ex.runHedged()
 	}
+	return ex.runFrom(nil)
+}
+
+// runFrom is run's sequential loop, entered after last failed (nil for a fresh request).
+func (ex *exchange) runFrom(last error) error {
 	a := ex.cur
 	ex.cur = nil
-	var last error
 	for {
 		if a == nil {
 			var err error
@@ -491,7 +500,9 @@ func (ex *exchange) next(last error) (*attempt, error) {
 			return nil, last
 		}
 		ex.s.m.UpstreamErrors.WithLabelValues(ue.backend, ue.kind.String()).Inc()
-		if !ue.retryable() || ex.attempts > ex.model.Retries {
+		// A broken stream is retryable only for a client that does not stream: it has received nothing yet.
+		wholeAnswer := ue.kind == kindStream && !ex.sum.Stream
+		if !(ue.retryable() || wholeAnswer) || ex.attempts > ex.model.Retries {
 			return nil, last
 		}
 		if !ex.s.retries.Allow() {
@@ -515,6 +526,23 @@ func (ex *exchange) next(last error) (*attempt, error) {
 		return nil, err
 	}
 	return a, nil
+}
+
+// retryWhole restarts a non-streaming request whose answer broke off after its first token: the client has
+// received nothing, so another backend may still give it the whole answer (within the model's retries and the
+// retry budget). It returns failed itself when no retry is allowed.
+func (ex *exchange) retryWhole(failed error) error {
+	var ue *upstreamError
+	if ex.sum.Stream || !errors.As(failed, &ue) || ex.cancelled() != nil {
+		return failed
+	}
+	a := ex.cur
+	ex.cur = nil
+	ex.endAttempt(a, failed)
+	ex.hasUsage, ex.upstreamError = false, false
+	ex.usage = openai.Usage{}
+	ex.tpot = nil // the first attempt's TTFT stands; the retry's gaps are not the client's
+	return ex.runFrom(failed)
 }
 
 // runHedged is run with hedging (The Tail at Scale): attempts run on goroutines of their own and report to
@@ -602,7 +630,7 @@ func (ex *exchange) runHedged() error {
 				return err
 			}
 		case <-timer.C:
-			if live != 1 || hedged || ex.cancelled() != nil {
+			if live != 1 || hedged || ex.cancelled() != nil || ex.sum.PromptTokens > hedgeMaxPromptTokens {
 				continue
 			}
 			if !budget.Allow() {
@@ -639,6 +667,18 @@ func (ex *exchange) race(a *attempt) {
 // abandon ends a racing attempt that lost: its accounting now, its connection as soon as its goroutine notices.
 func (ex *exchange) abandon(a *attempt) {
 	ex.wd.kill(a, errHedgeLost)
+	// Losing is not the backend's failure, but the time it waited without a first token is evidence of its speed:
+	// routing learns it as a lower bound of its TTFT and the outlier detector judges it, so that hedging does not
+	// hide a slow tail from either.
+	waited := time.Since(a.started)
+	if a.out != nil {
+		a.out.Observe(true, waited, a.acct.PredictedTTFT())
+		a.out = nil
+	}
+	if a.began {
+		a.acct.Abandon()
+		a.began = false
+	}
 	ex.settle(a, errHedgeLost, false)
 	if a.state.CompareAndSwap(raceRunning, raceAbandoned) {
 		return // its goroutine closes and frees it

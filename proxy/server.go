@@ -323,11 +323,11 @@ func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, e openai.Endpoint) {
 		s.fail(ctx, ex, err)
 		return
 	}
-	ctx.Response.Header.Set(headerBackend, ex.cur.name)
 	if ex.model != ex.asked {
 		ctx.Response.Header.Set(headerDegraded, ex.model.Name)
 	}
 	if ex.endpoint != openai.Embeddings && ex.sum.Stream {
+		ctx.Response.Header.Set(headerBackend, ex.cur.name)
 		ex.startReplay()
 		ctx.SetStatusCode(fasthttp.StatusOK)
 		ctx.SetContentType("text/event-stream")
@@ -339,14 +339,19 @@ func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, e openai.Endpoint) {
 	var body []byte
 	if ex.endpoint == openai.Embeddings {
 		body = ex.cur.body
-	} else if body, err = ex.assemble(); err != nil {
-		s.fail(ctx, ex, err)
-		return
+	} else {
+		for body, err = ex.assemble(); err != nil; body, err = ex.assemble() {
+			if err = ex.retryWhole(err); err != nil {
+				s.fail(ctx, ex, err)
+				return
+			}
+		}
 	}
 	if up, pub := ex.cur.target.Model, ex.model.Name; up != "" && up != pub {
 		ex.modelBuf = rewriteModel(ex.modelBuf[:0], body, up, pub)
 		body = ex.modelBuf
 	}
+	ctx.Response.Header.Set(headerBackend, ex.cur.name) // the backend that gave the answer, after any retry
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("application/json")
 	ctx.SetBody(body)
