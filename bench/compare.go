@@ -225,7 +225,7 @@ func runColumn(ctx context.Context, e *Env, sc *Scenario, col Column, plan *Plan
 		return nil, err
 	}
 	r := Summary(res, target, w.SLO)
-	r.PrefixHitRate = probe.HitRate(ctx)
+	r.PrefixHitRate, r.EngineRequests = probe.Finish(ctx)
 	if gw != nil {
 		if cpu1, err := gw.CPUTime(); err == nil {
 			r.CPU = cpuUse("gateway", cpu1-cpu0, r.Sent, res.Elapsed)

@@ -14,6 +14,9 @@ import (
 const (
 	metricPrefixHits    = "vllm:prefix_cache_hits_total"
 	metricPrefixQueries = "vllm:prefix_cache_queries_total"
+	// metricFinished counts requests an engine finished, for every finished_reason (abort included): the
+	// requests that reached the engines, hedges and retries included.
+	metricFinished = "vllm:request_success_total"
 )
 
 // scrapeCounters fetches a Prometheus text exposition from url and returns the sum over all label sets of each
@@ -91,7 +94,7 @@ func (p *PrefixProbe) sum(ctx context.Context) (map[string]float64, bool) {
 	total := map[string]float64{}
 	found := false
 	for _, u := range p.urls {
-		m, err := scrapeCounters(ctx, u, metricPrefixHits, metricPrefixQueries)
+		m, err := scrapeCounters(ctx, u, metricPrefixHits, metricPrefixQueries, metricFinished)
 		if err != nil {
 			continue
 		}
@@ -108,13 +111,28 @@ func (p *PrefixProbe) sum(ctx context.Context) (map[string]float64, bool) {
 // HitRate scrapes again and returns hits/queries over the interval, or nil when unknown (no queries, or the
 // scrape failed).
 func (p *PrefixProbe) HitRate(ctx context.Context) *float64 {
+	h, _ := p.Finish(ctx)
+	return h
+}
+
+// Finish scrapes again and returns, over the interval, the prefix hit rate (hits/queries) and the number of
+// requests the engines finished (every finished_reason: with hedges and retries, more than the client sent);
+// nil when unknown.
+func (p *PrefixProbe) Finish(ctx context.Context) (hitRate, engineRequests *float64) {
 	if p == nil {
-		return nil
+		return nil, nil
 	}
 	after, ok := p.sum(ctx)
 	if !ok {
-		return nil
+		return nil, nil
 	}
+	if n := after[metricFinished] - p.before[metricFinished]; n > 0 {
+		engineRequests = &n
+	}
+	return p.hitRate(after), engineRequests
+}
+
+func (p *PrefixProbe) hitRate(after map[string]float64) *float64 {
 	q := after[metricPrefixQueries] - p.before[metricPrefixQueries]
 	if q <= 0 {
 		return nil

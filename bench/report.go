@@ -61,13 +61,18 @@ type RunReport struct {
 	Seed     uint64  `json:"seed"`
 	Rate     float64 `json:"rate"`
 	WarmupS  float64 `json:"warmup_s"`
-	WindowS  float64 `json:"window_s"`
+	// Started is the wall-clock time of the timeline's 0 (events and series are offsets from it), to line a run
+	// up with logs.
+	Started time.Time `json:"started"`
+	WindowS float64   `json:"window_s"`
 	// Requests is the number of measured requests planned; Sent of them went out; OK succeeded.
-	Requests int            `json:"requests"`
-	Sent     int            `json:"sent"`
-	OK       int            `json:"ok"`
-	Status   map[string]int `json:"status"`
-	Errors   map[string]int `json:"errors"`
+	Requests int `json:"requests"`
+	Sent     int `json:"sent"`
+	// SentAll counts every request sent, warm-up included (what the engines' counters see).
+	SentAll int            `json:"sent_all"`
+	OK      int            `json:"ok"`
+	Status  map[string]int `json:"status"`
+	Errors  map[string]int `json:"errors"`
 	// ErrorSamples holds the first message of each error kind.
 	ErrorSamples map[string]string `json:"error_samples,omitempty"`
 	TTFT         Quantiles         `json:"ttft_ms"`
@@ -91,10 +96,14 @@ type RunReport struct {
 	// PrefixHitRate is the simulators' prefix cache hits/queries over the run (with the warm-up), when scraped.
 	PrefixHitRate *float64 `json:"prefix_hit_rate,omitempty"`
 	// CachedTokens is the sum of usage.prompt_tokens_details.cached_tokens the answers reported.
-	CachedTokens int           `json:"cached_tokens"`
-	Pings        int           `json:"pings"`
-	Series       []Window      `json:"series"`
-	Events       []EventRecord `json:"events,omitempty"`
+	CachedTokens int      `json:"cached_tokens"`
+	Pings        int      `json:"pings"`
+	Series       []Window `json:"series"`
+	// EngineRequests is how many requests the simulated engines finished during the run (every finished_reason,
+	// aborts included): with retries and hedges it exceeds the requests sent. Nil when the target is not a
+	// simulator fleet.
+	EngineRequests *float64      `json:"engine_requests,omitempty"`
+	Events         []EventRecord `json:"events,omitempty"`
 	// CPU is the CPU time the measured proxy process used during the run ("bench overhead" only).
 	CPU *CPUUse `json:"cpu,omitempty"`
 
@@ -142,6 +151,7 @@ func Summary(res *Result, target string, slo SLO) *RunReport {
 	r := &RunReport{
 		Name: res.Name, Target: target, Workload: w.Name, Model: w.Model, Seed: w.Seed, Rate: w.Arrival.Rate,
 		WarmupS: w.Warmup.Seconds(),
+		Started: res.Start.UTC(),
 		Status:  map[string]int{}, Errors: map[string]int{}, ErrorSamples: map[string]string{},
 		Backends: map[string]int{}, Shed: map[string]map[string]int{},
 		SLO:    SLOms{TTFT: ms(slo.TTFT), ITL: ms(slo.ITL)},
@@ -163,6 +173,9 @@ func Summary(res *Result, target string, slo SLO) *RunReport {
 	for i := range res.Samples {
 		s := &res.Samples[i]
 		it := &res.Plan.Items[i]
+		if s.Sent {
+			r.SentAll++
+		}
 		if it.Warmup {
 			continue
 		}
@@ -435,6 +448,14 @@ func PrintCompare(out io.Writer, all []*RunReport) {
 	line("SLO attainment %", func(r *RunReport) float64 { return 100 * r.SLOAttainment })
 	line("errors", func(r *RunReport) float64 { return float64(r.Requests - r.OK) })
 	line("send late p99 ms", func(r *RunReport) float64 { return r.SendLate.P99 })
+	if slices.ContainsFunc(runs, func(r *RunReport) bool { return r.EngineRequests != nil }) {
+		line("engine req/request", func(r *RunReport) float64 {
+			if r.EngineRequests == nil || r.SentAll == 0 {
+				return 0
+			}
+			return *r.EngineRequests / float64(r.SentAll)
+		})
+	}
 	if slices.ContainsFunc(runs, func(r *RunReport) bool { return r.PrefixHitRate != nil }) {
 		line("prefix hit %", func(r *RunReport) float64 {
 			if r.PrefixHitRate == nil {
@@ -458,8 +479,14 @@ func PrintCompare(out io.Writer, all []*RunReport) {
 		}
 	}
 	if r := runs[0]; len(r.Events) > 0 {
-		for _, e := range r.Events {
-			fmt.Fprintf(out, "event at %.1fs: %s%s\n", e.At.Seconds(), e.Label, errSuffix(e.Err))
+		for i, e := range r.Events {
+			fmt.Fprintf(out, "event at %.1fs: %s%s; UTC", e.At.Seconds(), e.Label, errSuffix(e.Err))
+			for _, c := range runs {
+				if i < len(c.Events) {
+					fmt.Fprintf(out, " %s %s", c.Name, c.Started.Add(c.Events[i].At).Format("15:04:05.000"))
+				}
+			}
+			fmt.Fprintln(out)
 		}
 	}
 	for _, r := range runs {
