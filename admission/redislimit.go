@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -23,17 +24,38 @@ import (
 // Redis answers again), the failure is reported through OnError, and Settle follows the reservation to where
 // it was taken. The go-redis client reconnects by itself.
 //
-// Safe for concurrent use. A policy reload builds a new RedisLimiter around the new local fallback; the state
-// in Redis is kept by key name.
+// Settle never makes the response wait: once Start has run, settlements go to a queue that one goroutine
+// sends to Redis (a settlement that finds the queue full is sent at once instead). Without Start they are sent
+// synchronously (tests).
+//
+// Safe for concurrent use. A policy reload gets a limiter around its new local fallback with WithLocal, which
+// shares the client, the settle queue and the state in Redis (kept by key name).
 type RedisLimiter struct {
+	*redisLimits
+	local *LocalLimiter
+}
+
+// redisLimits is what the limiters of successive policies share.
+type redisLimits struct {
 	c       redis.UniversalClient
 	prefix  string
 	timeout time.Duration
-	local   *LocalLimiter
 	clock   Clock // nil: Redis TIME
 	onError func(op string, err error)
 	shed    shedCounters
+
+	mu      sync.Mutex
+	settles chan settlement // nil until Start
+	done    chan struct{}
 }
+
+type settlement struct {
+	key   *Key
+	delta int64
+}
+
+// settleQueue bounds the settlements waiting for the goroutine.
+const settleQueue = 4096
 
 var _ RateLimiter = (*RedisLimiter)(nil)
 
@@ -60,13 +82,49 @@ func NewRedisLimiter(c redis.UniversalClient, o RedisLimiterOptions) *RedisLimit
 	if o.Timeout <= 0 {
 		o.Timeout = 5 * time.Millisecond
 	}
-	return &RedisLimiter{c: c, prefix: o.Prefix, timeout: o.Timeout, local: o.Local, clock: o.Clock,
-		onError: o.OnError, shed: newShedCounters(o.Metrics, ReasonRateLimitRequests, ReasonRateLimitTokens)}
+	return &RedisLimiter{local: o.Local, redisLimits: &redisLimits{c: c, prefix: o.Prefix, timeout: o.Timeout,
+		clock: o.Clock, onError: o.OnError, shed: newShedCounters(o.Metrics, ReasonRateLimitRequests, ReasonRateLimitTokens)}}
+}
+
+// WithLocal returns a limiter that shares l's client, settle queue and Redis state, falling back to local: the
+// limiter of a reloaded policy.
+func (l *RedisLimiter) WithLocal(local *LocalLimiter) *RedisLimiter {
+	return &RedisLimiter{redisLimits: l.redisLimits, local: local}
 }
 
 // Local returns the local fallback (the policy passes it on to the next policy's limiter, so that buckets
 // survive a reload).
 func (l *RedisLimiter) Local() *LocalLimiter { return l.local }
+
+// Start begins sending settlements from a queue, off the request path. Stop ends it.
+func (l *RedisLimiter) Start() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.settles != nil {
+		return
+	}
+	l.settles, l.done = make(chan settlement, settleQueue), make(chan struct{})
+	go func(q chan settlement, done chan struct{}) {
+		defer close(done)
+		for st := range q {
+			l.settleRedis(st.key, st.delta)
+		}
+	}(l.settles, l.done)
+}
+
+// Stop sends the queued settlements (each within the timeout) and stops the goroutine; later settlements are
+// sent synchronously.
+func (l *RedisLimiter) Stop() {
+	l.mu.Lock()
+	q, done := l.settles, l.done
+	l.settles = nil
+	l.mu.Unlock()
+	if q == nil {
+		return
+	}
+	close(q)
+	<-done
+}
 
 // rateScript holds both buckets of one key in one hash and applies a take or a settle atomically. Its
 // arithmetic is LocalLimiter's in milliseconds: a bucket of limit L holds a whole number of units (level,
@@ -157,9 +215,9 @@ return out
 `)
 
 // key returns the Redis key of an API key's buckets.
-func (l *RedisLimiter) key(k *Key) string { return l.prefix + "rl:{" + k.Name + "}" }
+func (l *redisLimits) key(k *Key) string { return l.prefix + "rl:{" + k.Name + "}" }
 
-func (l *RedisLimiter) nowArg() string {
+func (l *redisLimits) nowArg() string {
 	if l.clock == nil {
 		return ""
 	}
@@ -206,9 +264,9 @@ func (l *RedisLimiter) Take(key *Key, tokens int64) Quota {
 	return q
 }
 
-// Settle implements RateLimiter. A reservation taken by the local fallback is settled there. A settle that
-// Redis does not take in time is lost (reported through OnError): the key's budget is off by that one
-// request's difference, as it would be had the request never been settled.
+// Settle implements RateLimiter. A reservation taken by the local fallback is settled there; one taken in Redis
+// is queued (after Start) or sent. A settlement Redis does not take in time is lost (reported through OnError):
+// the key's budget is off by that one request's difference, as it would be had the request never been settled.
 func (l *RedisLimiter) Settle(key *Key, q *Quota, used int64) {
 	if key == nil || q.Reserved == used || key.TokensPerMinute <= 0 {
 		return
@@ -217,9 +275,24 @@ func (l *RedisLimiter) Settle(key *Key, q *Quota, used int64) {
 		l.local.Settle(key, q, used)
 		return
 	}
+	delta := q.Reserved - max(used, 0)
+	l.mu.Lock()
+	if l.settles != nil {
+		select {
+		case l.settles <- settlement{key, delta}:
+			l.mu.Unlock()
+			return
+		default: // the queue is full (Redis is slow): send this one now
+		}
+	}
+	l.mu.Unlock()
+	l.settleRedis(key, delta)
+}
+
+func (l *redisLimits) settleRedis(key *Key, delta int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
 	err := rateScript.Run(ctx, l.c, []string{l.key(key)}, "settle", key.RequestsPerMinute, key.TokensPerMinute,
-		q.Reserved-max(used, 0), l.nowArg()).Err()
+		delta, l.nowArg()).Err()
 	cancel()
 	if err != nil && !errors.Is(err, redis.Nil) && l.onError != nil {
 		l.onError("ratelimit", err)

@@ -259,3 +259,42 @@ func TestRedisLimiterUnlimited(t *testing.T) {
 		l.Settle(k, &Quota{Reserved: 5}, 1)
 	}
 }
+
+// TestRedisLimiterSettlesOffThePath: after Start, Settle only queues; Stop sends what is queued; a limiter
+// for a reloaded policy (WithLocal) shares the state.
+func TestRedisLimiterSettlesOffThePath(t *testing.T) {
+	clk := newFakeClock()
+	ks, k := limitedKeys(t, 0, 1000)
+	l, _ := redisLimiter(t, ks, clk, func(op string, err error) { t.Errorf("redis error (%s): %v", op, err) })
+	l.Start()
+	q := l.Take(k, 600)
+	l.Settle(k, &q, 100)
+	l.Stop()
+	if got := l.Take(k, 0).Tokens.Remaining; got != 900 {
+		t.Fatalf("remaining %d after the queued refund, want 900", got)
+	}
+	reloaded := l.WithLocal(NewLocalLimiter(ks, nil, clk, nil))
+	if got := reloaded.Take(k, 0).Tokens.Remaining; got != 900 || reloaded.Local() == l.Local() {
+		t.Fatalf("the reloaded limiter sees %d remaining, want the shared 900 and a new fallback", got)
+	}
+	reloaded.Settle(k, &Quota{Reserved: 100}, 0) // without the goroutine: sent at once
+	if got := l.Take(k, 0).Tokens.Remaining; got != 1000 {
+		t.Fatalf("remaining %d after a synchronous refund, want 1000", got)
+	}
+}
+
+// BenchmarkRedisLimiterTake is one rate-limit decision in Redis: one EVALSHA round trip (compare
+// BenchmarkRateLimit, the local decision).
+func BenchmarkRedisLimiterTake(b *testing.B) {
+	ks, _ := NewKeys([]KeyConfig{{Name: "k", Hash: sha256.Sum256([]byte("k")), RequestsPerMinute: 1 << 40, TokensPerMinute: 1 << 50}})
+	k := ks.All()[0]
+	c := redistest.Client(b, redistest.Addr(b))
+	l := NewRedisLimiter(c, RedisLimiterOptions{Prefix: redistest.Prefix(b), Timeout: time.Second,
+		Local: NewLocalLimiter(ks, nil, nil, nil), OnError: func(op string, err error) { b.Fatal(op, err) }})
+	b.ReportAllocs()
+	for b.Loop() {
+		if q := l.Take(k, 1500); q.Err != nil {
+			b.Fatal(q.Err)
+		}
+	}
+}

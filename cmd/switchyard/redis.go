@@ -26,6 +26,7 @@ type sharedState struct {
 	errs     *redisErrors
 	breakers *proxy.SharedBreakers
 	peers    *routing.Peers
+	limits   *admission.RedisLimiter // each policy's limiter shares its client and settle queue (WithLocal)
 }
 
 // newSharedState builds the client and the sharing for cfg (nil, nil when cfg is not enabled). Redis being
@@ -46,6 +47,8 @@ func newSharedState(cfg policy.Redis, reg *routing.Registry, m *metrics.Gateway,
 		Interval: cfg.SyncInterval, OnError: errs.report})
 	s.peers = routing.NewPeers(c, reg, routing.PeersOptions{Prefix: cfg.KeyPrefix, Interval: cfg.SyncInterval,
 		OnError: errs.report})
+	s.limits = admission.NewRedisLimiter(c, admission.RedisLimiterOptions{Prefix: cfg.KeyPrefix, Timeout: cfg.Timeout,
+		OnError: errs.report, Metrics: m})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if err := c.Ping(ctx).Err(); err != nil {
@@ -55,13 +58,12 @@ func newSharedState(cfg policy.Redis, reg *routing.Registry, m *metrics.Gateway,
 }
 
 // shared returns what the policy watcher applies to each snapshot.
-func (s *sharedState) shared(m *metrics.Gateway) policy.Shared {
+func (s *sharedState) shared() policy.Shared {
 	if s == nil {
 		return policy.Shared{}
 	}
 	return policy.Shared{Limiter: func(local *admission.LocalLimiter) admission.RateLimiter {
-		return admission.NewRedisLimiter(s.client, admission.RedisLimiterOptions{Prefix: s.cfg.KeyPrefix,
-			Timeout: s.cfg.Timeout, Local: local, OnError: s.errs.report, Metrics: m})
+		return s.limits.WithLocal(local)
 	}}
 }
 
@@ -77,6 +79,7 @@ func (s *sharedState) start() {
 	if s == nil {
 		return
 	}
+	s.limits.Start()
 	s.breakers.Start()
 	s.peers.Start()
 }
@@ -87,6 +90,7 @@ func (s *sharedState) stop() {
 	}
 	s.peers.Stop()
 	s.breakers.Stop()
+	s.limits.Stop()
 	_ = s.client.Close()
 }
 

@@ -90,7 +90,7 @@ func serve(ctx context.Context, path string, log *slog.Logger, ready gatewayRead
 	if err != nil {
 		return err
 	}
-	w, err := policy.NewWatcher(path, backends, m, log, policy.WithShared(shared.shared(m)))
+	w, err := policy.NewWatcher(path, backends, m, log, policy.WithShared(shared.shared()))
 	if err != nil {
 		shared.stop()
 		var errs policy.Errors
