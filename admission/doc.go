@@ -4,8 +4,9 @@
 // hedge budgets (budget.go), brownout to a degraded model (brownout.go) and passive outlier ejection
 // (outlier.go).
 //
-// Everything here is decision logic: it never does I/O, reads time through a Clock, and is safe for concurrent
-// use unless a type says otherwise. The request path (proxy) calls it; README.md lists each mechanism's rule,
+// Everything here is decision logic: it reads time through a Clock and is safe for concurrent use unless a type
+// says otherwise, and it does no I/O, with one exception: RedisLimiter (redislimit.go), the per-key limits that
+// gateway replicas share through Redis, bounded by a timeout and falling back to LocalLimiter. The request path (proxy) calls it; README.md lists each mechanism's rule,
 // its defaults and exactly when the request path calls what. Refusals are *Error values that carry their HTTP
 // rendering (status, OpenAI type and code, Retry-After, x-should-retry), so the proxy maps them in one place.
 package admission
