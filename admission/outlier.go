@@ -395,6 +395,30 @@ func (o *Outlier) Observe(ok bool, ttft, predicted time.Duration) {
 	}
 }
 
+// Reset clears the backend's window and, if it is out of service, returns it to service. The request path calls
+// it when the backend's circuit breaker changes state: when the breaker opens it takes the hard failures over
+// (the detector must not also eject for them, later, against peers that did not fail), and when it closes the
+// backend has just answered its probes, so failures recorded during an outage (a region down, a crash) say
+// nothing about it any more. Without this, a recovered backend is ejected for 30 s for an outage that is over.
+func (o *Outlier) Reset() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.gone.Load() {
+		return
+	}
+	if OutlierState(o.state.Load()) != Serving {
+		o.d.out.Add(-1)
+		o.state.Store(uint32(Serving))
+		o.setGauge(Serving)
+	}
+	o.probe.Store(0)
+	o.probesOK = 0
+	o.ejections = 0
+	o.buckets = [outlierBuckets]outlierBucket{}
+	o.slowShare.Store(math.Float64bits(-1))
+	o.errShare.Store(math.Float64bits(-1))
+}
+
 // ejectLocked ejects the backend, for BaseEjection times its consecutive ejections (a failed probe counts as
 // one more; a backend back in service for longer than MaxEjection starts again at 1).
 func (o *Outlier) ejectLocked(now int64, byErrors bool) {

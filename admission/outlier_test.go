@@ -343,3 +343,22 @@ func TestOutlierPeers(t *testing.T) {
 		}
 	})
 }
+
+// TestOutlierReset: a reset (the circuit breaker changed state) forgets the window and returns an ejected backend
+// to service.
+func TestOutlierReset(t *testing.T) {
+	d, _, _ := newDetector(t, "a", "b")
+	a := d.Get("a")
+	feed(a, 0, 0, 20)
+	if a.State() != Ejected {
+		t.Fatalf("state %v, want ejected", a.State())
+	}
+	a.Reset()
+	if a.State() != Serving || !a.Available() || d.out.Load() != 0 {
+		t.Fatalf("after reset: %v available %v out %d", a.State(), a.Available(), d.out.Load())
+	}
+	feed(a, 19, 0, 0)
+	if a.State() != Serving {
+		t.Errorf("the old failures still count after the reset: %v", a.State())
+	}
+}

@@ -90,6 +90,8 @@ type exchange struct {
 	wd   *watchdog
 	code int // the status the client got (499 when it left)
 	done bool
+
+	rc respCacheState // the response cache's part (respcache.go)
 }
 
 func (s *Server) acquireExchange() *exchange {
@@ -145,6 +147,7 @@ func (s *Server) releaseExchange(ex *exchange) {
 	ex.tpot = nil
 	ex.code = 0
 	ex.done = false
+	ex.rc = respCacheState{}
 	if cap(ex.body) > 1<<20 { // do not let one huge prompt pin memory in the pool
 		ex.body, ex.upBody = nil, nil
 	}
@@ -180,6 +183,9 @@ func (ex *exchange) admit(h *fasthttp.RequestHeader) error {
 			return shedError{ex.quota.Err, ex.quota.RetryAfter}
 		}
 		ex.limited = true
+	}
+	if ex.lookupCache(h) { // respcache.go: an answer kept for this exact request needs no backend
+		return errCacheHit
 	}
 	if snap.Shedder == nil {
 		return nil // nothing to decide: every request goes
@@ -505,9 +511,17 @@ func (ex *exchange) next(last error) (*attempt, error) {
 		if !(ue.retryable() || wholeAnswer) || ex.attempts > ex.model.Retries {
 			return nil, last
 		}
-		if !ex.s.retries.Allow() {
+		// The retry budget bounds how much retries can multiply the load of backends that are struggling.
+		// Moving a request away from a backend whose breaker is now open adds nothing to that backend, and
+		// must not fail requests in a burst (a region goes down with many requests in flight).
+		budgeted := true
+		if n := len(ex.tried); n > 0 && !ex.tried[n-1].Healthy() {
+			budgeted = false
+		}
+		if budgeted && !ex.s.retries.Allow() {
 			return nil, last
 		}
+		retry = budgeted
 		ex.s.m.Retries.WithLabelValues(ex.model.Name, ue.kind.String()).Inc()
 	}
 	a := newAttempt(ex.s, ex.wd)
@@ -706,6 +720,12 @@ func (ex *exchange) won(a *attempt) {
 		if a.out != nil {
 			a.out.Observe(true, ttft, pred)
 		}
+	}
+	if a.brkDone != nil {
+		// The backend answered: that is the breaker's success (a half-open breaker closes after its probes'
+		// first tokens, not after their whole streams). A stream that breaks later is not counted.
+		a.brkDone(nil)
+		a.brkDone = nil
 	}
 	if a.retry {
 		ex.s.retries.Done()

@@ -128,6 +128,13 @@ func New(src Source, opts Options) (*Server, error) {
 	s.brownout = admission.DefaultBrownout()
 	s.brk = newBreakers(opts.Breakers, func(b *routing.Backend, st gobreaker.State) {
 		s.m.BreakerState.WithLabelValues(b.Name()).Set(float64(breakerGauge(st)))
+		if st != gobreaker.StateHalfOpen {
+			// Opening, the breaker takes the hard failures over; closing, the backend has just answered its
+			// probes: either way the outlier detector's window of the outage is stale (admission.Outlier.Reset).
+			if o := s.outliers.Get(b.Name()); o != nil {
+				o.Reset()
+			}
+		}
 		s.log.Warn("circuit breaker", "backend", b.Name(), "state", st.String())
 	})
 	if sb := opts.SharedBreakers; sb != nil {
@@ -319,9 +326,16 @@ func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, e openai.Endpoint) {
 			ctx.Response.Header.SetBytesV(name, value)
 		})
 	}
+	if err == errCacheHit {
+		s.serveCached(ctx, ex) // respcache.go
+		return
+	}
 	if err != nil {
 		s.fail(ctx, ex, err)
 		return
+	}
+	if ex.rc.store {
+		ctx.Response.Header.Set(headerCache, "miss") // respcache.go: kept once complete
 	}
 	if ex.model != ex.asked {
 		ctx.Response.Header.Set(headerDegraded, ex.model.Name)
@@ -355,6 +369,7 @@ func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, e openai.Endpoint) {
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("application/json")
 	ctx.SetBody(body)
+	ex.storeCache(body) // respcache.go, when the request is cached
 	ex.finish(nil)
 	s.releaseExchange(ex)
 	s.active.Done()
