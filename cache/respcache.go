@@ -97,6 +97,9 @@ func (s *MemoryStore) Set(_ context.Context, key string, val []byte, ttl time.Du
 	return nil
 }
 
+// MaxBytes returns the store's bound.
+func (s *MemoryStore) MaxBytes() int { return s.maxBytes }
+
 // Len returns the number of entries and the bytes of their values.
 func (s *MemoryStore) Len() (entries, bytes int) {
 	s.mu.Lock()

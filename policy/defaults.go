@@ -59,6 +59,7 @@ func (r *report) applyDefaults(c *Config) {
 	str(&c.AdminListen, defaultAdminListen)
 	str(&c.Region, defaultRegion)
 	r.defaultRedis(&c.Redis)
+	r.responseCaches(c, false) // respcache.go
 
 	l := &c.Limits
 	if !r.set("limits.max_body_bytes") {

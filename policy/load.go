@@ -57,6 +57,7 @@ func Load(path string, reg *routing.Registry) (*Config, *proxy.Snapshot, error) 
 	if err != nil {
 		return nil, nil, err
 	}
+	Shared{}.apply(c, s, nil) // shared.go: the models' response caches, in memory
 	return c, s, nil
 }
 

@@ -135,6 +135,10 @@ type Model struct {
 	// elsewhere are dropped when the policy is compiled, and a model left with no target is an error. Default:
 	// any region.
 	AllowedRegions []string `yaml:"allowed_regions"`
+	// ResponseCache keeps complete answers to deterministic requests (temperature 0, or a client that sends
+	// "X-Switchyard-Cache: on") and answers the same request again from it, without a backend. Shared by the
+	// replicas when redis is set. Default: off (see the ResponseCache type).
+	ResponseCache ResponseCache `yaml:"response_cache"`
 }
 
 // Target is one way to serve a public model: a backend, and the model name the backend knows it by.

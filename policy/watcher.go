@@ -78,7 +78,7 @@ func NewWatcher(path string, reg *routing.Registry, m *metrics.Gateway, log *slo
 		w.failed(err)
 		return nil, err
 	}
-	w.shared.apply(c, s)
+	w.shared.apply(c, s, nil)
 	w.cfg.Store(c)
 	w.snap.Store(s)
 	w.succeeded(true)
@@ -129,7 +129,7 @@ func (w *Watcher) Reload() error {
 		w.failed(err)
 		return err
 	}
-	w.shared.apply(c, s)
+	w.shared.apply(c, s, cur)
 	w.cfg.Store(c)
 	w.snap.Store(s)
 	w.succeeded(true)

@@ -59,6 +59,9 @@ func (ex *exchange) emit(b []byte) error { return ex.wd.write(b) }
 
 // startReplay makes step read the winning attempt's pending events first.
 func (ex *exchange) startReplay() {
+	if ex.rc.store && ex.sum.Stream {
+		ex.asm.Reset(ex.endpoint) // a streamed answer is also assembled, for the response cache
+	}
 	ex.replayBuf.Reset(ex.cur.pending)
 	ex.replay.Reset(&ex.replayBuf)
 	ex.replaying = true
@@ -128,6 +131,9 @@ func (ex *exchange) step(emit func([]byte) error) (done bool, err error) {
 			return false, &upstreamError{kind: kindStream, backend: a.name, err: err}
 		}
 		return false, nil
+	}
+	if ex.rc.store && ex.asm.Add(data) != nil {
+		ex.rc.store = false // an answer the assembler cannot take is not kept
 	}
 	raw := ev.Raw
 	switch {
@@ -233,6 +239,9 @@ func (ex *exchange) finish(fail error) {
 		}
 	} else if ex.upstreamError {
 		code = fasthttp.StatusBadGateway
+	}
+	if fail == nil && !ex.upstreamError && ex.sum.Stream {
+		ex.storeStreamed() // respcache.go, when the request is cached
 	}
 	backend := "none"
 	if a := ex.cur; a != nil {

@@ -67,6 +67,8 @@ type Model struct {
 	// DegradeTo is the model that serves non-critical requests when this one's pool is saturated (brownout);
 	// nil means none.
 	DegradeTo *Model
+	// Cache is the model's exact response cache (respcache.go); nil means none.
+	Cache *ResponseCache
 }
 
 // Hedge is a model's hedging policy (The Tail at Scale): when an attempt has produced no token after After, a

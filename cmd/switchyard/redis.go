@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/switchyard/switchyard/admission"
+	"github.com/switchyard/switchyard/cache"
 	"github.com/switchyard/switchyard/metrics"
 	"github.com/switchyard/switchyard/policy"
 	"github.com/switchyard/switchyard/proxy"
@@ -62,9 +63,14 @@ func (s *sharedState) shared() policy.Shared {
 	if s == nil {
 		return policy.Shared{}
 	}
-	return policy.Shared{Limiter: func(local *admission.LocalLimiter) admission.RateLimiter {
-		return s.limits.WithLocal(local)
-	}}
+	return policy.Shared{
+		Limiter: func(local *admission.LocalLimiter) admission.RateLimiter {
+			return s.limits.WithLocal(local)
+		},
+		ResponseStore: cache.NewRedisStore(s.client, s.cfg.KeyPrefix),
+		CacheTimeout:  s.cfg.Timeout,
+		OnError:       s.errs.report,
+	}
 }
 
 // sharedBreakers returns the breaker sharing for proxy.Options (nil without redis).
