@@ -165,7 +165,7 @@ func (s *Server) run() error {
 	cmd := exec.Command("redis-server", "--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no",
 		"--dir", s.dir, "--logfile", filepath.Join(s.dir, "log-"+port), "--loglevel", "warning")
 	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the test binary
+	cmd.SysProcAttr = sysProcAttr() // on Linux: never outlive the test binary
 	if err := cmd.Start(); err != nil {
 		return err
 	}
