@@ -9,7 +9,6 @@ import (
 	_ "github.com/fsnotify/fsnotify"
 	_ "github.com/openai/openai-go/v3"
 	_ "github.com/prometheus/client_golang/prometheus"
-	_ "github.com/redis/go-redis/v9"
 	_ "github.com/sony/gobreaker/v2"
 	_ "github.com/valyala/fasthttp"
 	_ "gopkg.in/yaml.v3"
