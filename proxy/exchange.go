@@ -511,10 +511,12 @@ func (ex *exchange) next(last error) (*attempt, error) {
 		if !(ue.retryable() || wholeAnswer) || ex.attempts > ex.model.Retries {
 			return nil, last
 		}
-		// The retry budget bounds how much retries can multiply the load of backends that are struggling.
-		// Moving a request away from a backend whose breaker is now open adds nothing to that backend, and
-		// must not fail requests in a burst (a region goes down with many requests in flight).
-		budgeted := true
+		// The retry budget bounds how much retries can multiply the load of backends that are struggling: a
+		// timeout or an error status from a live backend. A backend that refused the connection, dropped it or
+		// answered garbage is gone rather than busy (as is one whose breaker has opened): moving its requests
+		// elsewhere adds nothing to it, and must not fail requests in a burst (a region goes down with many
+		// requests in flight).
+		budgeted := ue.kind == kindFirstByte || ue.kind == kindStatus
 		if n := len(ex.tried); n > 0 && !ex.tried[n-1].Healthy() {
 			budgeted = false
 		}
