@@ -104,9 +104,11 @@ func (c *Config) compileAdmission(s *proxy.Snapshot, keys *admission.Keys, prev 
 		// Limiter is an interface: assign only a non-nil limiter, so that "no limiter" stays a nil interface.
 		s.Limiter = admission.NewLocalLimiter(keys, old, nil, m)
 	}
-	sp := admission.DefaultShedParams()
-	sp.Priorities = s.Priorities
-	s.Shedder = admission.NewShedder(sp, m)
+	if c.Limits.Shedding == nil || *c.Limits.Shedding {
+		sp := admission.DefaultShedParams()
+		sp.Priorities = s.Priorities
+		s.Shedder = admission.NewShedder(sp, m)
+	}
 	s.Queue = proxy.QueueSettings{Size: c.Limits.QueueSize, Timeout: c.Limits.QueueTimeout}
 }
 

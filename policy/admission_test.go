@@ -424,3 +424,26 @@ func TestSummaryShowsProtection(t *testing.T) {
 		}
 	}
 }
+
+// TestSheddingOff: limits.shedding false compiles to no shedder (every request goes straight to a backend).
+func TestSheddingOff(t *testing.T) {
+	_, s, err := loadBytes(t, protectionBase+"limits: {shedding: false}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Shedder != nil {
+		t.Error("limits.shedding false still compiled a shedder")
+	}
+	_, s, err = loadBytes(t, protectionBase+"limits: {shedding: true}\n")
+	if err != nil || s.Shedder == nil {
+		t.Errorf("limits.shedding true: shedder %v, err %v", s.Shedder, err)
+	}
+}
+
+// TestSheddingNotABool: a wrong type for limits.shedding is reported with its line.
+func TestSheddingNotABool(t *testing.T) {
+	_, _, err := loadBytes(t, protectionBase+"limits:\n  shedding: maybe\n")
+	if err == nil || !strings.Contains(err.Error(), ":8: limits.shedding: expected true or false") {
+		t.Errorf("err = %v", err)
+	}
+}

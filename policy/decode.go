@@ -226,6 +226,16 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, path, pattern string, dep
 			return
 		}
 		v.SetFloat(f)
+	case reflect.Pointer:
+		// An optional field whose zero value is not its default (a *bool that defaults to true): a present value
+		// is decoded into a new element; an absent one stays nil.
+		if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+			v.SetZero()
+			return
+		}
+		e := reflect.New(v.Type().Elem())
+		d.value(n, e.Elem(), path, pattern, depth)
+		v.Set(e)
 	case reflect.Bool:
 		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!bool" {
 			d.add(n.Line, path, "expected true or false, got "+kindName(n))

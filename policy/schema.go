@@ -259,6 +259,11 @@ type Limits struct {
 	// standard (2x its objective) and sheddable (1x) requests, which would be shed anyway past that. Default
 	// 10s; > 0.
 	QueueTimeout time.Duration `yaml:"queue_timeout"`
+	// Shedding turns admission control on or off: on, requests are admitted, queued or shed before any prefill is
+	// spent (the class's SLO, the fleet's saturation, the concurrency caps); off, every request goes straight to
+	// a backend, as through a plain proxy (API keys and rate limits still apply). Off is for comparisons and
+	// emergencies, not production. Default true.
+	Shedding *bool `yaml:"shedding"`
 }
 
 // Secret is a string that must not be printed: fmt and encoding/json show it as "[redacted]" (or "" when empty).

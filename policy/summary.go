@@ -30,6 +30,9 @@ func (c *Config) WriteSummary(w io.Writer) error {
 		fmt.Fprintf(&b, " %s %g", admission.ClassAt(i), pr.SLOFactor[i])
 	}
 	fmt.Fprintf(&b, "\nqueue     %d per model  timeout %v\n", c.Limits.QueueSize, c.Limits.QueueTimeout)
+	if c.Limits.Shedding != nil && !*c.Limits.Shedding {
+		fmt.Fprintf(&b, "shedding  off: every request goes straight to a backend\n")
+	}
 	c.writeKeys(&b)
 
 	byRegion := map[string][]string{}

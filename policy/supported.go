@@ -91,6 +91,7 @@ var supported = map[string]bool{
 	"limits.timeouts.total":      true,
 	"limits.queue_size":          true,
 	"limits.queue_timeout":       true,
+	"limits.shedding":            true,
 }
 
 // checkSupported reports every field the file set, to a non-empty value, whose behaviour has not landed yet: the
