@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,7 +29,10 @@ import (
 // latency model has re-learned it. "inflight >= limit/2" keeps an underused cap from growing without bound
 // (Netflix Gradient2's app-limited rule).
 type CapParams struct {
-	// Initial is an adaptive cap's starting limit. Default 32.
+	// Initial is an adaptive cap's starting limit. Default 8: start low and let slow start (+1 per good first
+	// token) find the engine's batch, as TCP does, rather than flood a small engine's queue at startup, where
+	// the gateway can no longer order the requests (a cap of 32 against engines running 16 put the first seconds
+	// of an overload in the engines' queues, and critical requests behind standard ones).
 	Initial float64
 	// Min and Max bound an adaptive cap. Defaults 2 and 1024.
 	Min, Max float64
@@ -43,7 +47,7 @@ type CapParams struct {
 
 // DefaultCapParams returns the defaults listed on CapParams.
 func DefaultCapParams() CapParams {
-	return CapParams{Initial: 32, Min: 2, Max: 1024, TargetWaiting: 2, HighRatio: 1.5, LowRatio: 1.1, Backoff: 0.9}
+	return CapParams{Initial: 8, Min: 2, Max: 1024, TargetWaiting: 2, HighRatio: 1.5, LowRatio: 1.1, Backoff: 0.9}
 }
 
 func (p CapParams) withDefaults() CapParams {
@@ -130,6 +134,41 @@ func (c *Cap) Inflight() int { return int(c.inflight.Load()) }
 // Full reports whether TryAcquire would fail now: the saturation filter before routing.
 func (c *Cap) Full() bool { return c.inflight.Load() >= int64(c.Limit()) }
 
+// CriticalReserve is the share of every cap held back for critical requests: standard and sheddable requests may
+// fill a backend only up to its limit less this reserve (at least one slot when the limit allows two), critical
+// ones up to the whole limit. Under overload, the engines then always have room for the next critical request,
+// which starts at once instead of waiting for another request to finish: critical latency stays near its
+// unloaded value while the others queue or are shed (the Inference Extension's flow control gives priority bands
+// the same precedence).
+const CriticalReserve = 0.15
+
+// LimitFor returns the slots a request of class c may fill: the limit for critical requests, the limit less the
+// critical reserve for the others.
+func (c *Cap) LimitFor(class Class) int {
+	limit := c.Limit()
+	if class == Critical || limit < 2 {
+		return limit
+	}
+	return limit - max(1, int(math.Ceil(CriticalReserve*float64(limit))))
+}
+
+// FullFor reports whether TryAcquireFor(class) would fail now.
+func (c *Cap) FullFor(class Class) bool { return c.inflight.Load() >= int64(c.LimitFor(class)) }
+
+// TryAcquireFor takes a slot for a request of class c, within LimitFor(c). Lock-free.
+func (c *Cap) TryAcquireFor(class Class) bool {
+	limit := int64(c.LimitFor(class))
+	for {
+		n := c.inflight.Load()
+		if n >= limit {
+			return false
+		}
+		if c.inflight.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
 // Adaptive reports whether the cap adapts (max_concurrency 0).
 func (c *Cap) Adaptive() bool { return c.static.Load() <= 0 }
 
@@ -139,6 +178,15 @@ func (c *Cap) Adaptive() bool { return c.static.Load() <= 0 }
 // 0 when stale or unknown). Call it when the attempt's first token arrives; a first-byte timeout may be fed as
 // an observation with ttft the time waited. Static caps ignore it.
 func (c *Cap) Observe(ttft, predicted time.Duration, waiting int) {
+	c.ObserveEngine(ttft, predicted, waiting, 0)
+}
+
+// ObserveEngine is Observe with the engine's running batch as last scraped (vllm:num_requests_running; 0 when
+// unknown). When requests wait inside the engine, the engine is telling how many sequences it really runs: the
+// cap then drops at once to running + TargetWaiting (if that is below the usual backoff) instead of creeping
+// down by Backoff once per round of first tokens, which from a limit of 32 took the better part of a minute
+// against an engine running 16 while the queue, and the order of its requests, sat in the engine.
+func (c *Cap) ObserveEngine(ttft, predicted time.Duration, waiting, running int) {
 	if !c.Adaptive() {
 		return
 	}
@@ -150,12 +198,18 @@ func (c *Cap) Observe(ttft, predicted time.Duration, waiting int) {
 	since := c.since.Add(1)
 	switch {
 	case waiting > p.TargetWaiting || ratio > p.HighRatio:
-		if float64(since) < min(c.limit.load(), float64(c.inflight.Load())) {
-			return // the cap already shrank for the requests in flight
+		if c.steady.Load() && float64(since) < min(c.limit.load(), float64(c.inflight.Load())) {
+			return // the cap already shrank for the requests in flight (before the first decrease, none did)
 		}
 		if c.since.CompareAndSwap(since, 0) {
 			c.steady.Store(true)
-			c.set(c.limit.update(func(l float64) float64 { return max(l*p.Backoff, p.Min) }))
+			c.set(c.limit.update(func(l float64) float64 {
+				next := l * p.Backoff
+				if running > 0 && waiting > p.TargetWaiting {
+					next = min(next, float64(running+p.TargetWaiting))
+				}
+				return max(next, p.Min)
+			}))
 		}
 	case waiting == 0 && ratio < p.LowRatio:
 		if float64(c.inflight.Load()) < c.limit.load()/2 {

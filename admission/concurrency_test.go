@@ -105,7 +105,7 @@ func TestAdaptiveCap(t *testing.T) {
 			obs: rep(4, obs{10 * pred, 0, 0}).then(rep(1, obs{pred, 0, 3})), want: 32}, // 36 * 0.9
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newCap(t, CapParams{}, 0)
+			c := newCap(t, CapParams{Initial: 32}, 0)
 			c.steady.Store(tc.steady)
 			fill(t, c, tc.inflight)
 			for _, o := range tc.obs {
@@ -156,7 +156,7 @@ func TestAdaptiveCapBounds(t *testing.T) {
 // adaptive, and drop removed backends.
 func TestCapsUpdate(t *testing.T) {
 	m := metrics.New(prometheus.NewRegistry())
-	cs := NewCaps(CapParams{}, m)
+	cs := NewCaps(CapParams{Initial: 32}, m)
 	cs.Update([]CapConfig{{Name: "a"}, {Name: "b", MaxConcurrency: 8}})
 	a, b := cs.Get("a"), cs.Get("b")
 	fill(t, a, 20)
@@ -195,5 +195,53 @@ func TestCapDoesNotAllocate(t *testing.T) {
 		}
 	}); a != 0 {
 		t.Errorf("TryAcquire/Observe/Release allocate %v times", a)
+	}
+}
+
+// TestCapFitsTheEngineAtOnce: when requests wait inside the engine, the cap drops to the engine's running batch
+// plus the target queue in one step, instead of creeping down from its initial limit.
+func TestCapFitsTheEngineAtOnce(t *testing.T) {
+	cs := NewCaps(CapParams{Initial: 32}, nil)
+	cs.Update([]CapConfig{{Name: "a"}})
+	c := cs.Get("a")
+	for range 32 { // the gateway fills a cap of 32; the engine runs 16 and queues 16
+		c.TryAcquire()
+	}
+	c.ObserveEngine(time.Second, 100*time.Millisecond, 16, 16)
+	if got := c.Limit(); got != 18 {
+		t.Errorf("limit %d after one observation of 16 running and 16 waiting, want 16+2", got)
+	}
+	c.ObserveEngine(time.Second, 100*time.Millisecond, 0, 0)
+	if got := c.Limit(); got > 18 {
+		t.Errorf("limit %d grew on a slow first token", got)
+	}
+}
+
+// TestCriticalReserve: standard and sheddable requests leave part of every cap to critical ones.
+func TestCriticalReserve(t *testing.T) {
+	cs := NewCaps(CapParams{}, nil)
+	cs.Update([]CapConfig{{Name: "a", MaxConcurrency: 20}, {Name: "b", MaxConcurrency: 1}})
+	c := cs.Get("a")
+	if got := c.LimitFor(Standard); got != 17 {
+		t.Errorf("standard may fill %d of 20, want 17 (15%% reserved)", got)
+	}
+	for range 17 {
+		if !c.TryAcquireFor(Sheddable) {
+			t.Fatal("a sheddable request was refused below its limit")
+		}
+	}
+	if c.TryAcquireFor(Standard) || !c.FullFor(Standard) {
+		t.Error("a standard request took a reserved slot")
+	}
+	for range 3 {
+		if !c.TryAcquireFor(Critical) {
+			t.Fatal("a critical request was refused a reserved slot")
+		}
+	}
+	if c.TryAcquireFor(Critical) || !c.Full() {
+		t.Error("the cap was exceeded")
+	}
+	if got := cs.Get("b").LimitFor(Standard); got != 1 {
+		t.Errorf("a cap of 1 reserves nothing: standard gets %d", got)
 	}
 }

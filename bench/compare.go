@@ -166,7 +166,18 @@ func Compare(ctx context.Context, opt CompareOptions) ([]*RunReport, error) {
 			continue
 		}
 		tag := fmt.Sprintf("%02d-%s", i, col.Name)
-		r, err := runColumn(ctx, &e, sc, col, plan, tag)
+		colPlan := plan
+		if col.Rate > 0 {
+			cw, err := w.Apply(Overrides{Rate: col.Rate})
+			if err == nil {
+				colPlan, err = NewPlan(cw)
+			}
+			if err != nil {
+				return runs, fmt.Errorf("bench: column %s: %w", col.Name, err)
+			}
+			e.logf("column %s: its own rate, %.1f requests/s (%d requests)", col.Name, col.Rate, len(colPlan.Items))
+		}
+		r, err := runColumn(ctx, &e, sc, col, colPlan, tag)
 		if ctx.Err() != nil {
 			return runs, ctx.Err()
 		}

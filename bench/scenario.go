@@ -61,6 +61,10 @@ type Column struct {
 	// NoEvents runs the column without the scenario's events: the undisturbed baseline of a fault scenario,
 	// measured in the same command (same workload, seed and fleet).
 	NoEvents bool `yaml:"no_events"`
+	// Rate, when set, runs the column at its own arrival rate (requests/s) instead of the scenario's: a low-load
+	// baseline (an unloaded tail latency) beside the overloaded columns, in the same command. The column then has
+	// its own request sequence (same seed, fewer arrivals).
+	Rate float64 `yaml:"rate"`
 }
 
 // Event is a timed fault: at At on the load's timeline, POST Control as JSON to the named backend's /sim/control.

@@ -69,7 +69,7 @@ type Backend struct {
 	Weight float64 `yaml:"weight"`
 	// MaxConcurrency is a fixed cap on the requests in flight through the gateway to the backend (first tries,
 	// retries and hedges alike); requests beyond it wait in the gateway queue or go to another backend. 0 means
-	// an adaptive cap (admission.CapParams: starts at 32, within [2, 1024]) that keeps the engine's own queue
+	// an adaptive cap (admission.CapParams: starts at 8, within [2, 1024]) that keeps the engine's own queue
 	// shallow. Default 0; >= 0.
 	MaxConcurrency int `yaml:"max_concurrency"`
 	// Tier is dedicated (capacity this deployment owns, used first) or overflow (used only when the dedicated

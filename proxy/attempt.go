@@ -44,7 +44,8 @@ type attempt struct {
 	conn    *upConn // guarded by wd.mu
 	events  *openai.EventReader
 	ci      openai.ChunkInfo
-	started time.Time // set by prepare, on the handler goroutine, right before the send
+	started time.Time     // set by prepare, on the handler goroutine, right before the send
+	predP90 time.Duration // routing's p90 TTFT prediction at dispatch, RTT included
 	to      routing.Timeouts
 
 	gotFirst bool   // a content event arrived

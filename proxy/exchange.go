@@ -295,7 +295,7 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 			continue
 		}
 		if respectCaps {
-			if c := ex.s.caps.Get(t.Backend.Name()); c != nil && c.Full() && t.Backend.Healthy() {
+			if c := ex.s.caps.Get(t.Backend.Name()); c != nil && c.FullFor(ex.class) && t.Backend.Healthy() {
 				full = true
 				continue
 			}
@@ -324,7 +324,7 @@ func (ex *exchange) take(a *attempt, t routing.Target, force bool) error {
 		return errNoCapacity
 	}
 	c := ex.s.caps.Get(b.Name())
-	if c != nil && !c.TryAcquire() {
+	if c != nil && !c.TryAcquireFor(ex.class) {
 		if !force {
 			done(errNotSent)
 			return errNoCapacity
@@ -420,6 +420,12 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 	a.acct = t.Backend.Dispatch(&ex.rreq)
 	a.began = true
 	a.started = time.Now()
+	// The concurrency cap judges first tokens against the p90 prediction: against the mean, half of all first
+	// tokens look slow and the noise alone would keep the cap down.
+	a.predP90 = a.acct.PredictedTTFT()
+	if mean, p90 := t.Backend.PredictTTFT(ex.sum.PromptTokens, 0); mean > 0 && p90 > mean {
+		a.predP90 = time.Duration(float64(a.predP90) * float64(p90) / float64(mean))
+	}
 	ex.s.m.Inflight.WithLabelValues(a.name).Set(float64(t.Backend.LocalInflight()))
 	if ex.attempts == 1 {
 		ex.s.m.Overhead.Observe(time.Since(ex.arrival).Seconds())
@@ -712,12 +718,12 @@ func (ex *exchange) won(a *attempt) {
 		a.acct.FirstToken()
 		ttft := time.Since(a.started)
 		pred := a.acct.PredictedTTFT()
-		waiting := 0
-		if es := a.target.Backend.Engine(); es != nil {
-			waiting = int(es.Waiting)
+		waiting, running := 0, 0
+		if es := a.target.Backend.Engine(); es != nil && !es.Stale {
+			waiting, running = int(es.Waiting), int(es.Running)
 		}
 		if a.cap != nil {
-			a.cap.Observe(ttft, pred, waiting)
+			a.cap.ObserveEngine(ttft, a.predP90, waiting, running)
 		}
 		if a.out != nil {
 			a.out.Observe(true, ttft, pred)
