@@ -43,11 +43,15 @@ type CapParams struct {
 	HighRatio, LowRatio float64
 	// Backoff is the multiplicative decrease. Default 0.9.
 	Backoff float64
+	// Slack is how late a first token must also be, beyond HighRatio times its prediction, to count as slow (and
+	// within half of which it counts as good). Default 25 ms.
+	Slack time.Duration
 }
 
 // DefaultCapParams returns the defaults listed on CapParams.
 func DefaultCapParams() CapParams {
-	return CapParams{Initial: 8, Min: 2, Max: 1024, TargetWaiting: 2, HighRatio: 1.5, LowRatio: 1.1, Backoff: 0.9}
+	return CapParams{Initial: 8, Min: 2, Max: 1024, TargetWaiting: 2, HighRatio: 1.5, LowRatio: 1.1, Backoff: 0.9,
+		Slack: 25 * time.Millisecond}
 }
 
 func (p CapParams) withDefaults() CapParams {
@@ -74,6 +78,9 @@ func (p CapParams) withDefaults() CapParams {
 	}
 	if p.Backoff <= 0 || p.Backoff >= 1 {
 		p.Backoff = d.Backoff
+	}
+	if p.Slack <= 0 {
+		p.Slack = d.Slack
 	}
 	return p
 }
@@ -190,14 +197,23 @@ func (c *Cap) ObserveEngine(ttft, predicted time.Duration, waiting, running int)
 	if !c.Adaptive() {
 		return
 	}
-	ratio := 1.0
-	if predicted > 0 && ttft > 0 {
-		ratio = float64(ttft) / float64(predicted)
-	}
 	p := &c.p
+	// The TTFT ratio is judged with an absolute slack: for a backend that answers in milliseconds, scheduler
+	// jitter alone puts observed/predicted above 1.5 (the cap of a 2 ms backend collapsed to its minimum and
+	// queued a thousand requests a second), so a first token is slow only if it is also Slack late, and good
+	// if it is within the ratio or the slack.
+	slow, good := false, true
+	if predicted > 0 && ttft > 0 {
+		excess := ttft - predicted
+		slow = float64(ttft) > p.HighRatio*float64(predicted) && excess > p.Slack
+		good = float64(ttft) < p.LowRatio*float64(predicted) || excess < p.Slack/2
+	}
 	since := c.since.Add(1)
+	// Requests waiting in the engine shrink the cap unless the first token came within the slack: an engine that
+	// steps every few milliseconds always has a few requests waiting for the next step, which is not a queue.
+	queued := waiting > p.TargetWaiting && (ttft <= 0 || ttft > p.Slack)
 	switch {
-	case waiting > p.TargetWaiting || ratio > p.HighRatio:
+	case queued || slow:
 		if c.steady.Load() && float64(since) < min(c.limit.load(), float64(c.inflight.Load())) {
 			return // the cap already shrank for the requests in flight (before the first decrease, none did)
 		}
@@ -205,13 +221,13 @@ func (c *Cap) ObserveEngine(ttft, predicted time.Duration, waiting, running int)
 			c.steady.Store(true)
 			c.set(c.limit.update(func(l float64) float64 {
 				next := l * p.Backoff
-				if running > 0 && waiting > p.TargetWaiting {
+				if running > 0 && queued {
 					next = min(next, float64(running+p.TargetWaiting))
 				}
 				return max(next, p.Min)
 			}))
 		}
-	case waiting == 0 && ratio < p.LowRatio:
+	case waiting == 0 && good:
 		if float64(c.inflight.Load()) < c.limit.load()/2 {
 			return // app-limited: the cap is not what holds traffic back
 		}

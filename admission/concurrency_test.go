@@ -97,6 +97,7 @@ func TestAdaptiveCap(t *testing.T) {
 		{name: "slow start: +1 per good observation", inflight: 20, obs: rep(8, good), want: 40},
 		{name: "app-limited: no growth", inflight: 10, obs: rep(8, good), want: 32},
 		{name: "engine queue: shrink once per round trip", inflight: 20, obs: rep(20, obs{pred, pred, 3}), want: 28},
+		{name: "a few waiting for the next fast step: no shrink", inflight: 20, obs: rep(20, obs{5 * time.Millisecond, 2 * time.Millisecond, 3}), want: 32},
 		{name: "slow TTFT: shrink", inflight: 20, obs: rep(1, obs{2 * pred, pred, 0}).then(rep(19, obs{pred, pred, 1})), want: 28},
 		{name: "shrink again after a round trip", inflight: 20, obs: rep(40, obs{pred, pred, 5}), want: 25},
 		{name: "hold between the thresholds", inflight: 20, obs: rep(50, obs{pred * 13 / 10, pred, 1}), want: 32},
@@ -243,5 +244,18 @@ func TestCriticalReserve(t *testing.T) {
 	}
 	if got := cs.Get("b").LimitFor(Standard); got != 1 {
 		t.Errorf("a cap of 1 reserves nothing: standard gets %d", got)
+	}
+}
+
+// TestCapIgnoresJitterOfFastBackends: a backend that answers in milliseconds is not slow for being 2.5x late by
+// a few milliseconds of scheduler jitter; its cap keeps growing.
+func TestCapIgnoresJitterOfFastBackends(t *testing.T) {
+	c := newCap(t, CapParams{}, 0)
+	fill(t, c, 8)
+	for range 100 {
+		c.Observe(5*time.Millisecond, 2*time.Millisecond, 0)
+	}
+	if got := c.Limit(); got <= 8 {
+		t.Errorf("limit %d after 100 first tokens 3 ms late on a 2 ms prediction; it must not shrink", got)
 	}
 }
