@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"log/slog"
 	"math"
 	"slices"
 	"sync"
@@ -337,6 +338,8 @@ func (o *Outlier) Observe(ok bool, ttft, predicted time.Duration) {
 		o.probe.Store(0)
 		if !ok || slow {
 			o.ejectLocked(now, !ok)
+			slog.Warn("outlier: probe failed, backend ejected again", "backend", o.name, "ok", ok, "ttft", ttft,
+				"predicted", predicted, "for", o.length())
 			return
 		}
 		o.probesOK++
@@ -346,6 +349,7 @@ func (o *Outlier) Observe(ok bool, ttft, predicted time.Duration) {
 			o.d.out.Add(-1)
 			o.buckets = [outlierBuckets]outlierBucket{}
 			o.setGauge(Serving)
+			slog.Info("outlier: backend back in service", "backend", o.name, "probes", o.probesOK)
 		}
 		return
 	}
@@ -392,6 +396,12 @@ func (o *Outlier) Observe(ok bool, ttft, predicted time.Duration) {
 			o.ejections = 0 // it served well for long: start again at BaseEjection
 		}
 		o.ejectLocked(now, byErrors)
+		reason, share := "slow", slowShare
+		if byErrors {
+			reason, share = "errors", errShare
+		}
+		slog.Warn("outlier: backend ejected", "backend", o.name, "reason", reason, "share", math.Round(share*1000)/1000,
+			"window_requests", requests, "for", o.length())
 	}
 }
 

@@ -726,6 +726,13 @@ func (ex *exchange) won(a *attempt) {
 			a.cap.ObserveEngine(ttft, a.predP90, waiting, running)
 		}
 		if a.out != nil {
+			if waiting > 0 {
+				// The engine had a queue of its own: a late first token is the load's doing, which the cap and
+				// routing answer; judging it made the detector eject one of four identical backends under
+				// overload (a 13% slow share against its peers' 4%, by the luck of the queues) and cut the
+				// fleet's throughput by a quarter. The attempt still counts toward the error rate.
+				pred = 0
+			}
 			a.out.Observe(true, ttft, pred)
 		}
 	}
