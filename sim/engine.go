@@ -383,7 +383,11 @@ func (e *engine) startTime() time.Time {
 // publish sets the gauges from the queues.
 func (e *engine) publish() {
 	e.m.running.Set(float64(len(e.running)))
-	e.m.waiting.Set(float64(len(e.waiting) + len(e.pending)))
+	// As in vLLM, waiting counts the scheduler's queue only: a request still in its overhead (the API server's
+	// tokenizing, in a real deployment) or in an injected stall (a TTFT tail that no queue explains) is not
+	// waiting for the engine. Counting them made a stalled request look queued to the gateway, whose outlier
+	// detector does not judge queued first tokens, so a stalling backend was never ejected.
+	e.m.waiting.Set(float64(len(e.waiting)))
 	e.m.setUsage(e.pool.usage())
 }
 
