@@ -305,7 +305,8 @@ func TestHedging(t *testing.T) {
 		}
 	}
 	waitFor(t, 3*time.Second, func() bool {
-		return simGauge(t, slow.URL(), "vllm:num_requests_running")+simGauge(t, slow.URL(), "vllm:num_requests_waiting") == 0
+		return simGauge(t, slow.URL(), "vllm:num_requests_running")+simGauge(t, slow.URL(), "vllm:num_requests_waiting")+
+			simGauge(t, slow.URL(), "sim_requests_pending") == 0
 	})
 	fams, _ := gw.reg.Gather()
 	got := map[string]float64{}

@@ -512,13 +512,15 @@ func TestClientHangUpFreesBackend(t *testing.T) {
 				}
 			}()
 			waitFor(t, 5*time.Second, func() bool {
-				return simGauge(t, be.URL(), "vllm:num_requests_running")+simGauge(t, be.URL(), "vllm:num_requests_waiting") >= 1
+				return simGauge(t, be.URL(), "vllm:num_requests_running")+simGauge(t, be.URL(), "vllm:num_requests_waiting")+
+					simGauge(t, be.URL(), "sim_requests_pending") >= 1
 			})
 			time.Sleep(200 * time.Millisecond)
 			cancel()
 			start := time.Now()
 			waitFor(t, 3*time.Second, func() bool {
-				return simGauge(t, be.URL(), "vllm:num_requests_running")+simGauge(t, be.URL(), "vllm:num_requests_waiting") == 0
+				return simGauge(t, be.URL(), "vllm:num_requests_running")+simGauge(t, be.URL(), "vllm:num_requests_waiting")+
+					simGauge(t, be.URL(), "sim_requests_pending") == 0
 			})
 			if d := time.Since(start); d > time.Second {
 				t.Errorf("the backend freed the slot %v after the client left, want within 1 s", d)

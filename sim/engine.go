@@ -388,6 +388,7 @@ func (e *engine) publish() {
 	// waiting for the engine. Counting them made a stalled request look queued to the gateway, whose outlier
 	// detector does not judge queued first tokens, so a stalling backend was never ejected.
 	e.m.waiting.Set(float64(len(e.waiting)))
+	e.m.pending.Set(float64(len(e.pending)))
 	e.m.setUsage(e.pool.usage())
 }
 

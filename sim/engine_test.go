@@ -452,7 +452,7 @@ func TestEngineAbort(t *testing.T) {
 			if victim.state != tc.state {
 				t.Fatalf("victim state = %d at %v, want %d", victim.state, tc.at, tc.state)
 			}
-			waitingBefore := metricValue(t, h.e.m.waiting)
+			waitingBefore, pendingBefore := metricValue(t, h.e.m.waiting), metricValue(t, h.e.m.pending)
 			h.e.abort(victim)
 			if victim.end.Load() != endAbort || victim.state != stateDone {
 				t.Errorf("end %d state %d, want abort, done", victim.end.Load(), victim.state)
@@ -470,6 +470,8 @@ func TestEngineAbort(t *testing.T) {
 			} else if want := waitingBefore - boolTo(tc.state == stateWaiting); metricValue(t, h.e.m.waiting) != want {
 				// A pending request (still in its overhead) is not in the scheduler's queue: not counted waiting.
 				t.Errorf("waiting = %v right after the abort, want %v", metricValue(t, h.e.m.waiting), want)
+			} else if want := pendingBefore - boolTo(tc.state == statePending); metricValue(t, h.e.m.pending) != want {
+				t.Errorf("sim_requests_pending = %v right after the abort, want %v", metricValue(t, h.e.m.pending), want)
 			}
 			h.runIdle()
 			if n := victim.emitted.Load(); tc.state != stateRunning && n != 0 {

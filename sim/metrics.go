@@ -31,6 +31,7 @@ type metrics struct {
 	reg *prometheus.Registry
 
 	running, waiting       prometheus.Gauge
+	pending                prometheus.Gauge // sim_requests_pending
 	kvUsage, gpuUsage      prometheus.Gauge
 	prefixQueries          prometheus.Counter
 	prefixHits             prometheus.Counter
@@ -61,6 +62,8 @@ func newMetrics(model string, kvBlocks int, start time.Time) *metrics {
 		reg:     prometheus.NewRegistry(),
 		running: gauge("vllm:num_requests_running", "Number of requests in model execution batches."),
 		waiting: gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
+		pending: gauge("sim_requests_pending",
+			"Requests received but not yet in the scheduler's queue: in their overhead or an injected stall."),
 		kvUsage: gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
 		gpuUsage: gauge("vllm:gpu_cache_usage_perc",
 			"GPU KV-cache usage. 1 means 100 percent usage (deprecated name of vllm:kv_cache_usage_perc)."),
@@ -100,7 +103,7 @@ func newMetrics(model string, kvBlocks int, start time.Time) *metrics {
 		Name: "process_start_time_seconds", Help: "Start time of the simulated engine since unix epoch in seconds.",
 	})
 	startTime.Set(float64(start.UnixNano()) / 1e9)
-	m.reg.MustRegister(m.running, m.waiting, m.kvUsage, m.gpuUsage, m.prefixQueries, m.prefixHits, m.preemptions,
+	m.reg.MustRegister(m.running, m.waiting, m.pending, m.kvUsage, m.gpuUsage, m.prefixQueries, m.prefixHits, m.preemptions,
 		m.promptTokens, m.genToken, m.ttft, m.itl, m.e2e, success, cacheInfo, startTime, m.loopLag)
 	return m
 }
