@@ -108,8 +108,10 @@ const maxTies = 8
 //	cost_b = RTT_b + TTFT_b(uncached_b, queued_b, running_b) + Interference*running_b*prefill_b
 //	         + RegionMargin * tier_b (0 in the gateway's region, i in its i-th failover region)
 //	pick:    among candidates within best*(1+TieRelative)+TieAbsolute: for a prefix no candidate holds, the
-//	         rendezvous-hash winner of the first block (every replica agrees); otherwise a softmax sample among
-//	         the TieMax cheapest.
+//	         rendezvous-hash winner of the first block (every replica agrees); for a prefix some of them hold,
+//	         the rendezvous winner among those holding the most of it (replicas agree on the owner, and a
+//	         prefix does not alternate between two caches); when none within the band holds it, a softmax
+//	         sample among the TieMax cheapest.
 //
 // uncached_b is the prompt minus the prefix b is believed to hold, so the owner of a hot prefix keeps it until
 // its queue costs more than the prefill saved elsewhere. Safe for concurrent use; picking among 64 backends with
@@ -211,9 +213,10 @@ func (s *Adaptive) Pick(r *Request, targets []Target) (Target, error) {
 	}
 	band := minCost*(1+s.p.TieRelative) + s.p.TieAbsolute.Seconds()
 	var chosen cand
-	if cold {
+	switch {
+	case cold:
 		chosen = pickRendezvous(cs, band, coldKey(r), targets)
-	} else {
+	case !pickOwner(cs, band, coldKey(r), targets, &chosen):
 		chosen = s.sample(cs, minCost, band)
 	}
 	t := targets[chosen.i]
@@ -276,6 +279,36 @@ func pickRendezvous(cs []cand, band float64, key uint64, targets []Target) cand 
 		}
 	}
 	return best
+}
+
+// pickOwner sets *chosen to the owner of a warm prefix among the candidates within band: of those holding the
+// longest prefix, the one with the highest rendezvous score for key. It reports false when no candidate within
+// band holds any of it (the owners' queues cost more than the prefill saved). Sampling among near-tied owners
+// instead, as the strategy once did, let two replicas (or two requests of one conversation) alternate between
+// two backends that both held a prefix, so both kept it in their KV caches and the conversation switched
+// backends on a third of its turns across replicas; the rendezvous owner takes the prefix's traffic until its
+// own queue pushes it out of the band, then the next owner does.
+func pickOwner(cs []cand, band float64, key uint64, targets []Target, chosen *cand) bool {
+	most := 0
+	for _, c := range cs {
+		if c.cost <= band {
+			most = max(most, c.blocks)
+		}
+	}
+	if most == 0 {
+		return false
+	}
+	var bestScore uint64
+	found := false
+	for _, c := range cs {
+		if c.cost > band || c.blocks != most {
+			continue
+		}
+		if sc := rendezvous(key, targets[c.i].Backend); !found || sc > bestScore {
+			*chosen, bestScore, found = c, sc, true
+		}
+	}
+	return found
 }
 
 // sample draws among the TieMax cheapest candidates within band, with P ~ exp(-(cost-min)/(T*max(min, 50ms))).

@@ -3,6 +3,7 @@ package routing
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -373,17 +374,37 @@ func TestAdaptiveReplicasAgreeOnColdPrefixes(t *testing.T) {
 	}
 }
 
-func TestAdaptiveSpreadsNearTies(t *testing.T) {
-	f := newFleet(t, local(3)...)
+// TestAdaptiveNearTiedOwners: when several backends hold a prefix and cost about the same, two replicas (whose
+// registries list the backends in different orders) pick the same owner every time, so the prefix's traffic does
+// not alternate between caches; once that owner's queue pushes it out of the near-tie band, the next owner takes
+// the traffic, so a hot prefix still spreads.
+func TestAdaptiveNearTiedOwners(t *testing.T) {
+	cfgs := local(3)
+	rev := slices.Clone(cfgs)
+	slices.Reverse(rev)
+	f1, f2 := newFleet(t, cfgs...), newFleet(t, rev...)
 	p := text(14, 4096)
 	for _, n := range []string{"b0", "b1", "b2"} {
-		f.hold(n, p)
+		f1.hold(n, p)
+		f2.hold(n, p)
 	}
-	got := f.picks(adaptive(t, f, ""), p, 600)
-	for _, n := range []string{"b0", "b1", "b2"} {
-		if got[n] < 100 {
-			t.Fatalf("three equal owners of a prefix: picks %v, want each chosen often", got)
-		}
+	s1, s2 := adaptive(t, f1, ""), adaptive(t, f2, "")
+	got1, got2 := f1.picks(s1, p, 50), f2.picks(s2, p, 50)
+	if len(got1) != 1 || !maps.Equal(got1, got2) {
+		t.Fatalf("three equal owners: replica 1 picked %v, replica 2 %v; want one owner, the same for both", got1, got2)
+	}
+	var owner string
+	for n := range got1 {
+		owner = n
+	}
+	// The owner's queue now costs far more than the band allows (4,096 queued tokens on a 10k tokens/s law):
+	// both replicas move to the same next owner.
+	f1.b(owner).Begin(4096)
+	f2.b(owner).Begin(4096)
+	next1, next2 := f1.picks(s1, p, 50), f2.picks(s2, p, 50)
+	if len(next1) != 1 || next1[owner] != 0 || !maps.Equal(next1, next2) {
+		t.Fatalf("owner %s loaded: replica 1 picked %v, replica 2 %v; want one other owner, the same for both",
+			owner, next1, next2)
 	}
 }
 
