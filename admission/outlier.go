@@ -40,13 +40,6 @@ type OutlierParams struct {
 	// everywhere) or fails alike (the requests themselves are bad) ejects nobody: ejecting would only
 	// concentrate the same load on fewer backends. Default 3.
 	PeerFactor float64
-	// Significance is how unlikely a backend's bad observations must be, for a backend as good as its pool, before
-	// either rule ejects it: P(at least that many of its observations bad) below Significance, under a binomial
-	// law at the pool's rate (the peers' median share, at least the rule's threshold over PeerFactor). A few
-	// dozen observations hold runs of bad luck: at a 3% pool rate, 5 slow first tokens of 43 happen 1.6% of
-	// the time, and round robin over a hot prefix ejected a healthy backend for 30 s on exactly that. Default
-	// 0.001.
-	Significance float64
 	// Probes is how many good probes in a row bring a backend back. Default 3.
 	Probes int
 	// ProbeTimeout frees the probe slot when a granted probe reports nothing (its client left before the first
@@ -58,7 +51,6 @@ type OutlierParams struct {
 func DefaultOutlierParams() OutlierParams {
 	return OutlierParams{
 		Window: 30 * time.Second, SlowRatio: 3, SlowShare: 0.1, ErrorRate: 0.05, MinRequests: 20, PeerFactor: 3,
-		Significance: 0.001,
 		BaseEjection: 30 * time.Second, MaxEjection: 300 * time.Second, MaxEjectedPercent: 50,
 		Probes: 3, ProbeTimeout: 60 * time.Second,
 	}
@@ -77,9 +69,6 @@ func (p OutlierParams) withDefaults() OutlierParams {
 	}
 	if p.PeerFactor <= 0 {
 		p.PeerFactor = d.PeerFactor
-	}
-	if p.Significance <= 0 || p.Significance >= 1 {
-		p.Significance = d.Significance
 	}
 	if p.ErrorRate <= 0 {
 		p.ErrorRate = d.ErrorRate
@@ -199,13 +188,12 @@ func (d *OutlierDetector) Update(names []string) {
 	d.by.Store(&next)
 }
 
-// standsOut reports whether o's share of bad observations (k of n) is more than PeerFactor times the median
-// share of the other serving backends that have enough observations, and unlikely by luck (Significance). Without any such peer there is no evidence that o is worse than the
+// standsOut reports whether o's share is more than PeerFactor times the median share of the other serving
+// backends that have enough observations. Without any such peer there is no evidence that o is worse than the
 // pool, and nothing to gain from ejecting it (a lone backend's hard failures are the circuit breaker's job), so
 // it does not stand out. It reads the others' published shares lock-free; it runs only when o is over a
 // threshold, so its pass over the pool is rare.
-func (d *OutlierDetector) standsOut(o *Outlier, k, n int, threshold float64, share func(*Outlier) float64) bool {
-	v := float64(k) / float64(n)
+func (d *OutlierDetector) standsOut(o *Outlier, v float64, share func(*Outlier) float64) bool {
 	var buf [64]float64
 	vals := buf[:0]
 	for _, x := range *d.by.Load() {
@@ -220,36 +208,12 @@ func (d *OutlierDetector) standsOut(o *Outlier, k, n int, threshold float64, sha
 		return false
 	}
 	slices.Sort(vals)
-	m := len(vals)
-	median := vals[m/2]
-	if m%2 == 0 {
-		median = (vals[m/2-1] + vals[m/2]) / 2
+	n := len(vals)
+	median := vals[n/2]
+	if n%2 == 0 {
+		median = (vals[n/2-1] + vals[n/2]) / 2
 	}
-	if v <= d.p.PeerFactor*median {
-		return false
-	}
-	// And not by luck: k bad observations of n must be unlikely (below Significance) for a backend as good as
-	// the pool, whose rate is taken as the peers' median but at least threshold/PeerFactor (a pool with no bad
-	// observation at all says little about the true rate from a few dozen).
-	return binomialTail(n, k, max(median, threshold/d.p.PeerFactor)) < d.p.Significance
-}
-
-// binomialTail returns P(X >= k) for X ~ Binomial(n, p), 0 < p < 1.
-func binomialTail(n, k int, p float64) float64 {
-	if k <= 0 {
-		return 1
-	}
-	if k > n {
-		return 0
-	}
-	lg := func(x int) float64 { v, _ := math.Lgamma(float64(x) + 1); return v }
-	term := math.Exp(lg(n) - lg(k) - lg(n-k) + float64(k)*math.Log(p) + float64(n-k)*math.Log1p(-p))
-	sum := 0.0
-	for i := k; i <= n && term > 0; i++ {
-		sum += term
-		term *= float64(n-i) / float64(i+1) * p / (1 - p)
-	}
-	return min(sum, 1)
+	return v > d.p.PeerFactor*median
 }
 
 // Get returns the backend's Outlier, or nil for a name Update did not install. Lock-free.
@@ -420,10 +384,10 @@ func (o *Outlier) Observe(ok bool, ttft, predicted time.Duration) {
 	}
 	o.errShare.Store(math.Float64bits(errShare))
 	o.slowShare.Store(math.Float64bits(slowShare))
-	byErrors := errShare > p.ErrorRate && o.d.standsOut(o, errors, requests, p.ErrorRate, func(x *Outlier) float64 {
+	byErrors := errShare > p.ErrorRate && o.d.standsOut(o, errShare, func(x *Outlier) float64 {
 		return math.Float64frombits(x.errShare.Load())
 	})
-	bySlow := slowShare > p.SlowShare && o.d.standsOut(o, slows, ratios, p.SlowShare, func(x *Outlier) float64 {
+	bySlow := slowShare > p.SlowShare && o.d.standsOut(o, slowShare, func(x *Outlier) float64 {
 		return math.Float64frombits(x.slowShare.Load())
 	})
 	if (byErrors || bySlow) && o.d.mayEject() {
