@@ -213,10 +213,11 @@ func (s *Adaptive) Pick(r *Request, targets []Target) (Target, error) {
 	}
 	band := minCost*(1+s.p.TieRelative) + s.p.TieAbsolute.Seconds()
 	var chosen cand
-	switch {
-	case cold:
-		chosen = pickRendezvous(cs, band, coldKey(r), targets)
-	case !pickOwner(cs, band, coldKey(r), targets, &chosen):
+	if cold {
+		chosen = pickRendezvous(cs, band, 0, coldKey(r), targets)
+	} else if c, owned := pickOwner(cs, band, coldKey(r), targets); owned {
+		chosen = c
+	} else {
 		chosen = s.sample(cs, minCost, band)
 	}
 	t := targets[chosen.i]
@@ -263,15 +264,15 @@ func coldKey(r *Request) uint64 {
 	return xxhash.Sum64(r.Prompt) ^ cache.Seed(r.Model)
 }
 
-// pickRendezvous returns, among the candidates whose cost is within band, the one with the highest rendezvous
-// score for key. Every candidate in the band is considered (not only the cheapest few) so that replicas whose
-// views differ slightly still agree.
-func pickRendezvous(cs []cand, band float64, key uint64, targets []Target) cand {
+// pickRendezvous returns, among the candidates whose cost is within band and that hold at least minBlocks of
+// the prefix, the one with the highest rendezvous score for key. Every such candidate is considered (not only the
+// cheapest few) so that replicas whose views differ slightly still agree.
+func pickRendezvous(cs []cand, band float64, minBlocks int, key uint64, targets []Target) cand {
 	var best cand
 	var bestScore uint64
 	found := false
 	for _, c := range cs {
-		if c.cost > band {
+		if c.cost > band || c.blocks < minBlocks {
 			continue
 		}
 		if sc := rendezvous(key, targets[c.i].Backend); !found || sc > bestScore {
@@ -281,14 +282,14 @@ func pickRendezvous(cs []cand, band float64, key uint64, targets []Target) cand 
 	return best
 }
 
-// pickOwner sets *chosen to the owner of a warm prefix among the candidates within band: of those holding the
-// longest prefix, the one with the highest rendezvous score for key. It reports false when no candidate within
-// band holds any of it (the owners' queues cost more than the prefill saved). Sampling among near-tied owners
-// instead, as the strategy once did, let two replicas (or two requests of one conversation) alternate between
-// two backends that both held a prefix, so both kept it in their KV caches and the conversation switched
-// backends on a third of its turns across replicas; the rendezvous owner takes the prefix's traffic until its
-// own queue pushes it out of the band, then the next owner does.
-func pickOwner(cs []cand, band float64, key uint64, targets []Target, chosen *cand) bool {
+// pickOwner returns the owner of a warm prefix among the candidates within band: of those holding the longest
+// prefix, the rendezvous winner for key. It reports false when no candidate within band holds any of it (the
+// owners' queues cost more than the prefill saved). Sampling among near-tied owners instead, as the strategy once
+// did, let two replicas (or two requests of one conversation) alternate between two backends that both held a
+// prefix, so both kept it in their KV caches and the conversation switched backends on a quarter to a third of
+// its turns across replicas; the rendezvous owner takes the prefix's traffic until its own queue pushes it out of
+// the band, then the next owner does.
+func pickOwner(cs []cand, band float64, key uint64, targets []Target) (cand, bool) {
 	most := 0
 	for _, c := range cs {
 		if c.cost <= band {
@@ -296,19 +297,9 @@ func pickOwner(cs []cand, band float64, key uint64, targets []Target, chosen *ca
 		}
 	}
 	if most == 0 {
-		return false
+		return cand{}, false
 	}
-	var bestScore uint64
-	found := false
-	for _, c := range cs {
-		if c.cost > band || c.blocks != most {
-			continue
-		}
-		if sc := rendezvous(key, targets[c.i].Backend); !found || sc > bestScore {
-			*chosen, bestScore, found = c, sc, true
-		}
-	}
-	return found
+	return pickRendezvous(cs, band, most, key, targets), true
 }
 
 // sample draws among the TieMax cheapest candidates within band, with P ~ exp(-(cost-min)/(T*max(min, 50ms))).
