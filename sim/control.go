@@ -49,6 +49,9 @@ type controlRequest struct {
 	Down      *bool    `json:"down"`
 	// Restart is an action: it restarts the engine (see Backend.Restart) before the new state applies.
 	Restart bool `json:"restart"`
+	// EvictCache is an action: it drops every cached prefix block that no sequence holds (see
+	// Backend.EvictCache), as other tenants' traffic on a shared engine would.
+	EvictCache bool `json:"evict_cache"`
 }
 
 func (f Faults) validate() error {
@@ -67,15 +70,15 @@ func (f Faults) validate() error {
 
 // parseControl decodes a POST /sim/control body strictly (unknown fields and trailing data are errors) into the
 // new fault state, starting from base.
-func parseControl(body []byte, base Faults) (Faults, bool, error) {
+func parseControl(body []byte, base Faults) (Faults, controlRequest, error) {
 	var req controlRequest
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
-		return Faults{}, false, err
+		return Faults{}, controlRequest{}, err
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return Faults{}, false, errors.New("unexpected data after the JSON object")
+		return Faults{}, controlRequest{}, errors.New("unexpected data after the JSON object")
 	}
 	f := base
 	if req.Slowdown != nil {
@@ -87,7 +90,7 @@ func parseControl(body []byte, base Faults) (Faults, bool, error) {
 	if req.Stall != nil {
 		d, err := time.ParseDuration(*req.Stall)
 		if err != nil {
-			return Faults{}, false, fmt.Errorf("stall: %q is not a duration (like 5s)", *req.Stall)
+			return Faults{}, controlRequest{}, fmt.Errorf("stall: %q is not a duration (like 5s)", *req.Stall)
 		}
 		f.Stall = d
 	}
@@ -98,9 +101,9 @@ func parseControl(body []byte, base Faults) (Faults, bool, error) {
 		f.Down = *req.Down
 	}
 	if err := f.validate(); err != nil {
-		return Faults{}, false, err
+		return Faults{}, controlRequest{}, err
 	}
-	return f, req.Restart, nil
+	return f, req, nil
 }
 
 // baseFaults is the state {} restores.
@@ -119,6 +122,12 @@ func (b *Backend) SetFaults(f Faults) error {
 	return nil
 }
 
+// EvictCache drops every cached prefix block that no running sequence holds, as the traffic of other clients of
+// a shared engine would: the next request for an evicted prefix prefills it again. Unlike Restart, nothing else
+// changes (no request is dropped, the metrics and process_start_time_seconds go on), so a gateway has no sign of
+// it but the cached_tokens of later answers.
+func (b *Backend) EvictCache() { b.eng.evictCache() }
+
 // Restart restarts the simulated engine as a process restart would: every request in flight is dropped (its
 // connection closes without [DONE]), the KV cache is wiped, every metric starts again from zero and
 // process_start_time_seconds becomes now. The fault state is left as it is.
@@ -135,13 +144,16 @@ func (b *Backend) serveControl(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusBadRequest, "sim: control: "+err.Error())
 			return
 		}
-		f, restart, err := parseControl(body, b.baseFaults())
+		f, act, err := parseControl(body, b.baseFaults())
 		if err != nil {
 			writeError(w, http.StatusBadRequest, "sim: control: "+err.Error())
 			return
 		}
-		if restart {
+		if act.Restart {
 			b.eng.restart()
+		}
+		if act.EvictCache {
+			b.eng.evictCache()
 		}
 		b.eng.setFaults(f)
 	default:

@@ -244,6 +244,47 @@ func TestControlRestart(t *testing.T) {
 	}
 }
 
+// TestControlEvictCache: evict_cache drops the cached prefixes and nothing else: the next request prefills
+// again, and the engine has not restarted.
+func TestControlEvictCache(t *testing.T) {
+	b := startBackend(t, fastConfig)
+	content := strings.Repeat("evict me please. ", 50)
+	send := func() int {
+		resp := post(t.Context(), t, b.URL()+"/v1/chat/completions", chatBody(t, content, 2, false, false))
+		defer resp.Body.Close()
+		var r struct {
+			Usage struct {
+				PromptTokensDetails struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&r)
+		return r.Usage.PromptTokensDetails.CachedTokens
+	}
+	send()
+	if send() == 0 {
+		t.Fatal("the repeated request found nothing cached")
+	}
+	started := scrape(t, b, "process_start_time_seconds")
+	generated := scrape(t, b, "vllm:generation_tokens_total")
+	if code, _ := control(t, b, `{"evict_cache":true}`); code != 200 {
+		t.Fatalf("evict_cache: %d", code)
+	}
+	if cached := send(); cached != 0 {
+		t.Errorf("after evict_cache: %d tokens cached, want 0", cached)
+	}
+	if send() == 0 {
+		t.Error("the prefix was not cached again after the eviction")
+	}
+	if got := scrape(t, b, "process_start_time_seconds"); got != started {
+		t.Errorf("process_start_time_seconds %v, want %v: evicting is not a restart", got, started)
+	}
+	if got := scrape(t, b, "vllm:generation_tokens_total"); got < generated {
+		t.Errorf("generation_tokens_total fell from %v to %v: evicting is not a restart", generated, got)
+	}
+}
+
 // TestControlStallRate: with stall_rate, only that share of new requests is stalled (a heavy TTFT tail).
 func TestControlStallRate(t *testing.T) {
 	b := startBackend(t, fastConfig)

@@ -45,8 +45,10 @@
 //
 // A client that hangs up aborts its sequence at once, wherever it is (queued, prefilling, decoding): it leaves
 // vllm:num_requests_running or _waiting, frees its blocks and counts as finished_reason="abort". POST
-// /sim/control with {"slowdown":3,"fail_rate":0.2,"stall":"5s","down":true,"restart":true} (any subset; {}
-// restores the baseline; unknown fields are a 400) injects faults; see Faults and Backend.Restart.
+// /sim/control with {"slowdown":3,"fail_rate":0.2,"stall":"5s","stall_rate":0.1,"down":true,"restart":true,
+// "evict_cache":true} (any subset; {} restores the baseline; unknown fields are a 400) injects faults; see Faults,
+// Backend.Restart and Backend.EvictCache. sim_requests_pending counts requests in their overhead or a stall,
+// which vllm:num_requests_waiting (the scheduler's queue, as in vLLM) does not.
 //
 // # Use from Go
 //

@@ -367,6 +367,13 @@ func (e *engine) restart() {
 	e.kick()
 }
 
+// evictCache forgets the prefix of every block no sequence holds (see Backend.EvictCache).
+func (e *engine) evictCache() {
+	e.mu.Lock()
+	e.pool.forgetUnheld()
+	e.mu.Unlock()
+}
+
 // metrics returns the current registry's owner (restart replaces it).
 func (e *engine) metrics() *metrics {
 	e.mu.Lock()

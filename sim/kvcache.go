@@ -65,6 +65,17 @@ func (p *blockPool) reset() {
 	}
 }
 
+// forgetUnheld forgets the hash of every block no sequence holds: they stay free, in LRU order, but no longer
+// serve a prefix.
+func (p *blockPool) forgetUnheld() {
+	for b := range p.ref {
+		if p.ref[b] == 0 && p.hashed[b] {
+			delete(p.cached, p.hash[b])
+			p.hashed[b] = false
+		}
+	}
+}
+
 func (p *blockPool) size() int { return len(p.ref) }
 
 // usage is the share of blocks held by running sequences, vLLM's kv_cache_usage_perc (a fraction in [0, 1]).
