@@ -37,6 +37,10 @@ type attempt struct {
 	brkDone func(error) // the circuit breaker's callback
 	cap     *admission.Cap
 	out     *admission.Outlier
+	// A first token judged later, when the usage says what the engine had cached (outPending): its TTFT and the
+	// prediction made at dispatch, which judges it if no such usage comes.
+	outTTFT, outPred time.Duration
+	outPending       bool
 
 	up      *upstream
 	req     fasthttp.Request
@@ -83,6 +87,7 @@ func (a *attempt) free() {
 	a.hedge, a.retry, a.began = false, false, false
 	a.acct = routing.Attempt{}
 	a.brkDone, a.cap, a.out, a.up, a.conn = nil, nil, nil, nil, nil
+	a.outTTFT, a.outPred, a.outPending = 0, 0, false
 	a.ci = openai.ChunkInfo{}
 	a.gotFirst, a.complete = false, false
 	a.pending = a.pending[:0]

@@ -726,14 +726,22 @@ func (ex *exchange) won(a *attempt) {
 			a.cap.ObserveEngine(ttft, a.predP90, waiting, running)
 		}
 		if a.out != nil {
-			if waiting > 0 {
+			switch {
+			case waiting > 0:
 				// The engine had a queue of its own: a late first token is the load's doing, which the cap and
 				// routing answer; judging it made the detector eject one of four identical backends under
 				// overload (a 13% slow share against its peers' 4%, by the luck of the queues) and cut the
 				// fleet's throughput by a quarter. The attempt still counts toward the error rate.
-				pred = 0
+				a.out.Observe(true, ttft, 0)
+			case a.acct.PredictedHit() && a.out.State() == admission.Serving:
+				// The prediction counted on a prefix the engine may have evicted, and a miss is not slowness:
+				// judge the first token when the usage says what was cached (relay), against the prediction
+				// for the prefill the engine really did. Round robin under cache pressure had a healthy
+				// backend ejected on such misses. A probe is judged at once, so that probing stays quick.
+				a.outTTFT, a.outPred, a.outPending = ttft, pred, true
+			default:
+				a.out.Observe(true, ttft, pred)
 			}
-			a.out.Observe(true, ttft, pred)
 		}
 	}
 	if a.brkDone != nil {
@@ -777,7 +785,10 @@ func (ex *exchange) settle(a *attempt, outcome error, reached bool) {
 		a.cap = nil
 	}
 	if a.out != nil {
-		if fault && !reached {
+		if a.outPending { // no usage with cached tokens came: judge it on the prediction made at dispatch
+			a.out.Observe(true, a.outTTFT, a.outPred)
+			a.outPending = false
+		} else if fault && !reached {
 			a.out.Observe(false, 0, 0)
 		} else if !reached {
 			a.out.Observe(true, 0, 0) // answered, or left for reasons not its own: frees a probe slot

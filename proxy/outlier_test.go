@@ -304,3 +304,80 @@ func ejections(t *testing.T, gw *gateway, backend, reason string) float64 {
 	}
 	return 0
 }
+
+// TestOutlierJudgesEvictedPrefixAsMiss: when an engine loses the prefixes the gateway believes it holds (here
+// other tenants' traffic evicts them: the simulator's evict_cache), requests routed to it for a prefix hit come
+// back as slow as misses, many times their prediction. That is the index's error, not the backend's: their first tokens are judged, once the usage
+// says what the engine had cached, against the prediction for the prefill it really did, and the backend stays in
+// service.
+func TestOutlierJudgesEvictedPrefixAsMiss(t *testing.T) {
+	t.Parallel()
+	// A 4,000 tokens/s prefill makes a 1,000-token miss take about 250 ms against a few ms for a hit: a miss
+	// predicted as a hit is tens of times late.
+	cfg := func(c *sim.Config) { c.Overhead = 0; c.PrefillTPS = 4000; c.ITL = 5 * time.Millisecond }
+	var sims []*sim.Backend
+	var urls []string
+	for _, name := range []string{"a", "b", "c"} {
+		be := startSim(t, name, cfg)
+		sims = append(sims, be)
+		urls = append(urls, be.URL())
+	}
+	snap := snapshotOf(routing.NewCacheAware(routing.StrategyEnv{}), 2, urls...)
+	monitored(t, snap, routing.MonitorOptions{ScrapeInterval: 50 * time.Millisecond, IdleProbeAfter: -1})
+	gw := startGateway(t, snap, Options{})
+	const prefixes = 24
+	send := func(k int) string {
+		t.Helper()
+		content := fmt.Sprintf("prefix %d. ", k) + strings.Repeat(fmt.Sprintf("document %d line. ", k), 220)
+		body := fmt.Sprintf(`{"model":"sim-model","max_tokens":2,"messages":[{"role":"user","content":%q}]}`, content)
+		a := post(t, gw.url, body, nil)
+		if a.code != 200 {
+			t.Fatalf("prefix %d: status %d %s", k, a.code, a.body)
+		}
+		return a.backend
+	}
+	// Every prefix three times: a miss, then hits on the backend that now holds it (cache_aware follows it).
+	// Every backend gets about 24 judged first tokens, all on time: enough (20) for the victim's peers to count
+	// as evidence of the pool's rate.
+	owner := map[int]string{}
+	for k := range prefixes {
+		owner[k] = send(k)
+		for range 2 {
+			if again := send(k); again != owner[k] {
+				t.Fatalf("prefix %d went to %s, then %s: cache_aware must follow it", k, owner[k], again)
+			}
+		}
+	}
+	victim := owner[0]
+	held := 0
+	for k := range prefixes {
+		if owner[k] == victim {
+			held++
+		}
+	}
+	if held < 5 {
+		t.Fatalf("%s holds %d prefixes of %d; the test needs it to hold several", victim, held, prefixes)
+	}
+	// The victim's cached prefixes are evicted; nothing tells the gateway (an engine restart would: it resets the
+	// index of a backend whose process_start_time_seconds changes).
+	idx := int(victim[1] - '0')
+	control(t, sims[idx].URL(), `{"evict_cache":true}`)
+	missed := 0
+	for k := range prefixes {
+		if owner[k] != victim {
+			continue
+		}
+		if got := send(k); got == victim {
+			missed++
+		}
+	}
+	if st := gw.s.outliers.Get(victim).State(); st != admission.Serving {
+		t.Errorf("%s is %v after first tokens that missed an evicted prefix; a miss is not slowness", victim, st)
+	}
+	if n := ejections(t, gw, victim, "slow"); n != 0 {
+		t.Errorf(`switchyard_outlier_ejections_total{backend=%q,reason="slow"} = %v, want 0`, victim, n)
+	}
+	if missed < 5 {
+		t.Errorf("only %d requests went back to %s for a prefix it no longer holds; the test proves nothing", missed, victim)
+	}
+}

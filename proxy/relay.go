@@ -118,6 +118,10 @@ func (ex *exchange) step(emit func([]byte) error) (done bool, err error) {
 		ex.usage, ex.hasUsage = ex.ci.Usage, true
 		a.acct.ObserveUsage(routing.Usage{PromptTokens: ex.ci.Usage.PromptTokens, CompletionTokens: ex.ci.Usage.CompletionTokens,
 			CachedTokens: ex.ci.Usage.CachedTokens, HasCached: ex.ci.Usage.HasCached})
+		if a.outPending && ex.ci.Usage.HasCached {
+			a.outPending = false
+			a.out.Observe(true, a.outTTFT, a.acct.RevisedTTFT())
+		}
 	}
 	if ex.ci.Error {
 		ex.upstreamError = true

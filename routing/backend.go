@@ -272,6 +272,7 @@ type Attempt struct {
 	promptTok, hitTok        int
 	uncached, queued, runAt0 float64
 	rtt, predTTFT            float64 // seconds: RTT, and the engine's mean TTFT predicted at dispatch
+	revisedTTFT              float64 // seconds: predTTFT for the prefill the engine reported doing; 0 until then
 	runAtFirst               float64
 	ttft                     float64 // observed at FirstToken, seconds
 	pendingTTFT              bool    // ttft awaits the usage's cached_tokens before training the model
@@ -360,6 +361,21 @@ func (a *Attempt) Backend() *Backend { return a.b }
 
 // PredictedTTFT returns the TTFT predicted at dispatch (mean, RTT included).
 func (a *Attempt) PredictedTTFT() time.Duration { return duration(a.rtt + a.predTTFT) }
+
+// PredictedHit reports whether the prediction counted on a prefix-cache hit: the backend was believed to hold
+// part of the prompt. When the engine has evicted it, the first token comes as late as a miss, which says nothing
+// about the backend's speed; RevisedTTFT gives the prediction that judges it.
+func (a *Attempt) PredictedHit() bool { return a.hitTok > 0 }
+
+// RevisedTTFT returns the TTFT the model would have predicted at dispatch for the prefill the engine reported
+// doing (the cached tokens of its usage), with the same load features and before this request trained the
+// model; before ObserveUsage brought cached tokens, PredictedTTFT. RTT included.
+func (a *Attempt) RevisedTTFT() time.Duration {
+	if a.revisedTTFT > 0 {
+		return duration(a.rtt + a.revisedTTFT)
+	}
+	return a.PredictedTTFT()
+}
 
 // FirstToken records that the backend finished the request's prefill and started decoding: call it when the
 // first token (the first SSE data chunk with content) arrives. The time since Dispatch is the observed TTFT: it
@@ -453,6 +469,9 @@ func (a *Attempt) ObserveUsage(u Usage) {
 		b.usageSeen.Store(true)
 		frac := min(float64(u.CachedTokens)/float64(prompt), 1)
 		b.hitRate.ewma(frac, hitRateAlpha)
+		if a.first && a.revisedTTFT == 0 {
+			a.revisedTTFT = b.lat.ttftMean(max(float64(a.promptTok)*(1-frac), 1), a.queued, a.runAt0)
+		}
 		if a.pendingTTFT {
 			// Train on the prefill the engine did: its cached share applied to our token estimate, so that
 			// training and prediction count tokens the same way whatever the engine's tokenizer.

@@ -336,3 +336,43 @@ func TestConcurrentRequestPath(t *testing.T) {
 		}
 	}
 }
+
+// TestRevisedTTFT: a request predicted as a prefix hit that the engine reports as a miss has a revised prediction
+// for the prefill it really did, larger than the one made at dispatch; one the engine confirms keeps it.
+func TestRevisedTTFT(t *testing.T) {
+	f := newFleet(t, local(1)...)
+	b := f.b("b0")
+	f.train("b0", simLaw, 200)
+	p := text(5, 4096)
+	f.hold("b0", p)
+	for _, tc := range []struct {
+		name   string
+		cached int
+		longer bool
+	}{{"the engine had evicted the prefix", 0, true}, {"the engine held it", 1008, false}} {
+		r := &Request{Model: "m", Prompt: p}
+		if _, err := adaptive(t, f, "").Pick(r, f.targets); err != nil {
+			t.Fatal(err)
+		}
+		a := b.Dispatch(r)
+		if !a.PredictedHit() {
+			t.Fatalf("%s: the dispatch did not count on the held prefix", tc.name)
+		}
+		pred := a.PredictedTTFT()
+		if a.RevisedTTFT() != pred {
+			t.Fatalf("%s: revised %v before any usage, want the prediction %v", tc.name, a.RevisedTTFT(), pred)
+		}
+		f.clk.Advance(50 * time.Millisecond)
+		a.FirstToken()
+		a.ObserveUsage(Usage{PromptTokens: 1024, CompletionTokens: 5, CachedTokens: tc.cached, HasCached: true})
+		rev := a.RevisedTTFT()
+		if tc.longer && rev < 3*pred {
+			t.Errorf("%s: revised %v, predicted %v; a miss of 1,024 tokens must be judged as one", tc.name, rev, pred)
+		}
+		if !tc.longer && (rev > pred*11/10 || rev < pred*9/10) {
+			t.Errorf("%s: revised %v, predicted %v; a confirmed hit keeps the prediction", tc.name, rev, pred)
+		}
+		a.End(false)
+		r.Reset()
+	}
+}
