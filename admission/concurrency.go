@@ -43,8 +43,8 @@ type CapParams struct {
 	HighRatio, LowRatio float64
 	// Backoff is the multiplicative decrease. Default 0.9.
 	Backoff float64
-	// Slack is how late a first token must also be, beyond HighRatio times its prediction, to count as slow (and
-	// within half of which it counts as good). Default 25 ms.
+	// Slack is how late a first token must also be, beyond HighRatio times its prediction, to count as slow.
+	// Default 25 ms.
 	Slack time.Duration
 }
 
@@ -198,15 +198,16 @@ func (c *Cap) ObserveEngine(ttft, predicted time.Duration, waiting, running int)
 		return
 	}
 	p := &c.p
-	// The TTFT ratio is judged with an absolute slack: for a backend that answers in milliseconds, scheduler
-	// jitter alone puts observed/predicted above 1.5 (the cap of a 2 ms backend collapsed to its minimum and
-	// queued a thousand requests a second), so a first token is slow only if it is also Slack late, and good
-	// if it is within the ratio or the slack.
+	// The TTFT ratio is judged with an absolute slack on the way down: for a backend that answers in
+	// milliseconds, scheduler jitter alone puts observed/predicted above 1.5 (the cap of a 2 ms backend collapsed
+	// to its minimum and queued a thousand requests a second), so a first token is slow only if it is also Slack
+	// late. Not on the way up: counting a first token within the slack as good let the caps of a failover region
+	// grow into engine queues during an outage (protect-region-down: 24-51 requests shed with 503 instead of 0).
 	slow, good := false, true
 	if predicted > 0 && ttft > 0 {
 		excess := ttft - predicted
 		slow = float64(ttft) > p.HighRatio*float64(predicted) && excess > p.Slack
-		good = float64(ttft) < p.LowRatio*float64(predicted) || excess < p.Slack/2
+		good = float64(ttft) < p.LowRatio*float64(predicted)
 	}
 	since := c.since.Add(1)
 	// Requests waiting in the engine shrink the cap unless the first token came within the slack: an engine that
