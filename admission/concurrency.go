@@ -110,8 +110,10 @@ func (c *Cap) Name() string { return c.name }
 // TryAcquire takes a slot if fewer than Limit requests are in flight, and reports whether it did. Call it for
 // every attempt (first try, retry, hedge) on the backend the attempt goes to, after the pick and before
 // sending; on false, pick another backend or queue. Every true must be matched by exactly one Release.
-func (c *Cap) TryAcquire() bool {
-	limit := int64(c.Limit())
+func (c *Cap) TryAcquire() bool { return c.tryAcquire(int64(c.Limit())) }
+
+// tryAcquire takes a slot if fewer than limit requests are in flight. Lock-free.
+func (c *Cap) tryAcquire(limit int64) bool {
 	for {
 		n := c.inflight.Load()
 		if n >= limit {
@@ -163,18 +165,7 @@ func (c *Cap) LimitFor(class Class) int {
 func (c *Cap) FullFor(class Class) bool { return c.inflight.Load() >= int64(c.LimitFor(class)) }
 
 // TryAcquireFor takes a slot for a request of class c, within LimitFor(c). Lock-free.
-func (c *Cap) TryAcquireFor(class Class) bool {
-	limit := int64(c.LimitFor(class))
-	for {
-		n := c.inflight.Load()
-		if n >= limit {
-			return false
-		}
-		if c.inflight.CompareAndSwap(n, n+1) {
-			return true
-		}
-	}
-}
+func (c *Cap) TryAcquireFor(class Class) bool { return c.tryAcquire(int64(c.LimitFor(class))) }
 
 // Adaptive reports whether the cap adapts (max_concurrency 0).
 func (c *Cap) Adaptive() bool { return c.static.Load() <= 0 }
