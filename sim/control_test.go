@@ -207,19 +207,7 @@ func TestControlDown(t *testing.T) {
 func TestControlRestart(t *testing.T) {
 	b := startBackend(t, fastConfig)
 	content := strings.Repeat("restart me please. ", 50)
-	send := func() (cached int, status int) {
-		resp := post(t.Context(), t, b.URL()+"/v1/chat/completions", chatBody(t, content, 2, false, false))
-		defer resp.Body.Close()
-		var r struct {
-			Usage struct {
-				PromptTokensDetails struct {
-					CachedTokens int `json:"cached_tokens"`
-				} `json:"prompt_tokens_details"`
-			} `json:"usage"`
-		}
-		_ = json.NewDecoder(resp.Body).Decode(&r)
-		return r.Usage.PromptTokensDetails.CachedTokens, resp.StatusCode
-	}
+	send := func() (cached int, status int) { return cachedTokens(t, b, content) }
 	send()
 	if cached, _ := send(); cached == 0 {
 		t.Fatal("the repeated request found nothing cached")
@@ -250,17 +238,8 @@ func TestControlEvictCache(t *testing.T) {
 	b := startBackend(t, fastConfig)
 	content := strings.Repeat("evict me please. ", 50)
 	send := func() int {
-		resp := post(t.Context(), t, b.URL()+"/v1/chat/completions", chatBody(t, content, 2, false, false))
-		defer resp.Body.Close()
-		var r struct {
-			Usage struct {
-				PromptTokensDetails struct {
-					CachedTokens int `json:"cached_tokens"`
-				} `json:"prompt_tokens_details"`
-			} `json:"usage"`
-		}
-		_ = json.NewDecoder(resp.Body).Decode(&r)
-		return r.Usage.PromptTokensDetails.CachedTokens
+		cached, _ := cachedTokens(t, b, content)
+		return cached
 	}
 	send()
 	if send() == 0 {
@@ -304,4 +283,21 @@ func TestControlStallRate(t *testing.T) {
 	if code, _ := control(t, b, `{"stall_rate":1.5}`); code != 400 {
 		t.Errorf("stall_rate 1.5 accepted (%d)", code)
 	}
+}
+
+// cachedTokens sends a two-token non-streaming chat request with content and returns the usage's cached_tokens
+// and the status.
+func cachedTokens(t *testing.T, b *Backend, content string) (int, int) {
+	t.Helper()
+	resp := post(t.Context(), t, b.URL()+"/v1/chat/completions", chatBody(t, content, 2, false, false))
+	defer resp.Body.Close()
+	var r struct {
+		Usage struct {
+			PromptTokensDetails struct {
+				CachedTokens int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&r)
+	return r.Usage.PromptTokensDetails.CachedTokens, resp.StatusCode
 }
