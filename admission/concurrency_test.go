@@ -267,3 +267,70 @@ func TestCapIgnoresJitterOfFastBackends(t *testing.T) {
 		t.Errorf("limit %d after on-time first tokens; it must grow", got)
 	}
 }
+
+// TestCapLearnsEngineSeats: an engine that queues shows its batch size (running while requests wait); requests
+// then fill at most that many seats instead of waiting inside the engine up to the cap's limit. The estimate lapses after SeatsTTL observations without new evidence,
+// and a larger running count raises it.
+func TestCapLearnsEngineSeats(t *testing.T) {
+	cs := NewCaps(CapParams{Initial: 32}, nil)
+	cs.Update([]CapConfig{{Name: "a"}, {Name: "s", MaxConcurrency: 20}})
+	c := cs.Get("a")
+	if c.Seats() != 0 || c.LimitFor(Critical) != 32 {
+		t.Fatalf("before any scrape: seats %d, critical may fill %d; want 0 and the limit 32", c.Seats(), c.LimitFor(Critical))
+	}
+	fill(t, c, 20)
+	c.ObserveEngine(time.Second, 100*time.Millisecond, 4, 16) // 16 running, 4 waiting: the batch is 16
+	if c.Seats() != 16 || c.Limit() != 18 {
+		t.Fatalf("seats %d, limit %d after 16 running and 4 waiting; want 16 and 16+2", c.Seats(), c.Limit())
+	}
+	if got := c.LimitFor(Critical); got != 16 {
+		t.Errorf("critical may fill %d, want the 16 seats", got)
+	}
+	if got := c.LimitFor(Standard); got != 16 {
+		t.Errorf("standard may fill %d, want the 16 seats (the fleet keeps the critical reserve)", got)
+	}
+	if free, known := c.Free(); free != 0 || !known {
+		t.Errorf("Free() = %d, %v with 20 in flight on 16 seats; want 0, true", free, known)
+	}
+	if c.TryAcquireFor(Critical) || !c.FullFor(Sheddable) {
+		t.Error("a request was let in beyond the engine's seats (20 in flight)")
+	}
+	// A scrape between two steps may catch a seat empty while requests wait: not a smaller batch.
+	c.ObserveEngine(time.Second, 100*time.Millisecond, 2, 15)
+	if c.Seats() != 16 {
+		t.Errorf("seats %d after one scrape of 15 running, want 16 kept", c.Seats())
+	}
+	// Good first tokens do not grow the limit past seats + TargetWaiting while the seats are known.
+	for range 100 {
+		c.ObserveEngine(50*time.Millisecond, 100*time.Millisecond, 0, 16)
+	}
+	if got := c.Limit(); got > 18 {
+		t.Errorf("limit grew to %d with the engine's 16 seats known; want at most 18", got)
+	}
+	// The engine runs more than thought (a restart with a larger batch): the estimate follows.
+	c.ObserveEngine(50*time.Millisecond, 100*time.Millisecond, 0, 24)
+	if c.Seats() != 24 {
+		t.Errorf("seats %d after a scrape of 24 running, want 24", c.Seats())
+	}
+	// Without new evidence the estimate lapses: requests may fill the limit again, which shows the batch anew.
+	for range SeatsTTL {
+		c.ObserveEngine(50*time.Millisecond, 100*time.Millisecond, 0, 10)
+	}
+	if c.Seats() != 0 || c.LimitFor(Critical) != c.Limit() {
+		t.Errorf("after %d observations without a queue: seats %d, critical may fill %d of %d; want 0 and the limit",
+			SeatsTTL, c.Seats(), c.LimitFor(Critical), c.Limit())
+	}
+	c.ObserveEngine(time.Second, 100*time.Millisecond, 3, 12)
+	if c.Seats() != 12 {
+		t.Errorf("seats %d after a lapse and 12 running with 3 waiting, want 12", c.Seats())
+	}
+	// A static cap is the operator's word: it does not learn seats.
+	s := cs.Get("s")
+	s.ObserveEngine(time.Second, 100*time.Millisecond, 4, 8)
+	if s.Seats() != 0 || s.LimitFor(Critical) != 20 {
+		t.Errorf("static cap: seats %d, critical may fill %d; want 0 and 20", s.Seats(), s.LimitFor(Critical))
+	}
+	if _, known := s.Free(); known {
+		t.Error("a static cap claims to know its engine's free seats")
+	}
+}

@@ -22,7 +22,7 @@ const (
 // Saturation returns one backend's saturation: the largest of waiting/SaturationWaiting,
 // kvUsage/SaturationKV and inflight/limit (the concurrency cap; limit <= 0 means no cap), so 1 means "at
 // capacity" by whichever measure is tightest. Pass the engine's waiting requests and KV usage (0 to 1) when its
-// metrics are fresh, 0 otherwise; the gateway's own in-flight count and cap (Cap.Inflight, Cap.Limit) have no
+// metrics are fresh, 0 otherwise; the gateway's own in-flight count and cap (Cap.Inflight, Cap.LimitFor) have no
 // lag, so either view can trip it (routing.md 4.6.5).
 func Saturation(waiting int, kvUsage float64, inflight, limit int) float64 {
 	s := max(float64(waiting)/SaturationWaiting, kvUsage/SaturationKV)

@@ -21,6 +21,9 @@ type BackendStatus struct {
 	Breaker          string `json:"breaker"`
 	Outlier          string `json:"outlier"`
 	ConcurrencyLimit int    `json:"concurrency_limit"`
+	// EngineSeats is the engine's batch size as the concurrency cap learned it (admission.Cap.Seats; 0: not
+	// known): requests are not sent to wait inside the engine beyond it.
+	EngineSeats int `json:"engine_seats"`
 }
 
 // Admin serves the admin port: /metrics, /healthz, /readyz, /debug/backends, /debug/config and a small live
@@ -73,7 +76,7 @@ func (a *Admin) Backends() []BackendStatus {
 			st.Outlier = o.State().String()
 		}
 		if c := a.s.caps.Get(st.Name); c != nil {
-			st.ConcurrencyLimit = c.Limit()
+			st.ConcurrencyLimit, st.EngineSeats = c.Limit(), c.Seats()
 		}
 		out = append(out, st)
 	}

@@ -77,6 +77,15 @@ func (s *Server) hedgeBudget(m *Model) *admission.HedgeBudget {
 	return b.(*admission.HedgeBudget)
 }
 
+// reserveFor returns the seats a model's fleet keeps free for critical requests (admission.SeatReserve).
+func (s *Server) reserveFor(model string) *admission.SeatReserve {
+	if r, ok := s.reserves.Load(model); ok {
+		return r.(*admission.SeatReserve)
+	}
+	r, _ := s.reserves.LoadOrStore(model, admission.NewSeatReserve(nil))
+	return r.(*admission.SeatReserve)
+}
+
 // pool measures a model's backends for brownout and shedding: the mean saturation S over its healthy backends
 // (engine queue, KV use and concurrency cap, admission.Saturation) and whether all are saturated.
 func (s *Server) pool(m *Model, saturated bool) admission.Pool {
@@ -94,7 +103,7 @@ func (s *Server) pool(m *Model, saturated bool) admission.Pool {
 		}
 		inflight, limit := int(b.Inflight()), 0
 		if c := s.caps.Get(b.Name()); c != nil {
-			inflight, limit = c.Inflight(), c.Limit()
+			inflight, limit = c.Inflight(), c.LimitFor(admission.Critical)
 			if c.Full() {
 				full++
 			}

@@ -190,6 +190,7 @@ func (ex *exchange) admit(h *fasthttp.RequestHeader) error {
 	if snap.Shedder == nil {
 		return nil // nothing to decide: every request goes
 	}
+	ex.s.reserveFor(ex.model.Name).Arrive(ex.class)
 
 	t, err := ex.choose()
 	if d := ex.model.DegradeTo; d != nil && ex.class != admission.Critical {
@@ -305,11 +306,50 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 		}
 		ex.cands = append(ex.cands, t)
 	}
+	if respectCaps && ex.class != admission.Critical && ex.reserved() {
+		// The fleet's free seats are down to the critical reserve: the others wait for a seat beyond it.
+		n := 0
+		for _, t := range ex.cands {
+			if c := ex.s.caps.Get(t.Backend.Name()); c != nil {
+				if _, known := c.Free(); known {
+					full = true
+					continue
+				}
+			}
+			ex.cands[n] = t
+			n++
+		}
+		ex.cands = ex.cands[:n]
+	}
 	t, err := ex.model.Strategy.Pick(&ex.rreq, ex.cands)
 	if err != nil && full {
 		return t, errNoCapacity
 	}
 	return t, err
+}
+
+// reserved reports whether the engine seats free across the model's available backends are no more than the
+// seats kept for critical requests (admission.SeatReserve), so that a standard or sheddable request must not take
+// one. Only backends whose batch size the caps learned count; the others are gated by their caps alone.
+func (ex *exchange) reserved() bool {
+	free, seats := 0, 0
+	for _, t := range ex.model.Targets {
+		c := ex.s.caps.Get(t.Backend.Name())
+		if c == nil || !t.Backend.Healthy() {
+			continue
+		}
+		if o := ex.s.outliers.Get(t.Backend.Name()); o != nil && !o.Available() {
+			continue
+		}
+		if f, known := c.Free(); known {
+			free += f
+			seats += c.Seats()
+		}
+	}
+	if seats == 0 {
+		return false
+	}
+	return free <= ex.s.reserveFor(ex.model.Name).Seats(seats/2)
 }
 
 // take claims t's slots for attempt a: a breaker permit, a concurrency slot and, for a backend on probation,
@@ -769,6 +809,7 @@ func (ex *exchange) endAttempt(a *attempt, outcome error) {
 // goroutine and touches only what the handler owns (an abandoned attempt's goroutine may still be reading).
 func (ex *exchange) settle(a *attempt, outcome error, reached bool) {
 	ex.wd.untrack(a)
+	freed := a.cap != nil // a seat freed: a completion for the critical reserve
 	var ue *upstreamError
 	fault := errors.As(outcome, &ue) && ue.backendFault()
 	if a.began {
@@ -800,6 +841,9 @@ func (ex *exchange) settle(a *attempt, outcome error, reached bool) {
 		a.retry = false
 	}
 	if ex.model != nil {
+		if freed {
+			ex.s.reserveFor(ex.model.Name).Done()
+		}
 		ex.s.queueFor(ex.model.Name).Signal()
 	}
 }

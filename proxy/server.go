@@ -103,6 +103,7 @@ type Server struct {
 	brownout admission.Brownout
 	queues   sync.Map // model name -> *admission.Queue[*exchange]
 	hedges   sync.Map // model name -> *admission.HedgeBudget
+	reserves sync.Map // model name -> *admission.SeatReserve
 	followMu sync.Mutex
 	followed atomic.Pointer[Snapshot]
 

@@ -1,0 +1,87 @@
+package proxy
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/switchyard/switchyard/admission"
+	"github.com/switchyard/switchyard/routing"
+	"github.com/switchyard/switchyard/sim"
+)
+
+// TestCriticalFindsAFreeSeat checks the seam between the request path, the concurrency caps and the engine
+// metrics under saturation: the cap learns the engine's batch size from its scrapes (running while requests
+// wait), standard requests then stop short of the seats kept for critical ones, and a critical request arriving
+// at a full backend starts at once instead of waiting inside the engine for a running sequence to finish. It runs
+// the real gateway, with a Monitor as `switchyard serve` does, against a simulated engine of two seats.
+//
+// Before the batch size was learned, standard requests filled the cap's limit (about the batch plus two): the
+// critical request was the engine's fourth, queued behind a standard one, and its answer came after a long
+// standard request's.
+func TestCriticalFindsAFreeSeat(t *testing.T) {
+	t.Parallel()
+	be := startSim(t, "a", func(c *sim.Config) {
+		c.MaxNumSeqs = 2
+		c.ITL = 10 * time.Millisecond
+		c.Overhead = time.Millisecond
+	})
+	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 0, be.URL()))
+	snap.Models["sim-model"].SLO = SLO{TTFT: time.Minute} // nothing is shed: this test is about seats
+	monitored(t, snap, routing.MonitorOptions{ScrapeInterval: 10 * time.Millisecond, IdleProbeAfter: -1})
+	gw := startGateway(t, snap, Options{})
+	crit := map[string]string{"X-Switchyard-Priority": "critical"}
+	body := func(tokens int) string {
+		return fmt.Sprintf(`{"model":"sim-model","max_tokens":%d,"messages":[{"role":"user","content":"seat"}]}`, tokens)
+	}
+
+	// Waves of six requests to the two seats: four wait in the engine, and the first tokens that come while
+	// others still wait show the cap the batch size. A few critical requests in each wave make critical demand
+	// known, so that a seat is kept for it.
+	var c *admission.Cap
+	waitFor(t, 20*time.Second, func() bool {
+		var wg sync.WaitGroup
+		for i := range 6 {
+			wg.Go(func() {
+				var h map[string]string
+				if i%3 == 0 {
+					h = crit
+				}
+				if a := post(t, gw.url, body(15), h); a.code != 200 {
+					t.Errorf("warm-up request: %d %s", a.code, a.body)
+				}
+			})
+		}
+		wg.Wait()
+		c = gw.s.caps.Get("b0")
+		return c.Seats() == 2
+	})
+
+	// Three long standard requests: one seat is kept free, so one runs and two wait in the gateway.
+	const long = 150 // 1.5 s at 10 ms a token
+	var mu sync.Mutex
+	var order []string
+	done := func(what string, a answer) {
+		mu.Lock()
+		defer mu.Unlock()
+		order = append(order, what)
+		if a.code != 200 {
+			t.Errorf("%s: %d %s", what, a.code, a.body)
+		}
+	}
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() { done("standard", post(t, gw.url, body(long), nil)) })
+	}
+	waitFor(t, 5*time.Second, func() bool { return c.Inflight() >= 1 })
+	time.Sleep(100 * time.Millisecond) // let every standard request reach the gateway
+	if n := c.Inflight(); n != 1 {
+		t.Errorf("%d standard requests in flight on two seats with critical demand known, want 1 (a seat kept)", n)
+	}
+	done("critical", post(t, gw.url, body(2), crit))
+	wg.Wait()
+	if order[0] != "critical" {
+		t.Errorf("answers came in the order %v; the critical request must not wait for a standard one to finish", order)
+	}
+}
