@@ -22,6 +22,11 @@ type OutlierParams struct {
 	// Defaults 3 and 0.1 (routing.md 4.7: ratio p90 > 3).
 	SlowRatio float64
 	SlowShare float64
+	// SlowSlack is how late a first token must also be, beyond SlowRatio times its prediction, to count as slow.
+	// Default 50 ms: for a backend that answers in milliseconds, scheduler jitter or one engine step is several
+	// times the prediction (a probe of a backend back from an outage took 45 ms against 12 ms predicted and
+	// ejected it again, in protect-region-down), which is not the slowness this rule is for.
+	SlowSlack time.Duration
 	// ErrorRate is the share of failed attempts above which a backend is ejected. Default 0.05 (routing.md 4.7).
 	ErrorRate float64
 	// MinRequests is how many observations the window needs before either rule may eject. Default 20.
@@ -50,7 +55,8 @@ type OutlierParams struct {
 // DefaultOutlierParams returns the defaults listed on OutlierParams.
 func DefaultOutlierParams() OutlierParams {
 	return OutlierParams{
-		Window: 30 * time.Second, SlowRatio: 3, SlowShare: 0.1, ErrorRate: 0.05, MinRequests: 20, PeerFactor: 3,
+		Window: 30 * time.Second, SlowRatio: 3, SlowShare: 0.1, SlowSlack: 50 * time.Millisecond, ErrorRate: 0.05,
+		MinRequests: 20, PeerFactor: 3,
 		BaseEjection: 30 * time.Second, MaxEjection: 300 * time.Second, MaxEjectedPercent: 50,
 		Probes: 3, ProbeTimeout: 60 * time.Second,
 	}
@@ -66,6 +72,9 @@ func (p OutlierParams) withDefaults() OutlierParams {
 	}
 	if p.SlowShare <= 0 {
 		p.SlowShare = d.SlowShare
+	}
+	if p.SlowSlack <= 0 {
+		p.SlowSlack = d.SlowSlack
 	}
 	if p.PeerFactor <= 0 {
 		p.PeerFactor = d.PeerFactor
@@ -318,12 +327,12 @@ func (o *Outlier) Acquire() bool {
 //
 // While serving, it ejects the backend (unless MaxEjectedPercent is reached) when the window holds at least
 // MinRequests observations and more than ErrorRate of them failed, or more than SlowShare of those with a
-// prediction were slower than SlowRatio times it. While probing, a good observation counts toward Probes and a
-// bad one ejects the backend again, for longer. While ejected, it is ignored.
+// prediction were slower than SlowRatio times it (and SlowSlack late). While probing, a good observation counts
+// toward Probes and a bad one ejects the backend again, for longer. While ejected, it is ignored.
 func (o *Outlier) Observe(ok bool, ttft, predicted time.Duration) {
 	p := &o.d.p
 	now := o.d.now()
-	slow := ok && predicted > 0 && float64(ttft) > p.SlowRatio*float64(predicted)
+	slow := ok && predicted > 0 && float64(ttft) > p.SlowRatio*float64(predicted) && ttft-predicted > p.SlowSlack
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.gone.Load() {

@@ -362,3 +362,36 @@ func TestOutlierReset(t *testing.T) {
 		t.Errorf("the old failures still count after the reset: %v", a.State())
 	}
 }
+
+// TestOutlierSlowSlack: a first token several times its prediction but only milliseconds late is not slow, on a
+// probe (a backend back from an outage answered its probe in 45 ms against 12 ms predicted and was ejected
+// again) or in the serving window; one late by more than SlowSlack is.
+func TestOutlierSlowSlack(t *testing.T) {
+	const fast = 12 * time.Millisecond
+	d, clk, _ := newDetector(t, "a", "b")
+	o := d.Get("a")
+	for range 30 {
+		o.Observe(true, 45*time.Millisecond, fast) // 3.75x, 33 ms late
+	}
+	if o.State() != Serving {
+		t.Fatalf("ejected for first tokens 33 ms late: %v", o.State())
+	}
+	feed(o, 0, 0, 20)
+	clk.Advance(30 * time.Second)
+	for i := range 3 {
+		if !o.Acquire() {
+			t.Fatalf("probe %d not granted: %v", i+1, o.State())
+		}
+		o.Observe(true, 45*time.Millisecond, fast)
+	}
+	if o.State() != Serving {
+		t.Fatalf("probes 33 ms late on a 12 ms prediction: %v, want serving", o.State())
+	}
+	feed(d.Get("b"), 20, 0, 0)
+	for range 20 {
+		o.Observe(true, fast+60*time.Millisecond, fast) // 6x, 60 ms late
+	}
+	if o.State() != Ejected {
+		t.Errorf("first tokens 60 ms late on a 12 ms prediction: %v, want ejected", o.State())
+	}
+}
