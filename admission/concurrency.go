@@ -102,7 +102,8 @@ type Cap struct {
 	since    atomic.Int64 // observations since the last decrease
 	steady   atomic.Bool  // past slow start: a decrease happened
 	seats    atomic.Int64 // the engine's batch size as last learned (0: unknown)
-	seatsAge atomic.Int64 // observations since the last evidence of seats
+	seatsAge atomic.Int64 // observations since the last evidence of seats (>= SeatsTTL: probing)
+	seatsLow atomic.Int64 // scrapes in a row with requests waiting and fewer running than seats
 	gauge    prometheus.Gauge
 }
 
@@ -151,27 +152,30 @@ func (c *Cap) Full() bool { return c.inflight.Load() >= int64(c.LimitFor(Critica
 // (at least one slot when the limit allows two), critical ones up to the whole limit.
 const CriticalReserve = 0.15
 
-// SeatsTTL is how many first-token observations a learned engine batch size (Seats) stays in force without new
-// evidence. When it lapses, requests may again fill the cap's limit (at most Seats + TargetWaiting), which lets
-// the engine queue a request or two and so shows its batch size again: an engine whose batch grew (a restart
-// with a larger --max-num-seqs, shorter sequences under a KV-cache limit) is found within one such probe.
+// SeatsTTL is how many first-token observations a learned engine batch size (Seats) stays confirmed without new
+// evidence. Requests filling exactly the batch never make the engine queue, so the estimate must be tested now
+// and then: once it lapses, standard and sheddable requests may fill one seat more (a probe). If the engine
+// queues the probe, the batch is confirmed; if it runs it, the batch grew (a restart with a larger
+// --max-num-seqs, shorter sequences under a KV-cache limit) and the estimate follows. Critical requests never
+// take the probe's seat, so they do not wait inside an engine for it.
 const SeatsTTL = 256
 
-// Seats returns the engine's batch size as last learned, or 0 when unknown or lapsed (SeatsTTL). The batch size
-// is the engine's running count at a moment it also had requests waiting (vllm:num_requests_running while
+// seatsLowEvidence is how many scrapes showing requests waiting with fewer running than the estimate, with none
+// confirming it in between, drop the estimate to what runs: one such scrape may have caught a seat between two
+// steps, several mean the engine now runs fewer (a KV-cache limit under longer sequences).
+const seatsLowEvidence = 4
+
+// Seats returns the engine's batch size as last learned, or 0 when unknown. The batch size is the engine's
+// running count at a moment it also had requests waiting (vllm:num_requests_running while
 // vllm:num_requests_waiting > 0): it runs all it can and queues the rest.
-func (c *Cap) Seats() int {
-	if c.seatsAge.Load() >= SeatsTTL {
-		return 0
-	}
-	return int(c.seats.Load())
-}
+func (c *Cap) Seats() int { return int(c.seats.Load()) }
 
 // LimitFor returns the slots a request of class c may fill.
 //
 // With the engine's batch size known (Seats), no request is sent to wait inside the engine: every class may
-// fill the batch, and the seats kept free for critical requests are the fleet's business (SeatReserve). The
-// cap's limit alone (up to Seats + TargetWaiting, which keeps an engine busy between completions) let a critical
+// fill the batch, and the seats kept free for critical requests are the fleet's business (SeatReserve); while
+// the estimate is being tested (SeatsTTL), standard and sheddable requests may fill one seat more. The cap's
+// limit alone (up to Seats + TargetWaiting, which keeps an engine busy between completions) let a critical
 // request queue inside one engine behind that engine's next completion: in protect-overload a quarter of the
 // critical requests went as a seventeenth to 16-seat engines, with a p99 TTFT of 995 ms against 116 ms for
 // those that found a seat.
@@ -180,6 +184,9 @@ func (c *Cap) Seats() int {
 func (c *Cap) LimitFor(class Class) int {
 	limit := c.Limit()
 	if s := c.Seats(); s > 0 && c.static.Load() <= 0 {
+		if class != Critical && c.seatsAge.Load() >= SeatsTTL {
+			s++ // the probe
+		}
 		return min(limit, s)
 	}
 	if class == Critical || limit < 2 {
@@ -269,9 +276,8 @@ func (c *Cap) ObserveEngine(ttft, predicted time.Duration, waiting, running int)
 }
 
 // ceiling is how far the limit may grow: Max, or Seats + TargetWaiting while the engine's batch size is known.
-// Requests fill at most Seats then (LimitFor), so the limit is not what holds them back, and without the
-// ceiling it would creep up on every good first token; when Seats lapses, requests may fill the limit, which
-// must then queue only a request or two in the engine.
+// Requests fill at most Seats (and a probe) then, so the limit is not what holds them back, and without the
+// ceiling it would creep up on every good first token.
 func (c *Cap) ceiling() float64 {
 	if s := c.Seats(); s > 0 {
 		return min(float64(s+c.p.TargetWaiting), c.p.Max)
@@ -279,21 +285,26 @@ func (c *Cap) ceiling() float64 {
 	return c.p.Max
 }
 
-// learnSeats updates the engine's batch size from one scrape: running while requests wait is the batch (the
-// larger of it and the last one while the estimate is in force, since a scrape between two steps may catch one
-// seat empty); running above the estimate raises it.
+// learnSeats updates the engine's batch size from one scrape. Running while requests wait is the batch: at or
+// above the estimate it confirms or raises it; below it, seatsLowEvidence such scrapes lower it.
+// Running above the estimate without a queue (a probe that ran) raises it.
 func (c *Cap) learnSeats(waiting, running int) {
-	age := c.seatsAge.Add(1)
+	c.seatsAge.Add(1)
 	if running <= 0 {
 		return
 	}
 	cur := c.seats.Load()
 	switch {
-	case waiting > 0 && (age > SeatsTTL || int64(running) > cur):
+	case waiting > 0 && int64(running) >= cur:
 		c.seats.Store(int64(running))
 		c.seatsAge.Store(0)
+		c.seatsLow.Store(0)
 	case waiting > 0:
-		c.seatsAge.Store(0)
+		if c.seatsLow.Add(1) >= seatsLowEvidence {
+			c.seats.Store(int64(running))
+			c.seatsAge.Store(0)
+			c.seatsLow.Store(0)
+		}
 	case cur > 0 && int64(running) > cur:
 		c.seats.Store(int64(running))
 	}
