@@ -190,7 +190,9 @@ func (ex *exchange) admit(h *fasthttp.RequestHeader) error {
 	if snap.Shedder == nil {
 		return nil // nothing to decide: every request goes
 	}
-	ex.s.reserveFor(ex.model.Name).Arrive(ex.class)
+	if ex.class == admission.Critical {
+		ex.s.reserveFor(ex.model.Name).Arrive(ex.class)
+	}
 
 	t, err := ex.choose()
 	if d := ex.model.DegradeTo; d != nil && ex.class != admission.Critical {
@@ -274,8 +276,9 @@ func dispatchQueued(ex *exchange) error {
 	return nil
 }
 
-// choose filters the model's targets (not tried yet, concurrency cap not full, not ejected) and asks the
-// model's strategy to pick one. It returns errNoCapacity when healthy backends exist but none can take more
+// choose filters the model's targets (not tried yet, concurrency cap not full, not ejected, and for standard and
+// sheddable requests not down to the engine seats kept for critical ones) and asks the model's strategy to pick
+// one. It returns errNoCapacity when healthy backends exist but none can take more
 // now, routing.ErrNoBackend when none is healthy.
 func (ex *exchange) choose() (routing.Target, error) {
 	return ex.chooseFrom(true)
@@ -284,30 +287,32 @@ func (ex *exchange) choose() (routing.Target, error) {
 func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 	ex.cands = ex.cands[:0]
 	full := false
+	free, seats := 0, 0 // engine seats free and in all, over the available backends whose batch size is known
 	for _, t := range ex.model.Targets {
-		tried := false
-		for _, b := range ex.tried {
-			if b == t.Backend {
-				tried = true
-				break
-			}
-		}
-		if tried {
-			continue
-		}
+		var c *admission.Cap
 		if respectCaps {
-			if c := ex.s.caps.Get(t.Backend.Name()); c != nil && c.FullFor(ex.class) && t.Backend.Healthy() {
-				full = true
-				continue
-			}
 			if o := ex.s.outliers.Get(t.Backend.Name()); o != nil && !o.Available() {
 				continue
 			}
+			if c = ex.s.caps.Get(t.Backend.Name()); c != nil && t.Backend.Healthy() {
+				if f, known := c.Free(); known {
+					free, seats = free+f, seats+c.Seats()
+				}
+			}
+		}
+		if ex.triedContains(t.Backend) {
+			continue
+		}
+		if c != nil && c.FullFor(ex.class) && t.Backend.Healthy() {
+			full = true
+			continue
 		}
 		ex.cands = append(ex.cands, t)
 	}
-	if respectCaps && ex.class != admission.Critical && ex.reserved() {
-		// The fleet's free seats are down to the critical reserve: the others wait for a seat beyond it.
+	if seats > 0 && ex.class != admission.Critical && free <= ex.s.reserveFor(ex.model.Name).Seats(seats/2) {
+		// The fleet's free seats are down to those kept for critical requests (admission.SeatReserve): standard
+		// and sheddable ones wait for a seat beyond them. Backends whose batch size is not known are gated by
+		// their caps alone.
 		n := 0
 		for _, t := range ex.cands {
 			if c := ex.s.caps.Get(t.Backend.Name()); c != nil {
@@ -326,30 +331,6 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 		return t, errNoCapacity
 	}
 	return t, err
-}
-
-// reserved reports whether the engine seats free across the model's available backends are no more than the
-// seats kept for critical requests (admission.SeatReserve), so that a standard or sheddable request must not take
-// one. Only backends whose batch size the caps learned count; the others are gated by their caps alone.
-func (ex *exchange) reserved() bool {
-	free, seats := 0, 0
-	for _, t := range ex.model.Targets {
-		c := ex.s.caps.Get(t.Backend.Name())
-		if c == nil || !t.Backend.Healthy() {
-			continue
-		}
-		if o := ex.s.outliers.Get(t.Backend.Name()); o != nil && !o.Available() {
-			continue
-		}
-		if f, known := c.Free(); known {
-			free += f
-			seats += c.Seats()
-		}
-	}
-	if seats == 0 {
-		return false
-	}
-	return free <= ex.s.reserveFor(ex.model.Name).Seats(seats/2)
 }
 
 // take claims t's slots for attempt a: a breaker permit, a concurrency slot and, for a backend on probation,
