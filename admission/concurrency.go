@@ -103,7 +103,9 @@ type Cap struct {
 	steady   atomic.Bool  // past slow start: a decrease happened
 	seats    atomic.Int64 // the engine's batch size as last learned (0: unknown)
 	seatsAge atomic.Int64 // observations since the last evidence of seats (>= SeatsTTL: probing)
-	seatsLow atomic.Int64 // scrapes in a row with requests waiting and fewer running than seats
+	streak   atomic.Int64 // first tokens in a row whose scrape showed requests waiting with streakRun running
+	streakN  atomic.Int64 // that running count
+	streakAt atomic.Int64 // the streak's first scrape (Unix ns)
 	gauge    prometheus.Gauge
 }
 
@@ -160,14 +162,16 @@ const CriticalReserve = 0.15
 // take the probe's seat, so they do not wait inside an engine for it.
 const SeatsTTL = 256
 
-// seatsLowEvidence is how many scrapes showing requests waiting with fewer running than the estimate, with none
-// confirming it in between, drop the estimate to what runs: one such scrape may have caught a seat between two
-// steps, several mean the engine now runs fewer (a KV-cache limit under longer sequences).
-const seatsLowEvidence = 4
+// seatsEvidence is how many first tokens in a row, seeing at least two scrapes, must find requests waiting in the
+// engine with the same number running before that number is taken as the engine's batch size. A single scrape
+// proves nothing: one that falls between two steps finds a new request waiting for the next, whatever the free
+// seats (at 1,000 requests a second, or behind a long prompt's prefill step); a full batch keeps its queue
+// scrape after scrape.
+const seatsEvidence = 4
 
 // Seats returns the engine's batch size as last learned, or 0 when unknown. The batch size is the engine's
-// running count at a moment it also had requests waiting (vllm:num_requests_running while
-// vllm:num_requests_waiting > 0): it runs all it can and queues the rest.
+// running count while it also keeps requests waiting (vllm:num_requests_running while
+// vllm:num_requests_waiting > 0, over several scrapes: ObserveScrape): it runs all it can and queues the rest.
 func (c *Cap) Seats() int { return int(c.seats.Load()) }
 
 // LimitFor returns the slots a request of class c may fill.
@@ -243,7 +247,6 @@ func (c *Cap) ObserveEngine(ttft, predicted time.Duration, waiting, running int)
 		slow = float64(ttft) > p.HighRatio*float64(predicted) && excess > p.Slack
 		good = float64(ttft) < p.LowRatio*float64(predicted)
 	}
-	c.learnSeats(waiting, running)
 	since := c.since.Add(1)
 	// Requests waiting in the engine shrink the cap unless the first token came within the slack: an engine that
 	// steps every few milliseconds always has a few requests waiting for the next step, which is not a queue.
@@ -285,28 +288,39 @@ func (c *Cap) ceiling() float64 {
 	return c.p.Max
 }
 
-// learnSeats updates the engine's batch size from one scrape. Running while requests wait is the batch: at or
-// above the estimate it confirms or raises it; below it, seatsLowEvidence such scrapes lower it.
-// Running above the estimate without a queue (a probe that ran) raises it.
-func (c *Cap) learnSeats(waiting, running int) {
+// ObserveScrape feeds the engine metrics the gateway held when an attempt's first token arrived: waiting and
+// running as scraped (vllm:num_requests_waiting and vllm:num_requests_running; 0 when stale or unknown) and at,
+// when that scrape was taken. It learns the engine's batch size (Seats): seatsEvidence first tokens in a row,
+// seeing at least two scrapes, that find requests waiting with the same number running set it to that number,
+// whether above or below the estimate; a scrape without a queue that finds more running than the estimate (a
+// probe that ran) raises it. Call it with ObserveEngine; static caps ignore it. Lock-free: first tokens racing
+// may miscount a streak by one, which only delays the evidence.
+func (c *Cap) ObserveScrape(waiting, running int, at time.Time) {
+	if !c.Adaptive() {
+		return
+	}
 	c.seatsAge.Add(1)
 	if running <= 0 {
 		return
 	}
-	cur := c.seats.Load()
-	switch {
-	case waiting > 0 && int64(running) >= cur:
-		c.seats.Store(int64(running))
-		c.seatsAge.Store(0)
-		c.seatsLow.Store(0)
-	case waiting > 0:
-		if c.seatsLow.Add(1) >= seatsLowEvidence {
-			c.seats.Store(int64(running))
-			c.seatsAge.Store(0)
-			c.seatsLow.Store(0)
+	r := int64(running)
+	if waiting <= 0 {
+		c.streak.Store(0)
+		if cur := c.seats.Load(); cur > 0 && r > cur {
+			c.seats.Store(r)
 		}
-	case cur > 0 && int64(running) > cur:
-		c.seats.Store(int64(running))
+		return
+	}
+	ns := at.UnixNano()
+	if c.streak.Load() == 0 || c.streakN.Load() != r {
+		c.streakN.Store(r)
+		c.streakAt.Store(ns)
+		c.streak.Store(1)
+		return
+	}
+	if c.streak.Add(1) >= seatsEvidence && c.streakAt.Load() != ns {
+		c.seats.Store(r)
+		c.seatsAge.Store(0)
 	}
 }
 

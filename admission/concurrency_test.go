@@ -268,10 +268,11 @@ func TestCapIgnoresJitterOfFastBackends(t *testing.T) {
 	}
 }
 
-// TestCapLearnsEngineSeats: an engine that queues shows its batch size (running while requests wait); requests
-// then fill at most that many seats instead of waiting inside the engine up to the cap's limit. Without new
-// evidence for SeatsTTL observations the estimate is tested with a probe; a larger running count raises it, and
-// a few scrapes of a smaller one with requests waiting lower it.
+// TestCapLearnsEngineSeats: an engine that keeps requests waiting shows its batch size (the running count, the
+// same over several first tokens and scrapes); requests then fill at most that many seats instead of waiting
+// inside the engine up to the cap's limit. A single scrape that finds a request waiting proves nothing. Without
+// new evidence for SeatsTTL first tokens the estimate is tested with a probe; persistent evidence of a different
+// batch replaces it.
 func TestCapLearnsEngineSeats(t *testing.T) {
 	cs := NewCaps(CapParams{Initial: 32}, nil)
 	cs.Update([]CapConfig{{Name: "a"}, {Name: "s", MaxConcurrency: 20}})
@@ -279,10 +280,26 @@ func TestCapLearnsEngineSeats(t *testing.T) {
 	if c.Seats() != 0 || c.LimitFor(Critical) != 32 {
 		t.Fatalf("before any scrape: seats %d, critical may fill %d; want 0 and the limit 32", c.Seats(), c.LimitFor(Critical))
 	}
+	t0 := time.Unix(1_700_000_000, 0)
+	scrape := func(i int) time.Time { return t0.Add(time.Duration(i) * 150 * time.Millisecond) }
+	// first tokens that each see scrape i with the engine's waiting and running counts
+	see := func(n, i, waiting, running int) {
+		for range n {
+			c.ObserveScrape(waiting, running, scrape(i))
+		}
+	}
 	fill(t, c, 20)
-	c.ObserveEngine(time.Second, 100*time.Millisecond, 4, 16) // 16 running, 4 waiting: the batch is 16
-	if c.Seats() != 16 || c.Limit() != 18 {
-		t.Fatalf("seats %d, limit %d after 16 running and 4 waiting; want 16 and 16+2", c.Seats(), c.Limit())
+	// One scrape caught a request between two steps, however many first tokens see it: not a full batch.
+	see(6, 1, 1, 5)
+	see(1, 2, 0, 6)
+	if c.Seats() != 0 {
+		t.Fatalf("seats %d from one scrape of 5 running and 1 waiting; want unknown", c.Seats())
+	}
+	// A queue that lasts: 16 running and 4 waiting, scrape after scrape.
+	see(2, 3, 4, 16)
+	see(2, 4, 4, 16)
+	if c.Seats() != 16 {
+		t.Fatalf("seats %d after four first tokens over two scrapes of 16 running and 4 waiting, want 16", c.Seats())
 	}
 	if got := c.LimitFor(Critical); got != 16 {
 		t.Errorf("critical may fill %d, want the 16 seats", got)
@@ -297,25 +314,27 @@ func TestCapLearnsEngineSeats(t *testing.T) {
 		t.Error("a request was let in beyond the engine's seats (20 in flight)")
 	}
 	// A scrape between two steps may catch a seat empty while requests wait: not a smaller batch.
-	c.ObserveEngine(time.Second, 100*time.Millisecond, 2, 15)
+	see(3, 5, 2, 15)
 	if c.Seats() != 16 {
 		t.Errorf("seats %d after one scrape of 15 running, want 16 kept", c.Seats())
 	}
 	// Good first tokens do not grow the limit past seats + TargetWaiting while the seats are known.
+	c.ObserveEngine(time.Second, 100*time.Millisecond, 4, 16) // queued: the limit drops to 16 + 2
 	for range 100 {
 		c.ObserveEngine(50*time.Millisecond, 100*time.Millisecond, 0, 16)
 	}
 	if got := c.Limit(); got > 18 {
 		t.Errorf("limit grew to %d with the engine's 16 seats known; want at most 18", got)
 	}
-	// The engine runs more than thought (a restart with a larger batch): the estimate follows.
-	c.ObserveEngine(50*time.Millisecond, 100*time.Millisecond, 0, 24)
+	// The engine runs more than thought without a queue (a restart with a larger batch): the estimate follows.
+	see(1, 6, 0, 24)
 	if c.Seats() != 24 {
 		t.Errorf("seats %d after a scrape of 24 running, want 24", c.Seats())
 	}
 	// Without new evidence the estimate is tested: standard requests may fill one seat more (a probe), critical
 	// ones still only the seats.
-	for range SeatsTTL {
+	for i := range SeatsTTL {
+		see(1, 7+i, 0, 10)
 		c.ObserveEngine(50*time.Millisecond, 100*time.Millisecond, 0, 10)
 	}
 	lim := c.Limit()
@@ -323,28 +342,28 @@ func TestCapLearnsEngineSeats(t *testing.T) {
 		t.Fatalf("limit %d after %d good first tokens with 24 seats known; want it near 24+2", lim, SeatsTTL)
 	}
 	if c.Seats() != 24 || c.LimitFor(Critical) != 24 || c.LimitFor(Standard) != 25 {
-		t.Errorf("after %d observations without a queue: seats %d, critical may fill %d, standard %d; want 24, 24, 25",
+		t.Errorf("after %d first tokens without a queue: seats %d, critical may fill %d, standard %d; want 24, 24, 25",
 			SeatsTTL, c.Seats(), c.LimitFor(Critical), c.LimitFor(Standard))
 	}
-	// The engine queues the probe: the estimate is confirmed and the probe's seat closes.
-	c.ObserveEngine(50*time.Millisecond, 100*time.Millisecond, 1, 24)
+	// The engine keeps the probe waiting: the estimate is confirmed and the probe's seat closes.
+	next := 7 + SeatsTTL
+	see(2, next, 1, 24)
+	see(2, next+1, 1, 24)
 	if c.LimitFor(Standard) != 24 {
 		t.Errorf("standard may fill %d after the probe queued, want 24", c.LimitFor(Standard))
 	}
-	// Fewer run while requests wait (longer sequences under a KV-cache limit): a few scrapes lower the estimate,
-	// one does not.
-	for i := range seatsLowEvidence {
-		if c.Seats() != 24 {
-			t.Fatalf("seats %d after %d scrapes of 12 running and 3 waiting, want 24 still", c.Seats(), i)
-		}
-		c.ObserveEngine(time.Second, 100*time.Millisecond, 3, 12)
-	}
+	// Fewer run while requests wait, scrape after scrape (longer sequences under a KV-cache limit): the
+	// estimate drops.
+	see(2, next+2, 3, 12)
+	see(2, next+3, 3, 12)
 	if c.Seats() != 12 {
-		t.Errorf("seats %d after %d scrapes of 12 running and 3 waiting, want 12", c.Seats(), seatsLowEvidence)
+		t.Errorf("seats %d after two scrapes of 12 running and 3 waiting, want 12", c.Seats())
 	}
 	// A static cap is the operator's word: it does not learn seats.
 	s := cs.Get("s")
-	s.ObserveEngine(time.Second, 100*time.Millisecond, 4, 8)
+	for i := range 4 {
+		s.ObserveScrape(4, 8, scrape(i))
+	}
 	if s.Seats() != 0 || s.LimitFor(Critical) != 20 {
 		t.Errorf("static cap: seats %d, critical may fill %d; want 0 and 20", s.Seats(), s.LimitFor(Critical))
 	}

@@ -740,11 +740,13 @@ func (ex *exchange) won(a *attempt) {
 		ttft := time.Since(a.started)
 		pred := a.acct.PredictedTTFT()
 		waiting, running := 0, 0
+		var scraped time.Time
 		if es := a.target.Backend.Engine(); es != nil && !es.Stale {
-			waiting, running = int(es.Waiting), int(es.Running)
+			waiting, running, scraped = int(es.Waiting), int(es.Running), es.At
 		}
 		if a.cap != nil {
 			a.cap.ObserveEngine(ttft, a.predP90, waiting, running)
+			a.cap.ObserveScrape(waiting, running, scraped)
 		}
 		if a.out != nil {
 			switch {
