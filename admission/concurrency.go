@@ -103,9 +103,7 @@ type Cap struct {
 	steady   atomic.Bool  // past slow start: a decrease happened
 	seats    atomic.Int64 // the engine's batch size as last learned (0: unknown)
 	seatsAge atomic.Int64 // observations since the last evidence of seats (>= SeatsTTL: probing)
-	streak   atomic.Int64 // first tokens in a row whose scrape showed requests waiting with streakRun running
-	streakN  atomic.Int64 // that running count
-	streakAt atomic.Int64 // the streak's first scrape (Unix ns)
+	seatsLow atomic.Int64 // evidence of fewer seats than the estimate since the last that confirmed it
 	gauge    prometheus.Gauge
 }
 
@@ -157,21 +155,19 @@ const CriticalReserve = 0.15
 // SeatsTTL is how many first-token observations a learned engine batch size (Seats) stays confirmed without new
 // evidence. Requests filling exactly the batch never make the engine queue, so the estimate must be tested now
 // and then: once it lapses, standard and sheddable requests may fill one seat more (a probe). If the engine
-// queues the probe, the batch is confirmed; if it runs it, the batch grew (a restart with a larger
-// --max-num-seqs, shorter sequences under a KV-cache limit) and the estimate follows. Critical requests never
-// take the probe's seat, so they do not wait inside an engine for it.
-const SeatsTTL = 256
+// keeps the probe waiting, the batch is confirmed; if it runs it, the batch grew (a restart with a larger
+// --max-num-seqs, shorter sequences under a KV-cache or token-budget limit, an estimate taken while a long
+// prefill held the engine) and the estimate follows, a seat per scrape while the demand lasts. Critical requests
+// never take the probe's seat, so they do not wait inside an engine for it.
+const SeatsTTL = 32
 
-// seatsEvidence is how many first tokens in a row, seeing at least two scrapes, must find requests waiting in the
-// engine with the same number running before that number is taken as the engine's batch size. A single scrape
-// proves nothing: one that falls between two steps finds a new request waiting for the next, whatever the free
-// seats (at 1,000 requests a second, or behind a long prompt's prefill step); a full batch keeps its queue
-// scrape after scrape.
-const seatsEvidence = 4
+// seatsLowEvidence is how many first tokens must bring evidence of a smaller batch than the estimate, with none
+// confirming it in between, to lower it: one scrape may catch a seat freed between two steps.
+const seatsLowEvidence = 4
 
 // Seats returns the engine's batch size as last learned, or 0 when unknown. The batch size is the engine's
 // running count while it also keeps requests waiting (vllm:num_requests_running while
-// vllm:num_requests_waiting > 0, over several scrapes: ObserveScrape): it runs all it can and queues the rest.
+// vllm:num_requests_waiting > 0, judged by ObserveScrape): it runs all it can and queues the rest.
 func (c *Cap) Seats() int { return int(c.seats.Load()) }
 
 // LimitFor returns the slots a request of class c may fill.
@@ -288,39 +284,40 @@ func (c *Cap) ceiling() float64 {
 	return c.p.Max
 }
 
-// ObserveScrape feeds the engine metrics the gateway held when an attempt's first token arrived: waiting and
-// running as scraped (vllm:num_requests_waiting and vllm:num_requests_running; 0 when stale or unknown) and at,
-// when that scrape was taken. It learns the engine's batch size (Seats): seatsEvidence first tokens in a row,
-// seeing at least two scrapes, that find requests waiting with the same number running set it to that number,
-// whether above or below the estimate; a scrape without a queue that finds more running than the estimate (a
-// probe that ran) raises it. Call it with ObserveEngine; static caps ignore it. Lock-free: first tokens racing
-// may miscount a streak by one, which only delays the evidence.
-func (c *Cap) ObserveScrape(waiting, running int, at time.Time) {
+// ObserveScrape feeds an attempt's first token with the engine metrics the gateway held then, to learn the
+// engine's batch size (Seats): ttft and predicted as for ObserveEngine, waiting and running as scraped
+// (vllm:num_requests_waiting and vllm:num_requests_running; 0 when stale or unknown). Call it with ObserveEngine;
+// static caps ignore it.
+//
+// Evidence of a full batch is a scrape showing requests waiting, seen by a first token later than its prediction
+// by more than Slack (something queued it: a wait for the next step is shorter, and a fast engine's next-step
+// arrivals come with prompt first tokens), with at least the cap's limit less TargetWaiting + 1 running (an
+// engine running far fewer than the gateway may send it is held by something else for a moment, a long prompt's
+// prefill step, not by its batch). Such a scrape confirms or raises the estimate to its running count;
+// seatsLowEvidence of them below it lower it. While the estimate is tested (SeatsTTL), the probe waiting with the estimate running confirms it, and a
+// scrape without a queue that finds more running (the probe ran) raises it. Lock-free.
+func (c *Cap) ObserveScrape(ttft, predicted time.Duration, waiting, running int) {
 	if !c.Adaptive() {
 		return
 	}
-	c.seatsAge.Add(1)
+	age := c.seatsAge.Add(1)
 	if running <= 0 {
 		return
 	}
-	r := int64(running)
-	if waiting <= 0 {
-		c.streak.Store(0)
-		if cur := c.seats.Load(); cur > 0 && r > cur {
-			c.seats.Store(r)
+	r, cur := int64(running), c.seats.Load()
+	late := predicted > 0 && ttft > predicted+c.p.Slack
+	switch {
+	case waiting > 0 && late && float64(r) >= c.limit.load()-float64(c.p.TargetWaiting+1):
+		if r < cur && c.seatsLow.Add(1) < seatsLowEvidence {
+			return
 		}
-		return
-	}
-	ns := at.UnixNano()
-	if c.streak.Load() == 0 || c.streakN.Load() != r {
-		c.streakN.Store(r)
-		c.streakAt.Store(ns)
-		c.streak.Store(1)
-		return
-	}
-	if c.streak.Add(1) >= seatsEvidence && c.streakAt.Load() != ns {
 		c.seats.Store(r)
 		c.seatsAge.Store(0)
+		c.seatsLow.Store(0)
+	case cur > 0 && age > SeatsTTL && waiting > 0 && r == cur:
+		c.seatsAge.Store(0) // the probe waits: confirmed
+	case cur > 0 && waiting == 0 && r > cur:
+		c.seats.Store(r) // the probe ran
 	}
 }
 

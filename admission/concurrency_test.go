@@ -268,38 +268,33 @@ func TestCapIgnoresJitterOfFastBackends(t *testing.T) {
 	}
 }
 
-// TestCapLearnsEngineSeats: an engine that keeps requests waiting shows its batch size (the running count, the
-// same over several first tokens and scrapes); requests then fill at most that many seats instead of waiting
-// inside the engine up to the cap's limit. A single scrape that finds a request waiting proves nothing. Without
-// new evidence for SeatsTTL first tokens the estimate is tested with a probe; persistent evidence of a different
-// batch replaces it.
+// TestCapLearnsEngineSeats: an engine that keeps requests waiting shows its batch size (its running count, in a
+// scrape seen by a late first token, near the cap's limit); requests then fill at most that many seats instead of
+// waiting inside the engine up to the limit. An engine running far fewer than the limit with a request waiting is
+// held by something else, and a fast engine's next-step arrivals are no queue. Without new evidence for SeatsTTL
+// first tokens the estimate is tested with a probe, and evidence of a different batch replaces it.
 func TestCapLearnsEngineSeats(t *testing.T) {
 	cs := NewCaps(CapParams{Initial: 32}, nil)
-	cs.Update([]CapConfig{{Name: "a"}, {Name: "s", MaxConcurrency: 20}})
+	cs.Update([]CapConfig{{Name: "a"}, {Name: "s", MaxConcurrency: 20}, {Name: "fast"}})
 	c := cs.Get("a")
 	if c.Seats() != 0 || c.LimitFor(Critical) != 32 {
 		t.Fatalf("before any scrape: seats %d, critical may fill %d; want 0 and the limit 32", c.Seats(), c.LimitFor(Critical))
 	}
-	t0 := time.Unix(1_700_000_000, 0)
-	scrape := func(i int) time.Time { return t0.Add(time.Duration(i) * 150 * time.Millisecond) }
-	// first tokens that each see scrape i with the engine's waiting and running counts
-	see := func(n, i, waiting, running int) {
-		for range n {
-			c.ObserveScrape(waiting, running, scrape(i))
-		}
-	}
+	const pred = 100 * time.Millisecond
+	late := time.Second
 	fill(t, c, 20)
-	// One scrape caught a request between two steps, however many first tokens see it: not a full batch.
-	see(6, 1, 1, 5)
-	see(1, 2, 0, 6)
-	if c.Seats() != 0 {
-		t.Fatalf("seats %d from one scrape of 5 running and 1 waiting; want unknown", c.Seats())
+	// A request waits while 5 run, against a limit of 32: a long prefill step, say, not a full batch.
+	for range 6 {
+		c.ObserveScrape(late, pred, 1, 5)
 	}
-	// A queue that lasts: 16 running and 4 waiting, scrape after scrape.
-	see(2, 3, 4, 16)
-	see(2, 4, 4, 16)
-	if c.Seats() != 16 {
-		t.Fatalf("seats %d after four first tokens over two scrapes of 16 running and 4 waiting, want 16", c.Seats())
+	if c.Seats() != 0 {
+		t.Fatalf("seats %d from 5 running and 1 waiting under a limit of 32; want unknown", c.Seats())
+	}
+	// A queue: 16 running and 4 waiting. The cap drops to 16 + 2 at once, and the batch is 16.
+	c.ObserveEngine(late, pred, 4, 16)
+	c.ObserveScrape(late, pred, 4, 16)
+	if c.Seats() != 16 || c.Limit() != 18 {
+		t.Fatalf("seats %d, limit %d after 16 running and 4 waiting; want 16 and 18", c.Seats(), c.Limit())
 	}
 	if got := c.LimitFor(Critical); got != 16 {
 		t.Errorf("critical may fill %d, want the 16 seats", got)
@@ -314,56 +309,65 @@ func TestCapLearnsEngineSeats(t *testing.T) {
 		t.Error("a request was let in beyond the engine's seats (20 in flight)")
 	}
 	// A scrape between two steps may catch a seat empty while requests wait: not a smaller batch.
-	see(3, 5, 2, 15)
+	for range seatsLowEvidence - 1 {
+		c.ObserveScrape(late, pred, 2, 15)
+	}
 	if c.Seats() != 16 {
-		t.Errorf("seats %d after one scrape of 15 running, want 16 kept", c.Seats())
+		t.Errorf("seats %d after %d scrapes of 15 running, want 16 kept", c.Seats(), seatsLowEvidence-1)
 	}
 	// Good first tokens do not grow the limit past seats + TargetWaiting while the seats are known.
-	c.ObserveEngine(time.Second, 100*time.Millisecond, 4, 16) // queued: the limit drops to 16 + 2
 	for range 100 {
-		c.ObserveEngine(50*time.Millisecond, 100*time.Millisecond, 0, 16)
+		c.ObserveEngine(pred/2, pred, 0, 16)
 	}
 	if got := c.Limit(); got > 18 {
 		t.Errorf("limit grew to %d with the engine's 16 seats known; want at most 18", got)
 	}
 	// The engine runs more than thought without a queue (a restart with a larger batch): the estimate follows.
-	see(1, 6, 0, 24)
+	c.ObserveScrape(pred, pred, 0, 24)
 	if c.Seats() != 24 {
 		t.Errorf("seats %d after a scrape of 24 running, want 24", c.Seats())
 	}
+	for range 300 {
+		c.ObserveEngine(pred/2, pred, 0, 24)
+	}
 	// Without new evidence the estimate is tested: standard requests may fill one seat more (a probe), critical
 	// ones still only the seats.
-	for i := range SeatsTTL {
-		see(1, 7+i, 0, 10)
-		c.ObserveEngine(50*time.Millisecond, 100*time.Millisecond, 0, 10)
+	for range SeatsTTL {
+		c.ObserveScrape(pred, pred, 0, 10)
 	}
-	lim := c.Limit()
-	if lim < 25 {
-		t.Fatalf("limit %d after %d good first tokens with 24 seats known; want it near 24+2", lim, SeatsTTL)
+	if lim := c.Limit(); lim < 25 {
+		t.Fatalf("limit %d after 300 good first tokens with 24 seats known; want it near 24+2", lim)
 	}
 	if c.Seats() != 24 || c.LimitFor(Critical) != 24 || c.LimitFor(Standard) != 25 {
 		t.Errorf("after %d first tokens without a queue: seats %d, critical may fill %d, standard %d; want 24, 24, 25",
 			SeatsTTL, c.Seats(), c.LimitFor(Critical), c.LimitFor(Standard))
 	}
 	// The engine keeps the probe waiting: the estimate is confirmed and the probe's seat closes.
-	next := 7 + SeatsTTL
-	see(2, next, 1, 24)
-	see(2, next+1, 1, 24)
+	c.ObserveScrape(pred, pred, 1, 24)
 	if c.LimitFor(Standard) != 24 {
 		t.Errorf("standard may fill %d after the probe queued, want 24", c.LimitFor(Standard))
 	}
-	// Fewer run while requests wait, scrape after scrape (longer sequences under a KV-cache limit): the
-	// estimate drops.
-	see(2, next+2, 3, 12)
-	see(2, next+3, 3, 12)
+	// Fewer run while requests wait (longer sequences under a KV-cache limit): the cap drops to what runs + 2,
+	// and a few such first tokens lower the estimate.
+	c.ObserveEngine(late, pred, 3, 12)
+	for range seatsLowEvidence {
+		c.ObserveScrape(late, pred, 3, 12)
+	}
 	if c.Seats() != 12 {
-		t.Errorf("seats %d after two scrapes of 12 running and 3 waiting, want 12", c.Seats())
+		t.Errorf("seats %d after %d first tokens seeing 12 running and 3 waiting, want 12", c.Seats(), seatsLowEvidence)
+	}
+	// A fast engine always has a few requests waiting for its next step, and answers them at once: no batch.
+	f := cs.Get("fast")
+	for range 50 {
+		f.ObserveEngine(3*time.Millisecond, 2*time.Millisecond, 3, 5)
+		f.ObserveScrape(3*time.Millisecond, 2*time.Millisecond, 3, 5)
+	}
+	if f.Seats() != 0 {
+		t.Errorf("seats %d learned from a fast engine's next-step arrivals; want unknown", f.Seats())
 	}
 	// A static cap is the operator's word: it does not learn seats.
 	s := cs.Get("s")
-	for i := range 4 {
-		s.ObserveScrape(4, 8, scrape(i))
-	}
+	s.ObserveScrape(late, pred, 4, 20)
 	if s.Seats() != 0 || s.LimitFor(Critical) != 20 {
 		t.Errorf("static cap: seats %d, critical may fill %d; want 0 and 20", s.Seats(), s.LimitFor(Critical))
 	}

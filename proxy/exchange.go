@@ -740,13 +740,12 @@ func (ex *exchange) won(a *attempt) {
 		ttft := time.Since(a.started)
 		pred := a.acct.PredictedTTFT()
 		waiting, running := 0, 0
-		var scraped time.Time
 		if es := a.target.Backend.Engine(); es != nil && !es.Stale {
-			waiting, running, scraped = int(es.Waiting), int(es.Running), es.At
+			waiting, running = int(es.Waiting), int(es.Running)
 		}
 		if a.cap != nil {
 			a.cap.ObserveEngine(ttft, a.predP90, waiting, running)
-			a.cap.ObserveScrape(waiting, running, scraped)
+			a.cap.ObserveScrape(ttft, a.predP90, waiting, running)
 		}
 		if a.out != nil {
 			switch {
