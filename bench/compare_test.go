@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
@@ -289,5 +290,25 @@ func TestOverheadEndToEnd(t *testing.T) {
 	PrintOverhead(&b, runs, rows)
 	if !strings.Contains(b.String(), "gateway") || !strings.Contains(b.String(), "CPU s/1k req") {
 		t.Errorf("table:\n%s", b.String())
+	}
+}
+
+// TestReferenceProxyRelativeWorkDir: nginx starts when the work directory is relative (bench overhead -out
+// bench/out/...), which it resolves against its prefix: the paths given to it must be absolute.
+func TestReferenceProxyRelativeWorkDir(t *testing.T) {
+	if _, err := exec.LookPath("nginx"); err != nil {
+		t.Skip("nginx is not installed; bench overhead skips it too")
+	}
+	t.Chdir(t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	e := &Env{WorkDir: filepath.Join("out", "work"), Ready: 10 * time.Second}
+	p, url, err := startReferenceProxy(ctx, e, "nginx", FleetBackend{URL: "http://127.0.0.1:9"}, "02-nginx")
+	if err != nil {
+		t.Fatalf("nginx under a relative work directory: %v", err)
+	}
+	p.Stop()
+	if !strings.HasPrefix(url, "http://127.0.0.1:") {
+		t.Errorf("url %q", url)
 	}
 }

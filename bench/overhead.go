@@ -160,7 +160,11 @@ func startReferenceProxy(ctx context.Context, e *Env, kind string, b FleetBacken
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	upstream := b.URL[len("http://"):]
-	dir := filepath.Join(e.WorkDir, tag)
+	// Absolute: nginx resolves -e and -c against its -p prefix, so a relative -out doubled the path.
+	dir, err := filepath.Abs(filepath.Join(e.WorkDir, tag))
+	if err != nil {
+		return nil, "", fmt.Errorf("bench: %s: %w", kind, err)
+	}
 	if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o755); err != nil {
 		return nil, "", fmt.Errorf("bench: %s: %w", kind, err)
 	}
