@@ -154,11 +154,11 @@ const CriticalReserve = 0.15
 
 // SeatsTTL is how many first-token observations a learned engine batch size (Seats) stays confirmed without new
 // evidence. Requests filling exactly the batch never make the engine queue, so the estimate must be tested now
-// and then: once it lapses, standard and sheddable requests may fill one seat more (a probe). If the engine
-// keeps the probe waiting, the batch is confirmed; if it runs it, the batch grew (a restart with a larger
-// --max-num-seqs, shorter sequences under a KV-cache or token-budget limit, an estimate taken while a long
-// prefill held the engine) and the estimate follows, a seat per scrape while the demand lasts. Critical requests
-// never take the probe's seat, so they do not wait inside an engine for it.
+// and then: once it lapses, standard and sheddable requests may fill probeSeats more (a probe). If the engine
+// keeps the probe waiting, the batch is confirmed; if it runs it, the batch is larger (a restart with a larger
+// --max-num-seqs, shorter sequences under a KV-cache limit, or an estimate taken while a long prompt's prefill
+// held the engine) and the estimate follows, by an eighth per scrape while the demand lasts. Critical requests
+// never take the probe's seats, so they do not wait inside an engine for it.
 const SeatsTTL = 32
 
 // seatsLowEvidence is how many first tokens must bring evidence of a smaller batch than the estimate, with none
@@ -185,7 +185,7 @@ func (c *Cap) LimitFor(class Class) int {
 	limit := c.Limit()
 	if s := c.Seats(); s > 0 && c.static.Load() <= 0 {
 		if class != Critical && c.seatsAge.Load() >= SeatsTTL {
-			s++ // the probe
+			s += probeSeats(s)
 		}
 		return min(limit, s)
 	}
@@ -279,23 +279,28 @@ func (c *Cap) ObserveEngine(ttft, predicted time.Duration, waiting, running int)
 // ceiling it would creep up on every good first token.
 func (c *Cap) ceiling() float64 {
 	if s := c.Seats(); s > 0 {
-		return min(float64(s+c.p.TargetWaiting), c.p.Max)
+		return min(float64(s+max(c.p.TargetWaiting, probeSeats(s))), c.p.Max)
 	}
 	return c.p.Max
 }
+
+// probeSeats is how many seats beyond an estimate of s the probe offers: an eighth, at least one, so that an
+// estimate taken far too low (while a long prompt's prefill held the engine, say) climbs back in a few scrapes.
+func probeSeats(s int) int { return max(1, s/8) }
 
 // ObserveScrape feeds an attempt's first token with the engine metrics the gateway held then, to learn the
 // engine's batch size (Seats): ttft and predicted as for ObserveEngine, waiting and running as scraped
 // (vllm:num_requests_waiting and vllm:num_requests_running; 0 when stale or unknown). Call it with ObserveEngine;
 // static caps ignore it.
 //
-// Evidence of a full batch is a scrape showing requests waiting, seen by a first token later than its prediction
-// by more than Slack (something queued it: a wait for the next step is shorter, and a fast engine's next-step
-// arrivals come with prompt first tokens), with at least the cap's limit less TargetWaiting + 1 running (an
-// engine running far fewer than the gateway may send it is held by something else for a moment, a long prompt's
-// prefill step, not by its batch). Such a scrape confirms or raises the estimate to its running count;
-// seatsLowEvidence of them below it lower it. While the estimate is tested (SeatsTTL), the probe waiting with the estimate running confirms it, and a
-// scrape without a queue that finds more running (the probe ran) raises it. Lock-free.
+// Evidence of a full batch is a scrape showing more than TargetWaiting requests waiting (the cap's own queue
+// signal), seen by a first token later than its prediction by more than Slack (something queued it: a wait for
+// the next step is shorter, and a fast engine's next-step arrivals come with prompt first tokens), with at least
+// the cap's limit less TargetWaiting + 1 running (an engine running far fewer than the gateway may send it is held
+// by something else for a moment, a long prompt's prefill step, not by its batch). Such a scrape confirms or
+// raises the estimate to its running count; seatsLowEvidence of them below it lower it. While the estimate is
+// tested (SeatsTTL), the probe waiting with the estimate running confirms it, and a scrape without a queue that
+// finds more running (the probe ran) raises it. Lock-free.
 func (c *Cap) ObserveScrape(ttft, predicted time.Duration, waiting, running int) {
 	if !c.Adaptive() {
 		return
@@ -307,7 +312,7 @@ func (c *Cap) ObserveScrape(ttft, predicted time.Duration, waiting, running int)
 	r, cur := int64(running), c.seats.Load()
 	late := predicted > 0 && ttft > predicted+c.p.Slack
 	switch {
-	case waiting > 0 && late && float64(r) >= c.limit.load()-float64(c.p.TargetWaiting+1):
+	case waiting > c.p.TargetWaiting && late && float64(r) >= c.limit.load()-float64(c.p.TargetWaiting+1):
 		if r < cur && c.seatsLow.Add(1) < seatsLowEvidence {
 			return
 		}

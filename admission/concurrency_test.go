@@ -335,14 +335,39 @@ func TestCapLearnsEngineSeats(t *testing.T) {
 	for range SeatsTTL {
 		c.ObserveScrape(pred, pred, 0, 10)
 	}
-	if lim := c.Limit(); lim < 25 {
-		t.Fatalf("limit %d after 300 good first tokens with 24 seats known; want it near 24+2", lim)
+	if lim := c.Limit(); lim < 27 {
+		t.Fatalf("limit %d after 300 good first tokens with 24 seats known; want it near 24+3", lim)
 	}
-	if c.Seats() != 24 || c.LimitFor(Critical) != 24 || c.LimitFor(Standard) != 25 {
-		t.Errorf("after %d first tokens without a queue: seats %d, critical may fill %d, standard %d; want 24, 24, 25",
+	if c.Seats() != 24 || c.LimitFor(Critical) != 24 || c.LimitFor(Standard) != 27 {
+		t.Errorf("after %d first tokens without a queue: seats %d, critical may fill %d, standard %d; want 24, 24, 27 (an eighth more)",
 			SeatsTTL, c.Seats(), c.LimitFor(Critical), c.LimitFor(Standard))
 	}
-	// The engine keeps the probe waiting: the estimate is confirmed and the probe's seat closes.
+	// A probe that runs (a scrape without a queue finds 27 running) raises the estimate.
+	c.ObserveScrape(pred, pred, 0, 27)
+	if c.Seats() != 27 {
+		t.Errorf("seats %d after the probe ran 27, want 27", c.Seats())
+	}
+	c.ObserveScrape(pred, pred, 0, 24) // the engine catches up; the estimate does not fall for it
+	if c.Seats() != 27 {
+		t.Errorf("seats %d after a scrape of 24 running without a queue, want 27", c.Seats())
+	}
+	c.ObserveEngine(late, pred, 4, 24) // back to 24 seats for the rest of the test: the cap drops to 26
+	for range seatsLowEvidence {
+		c.ObserveScrape(late, pred, 4, 24)
+	}
+	if c.Seats() != 24 {
+		t.Fatalf("seats %d after %d first tokens seeing 24 running and 4 waiting, want 24", c.Seats(), seatsLowEvidence)
+	}
+	// The engine keeps the probe waiting: the estimate is confirmed and the probe's seats close.
+	for range 300 {
+		c.ObserveEngine(pred/2, pred, 0, 24)
+	}
+	for range SeatsTTL {
+		c.ObserveScrape(pred, pred, 0, 10)
+	}
+	if c.LimitFor(Standard) != 24+probeSeats(24) {
+		t.Fatalf("standard may fill %d when probing 24 seats, want %d", c.LimitFor(Standard), 24+probeSeats(24))
+	}
 	c.ObserveScrape(pred, pred, 1, 24)
 	if c.LimitFor(Standard) != 24 {
 		t.Errorf("standard may fill %d after the probe queued, want 24", c.LimitFor(Standard))
