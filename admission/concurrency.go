@@ -114,7 +114,7 @@ func (c *Cap) Name() string { return c.name }
 // seats when known), and reports whether it did. Call it for every attempt (first try, retry, hedge) on the
 // backend the attempt goes to, after the pick and before sending; on false, pick another backend or queue.
 // Every true must be matched by exactly one Release. TryAcquireFor applies a class's limit.
-func (c *Cap) TryAcquire() bool { return c.tryAcquire(int64(c.LimitFor(Critical))) }
+func (c *Cap) TryAcquire() bool { return c.tryAcquire(int64(c.LimitFor(Critical, true))) }
 
 // tryAcquire takes a slot if fewer than limit requests are in flight. Lock-free.
 func (c *Cap) tryAcquire(limit int64) bool {
@@ -145,7 +145,7 @@ func (c *Cap) Limit() int {
 func (c *Cap) Inflight() int { return int(c.inflight.Load()) }
 
 // Full reports whether TryAcquire would fail now: no request of any class fits.
-func (c *Cap) Full() bool { return c.inflight.Load() >= int64(c.LimitFor(Critical)) }
+func (c *Cap) Full() bool { return c.inflight.Load() >= int64(c.LimitFor(Critical, true)) }
 
 // CriticalReserve is the share of every cap held back for critical requests while the engine's batch size is not
 // known (see Seats): standard and sheddable requests may fill a backend only up to its limit less this reserve
@@ -154,11 +154,11 @@ const CriticalReserve = 0.15
 
 // SeatsTTL is how many first-token observations a learned engine batch size (Seats) stays confirmed without new
 // evidence. Requests filling exactly the batch never make the engine queue, so the estimate must be tested now
-// and then: once it lapses, standard and sheddable requests may fill probeSeats more (a probe). If the engine
-// keeps the probe waiting, the batch is confirmed; if it runs it, the batch is larger (a restart with a larger
-// --max-num-seqs, shorter sequences under a KV-cache limit, or an estimate taken while a long prompt's prefill
-// held the engine) and the estimate follows, by an eighth per scrape while the demand lasts. Critical requests
-// never take the probe's seats, so they do not wait inside an engine for it.
+// and then: once it lapses, standard and sheddable requests may fill one seat more (a probe). If the engine
+// keeps the probe waiting, the batch is confirmed; if it runs it, the batch grew (a restart with a larger
+// --max-num-seqs, shorter sequences under a KV-cache or token-budget limit, an estimate taken while a long
+// prefill held the engine) and the estimate follows, a seat per scrape while the demand lasts. Critical requests
+// never take the probe's seat, so they do not wait inside an engine for it.
 const SeatsTTL = 32
 
 // seatsLowEvidence is how many first tokens must bring evidence of a smaller batch than the estimate, with none
@@ -170,22 +170,26 @@ const seatsLowEvidence = 4
 // vllm:num_requests_waiting > 0, judged by ObserveScrape): it runs all it can and queues the rest.
 func (c *Cap) Seats() int { return int(c.seats.Load()) }
 
-// LimitFor returns the slots a request of class c may fill.
+// LimitFor returns the slots a request of class c may fill. guard says whether the request's model has critical
+// demand to keep engine seats for (SeatReserve.Seats > 0); critical requests are always guarded.
 //
-// With the engine's batch size known (Seats), no request is sent to wait inside the engine: every class may
-// fill the batch, and the seats kept free for critical requests are the fleet's business (SeatReserve); while
-// the estimate is being tested (SeatsTTL), standard and sheddable requests may fill one seat more. The cap's
-// limit alone (up to Seats + TargetWaiting, which keeps an engine busy between completions) let a critical
+// Guarded, with the engine's batch size known (Seats), no request is sent to wait inside the engine: every class
+// may fill the batch, and the seats kept free for critical requests are the fleet's business (SeatReserve);
+// while the estimate is being tested (SeatsTTL), standard and sheddable requests may fill one seat more. The
+// cap's limit alone (up to Seats + TargetWaiting, which keeps an engine busy between completions) let a critical
 // request queue inside one engine behind that engine's next completion: in protect-overload a quarter of the
 // critical requests went as a seventeenth to 16-seat engines, with a p99 TTFT of 995 ms against 116 ms for
 // those that found a seat.
 //
-// Without a known batch size, critical requests may fill the limit, the others the limit less CriticalReserve.
-func (c *Cap) LimitFor(class Class) int {
+// Otherwise (no critical demand, or the batch size not known), critical requests may fill the limit, the others
+// the limit less CriticalReserve: the cap's AIMD alone keeps the engine's queue short, and a batch size learned
+// from a passing queue (a long prompt's prefill step holding a 64-seat engine) cannot throttle a model that has
+// no critical traffic to protect.
+func (c *Cap) LimitFor(class Class, guard bool) int {
 	limit := c.Limit()
-	if s := c.Seats(); s > 0 && c.static.Load() <= 0 {
+	if s := c.Seats(); s > 0 && c.static.Load() <= 0 && (guard || class == Critical) {
 		if class != Critical && c.seatsAge.Load() >= SeatsTTL {
-			s += probeSeats(s)
+			s++ // the probe
 		}
 		return min(limit, s)
 	}
@@ -201,14 +205,18 @@ func (c *Cap) Free() (int, bool) {
 	if c.Seats() <= 0 || c.static.Load() > 0 {
 		return 0, false
 	}
-	return max(c.LimitFor(Critical)-c.Inflight(), 0), true
+	return max(c.LimitFor(Critical, true)-c.Inflight(), 0), true
 }
 
-// FullFor reports whether TryAcquireFor(class) would fail now.
-func (c *Cap) FullFor(class Class) bool { return c.inflight.Load() >= int64(c.LimitFor(class)) }
+// FullFor reports whether TryAcquireFor(class, guard) would fail now.
+func (c *Cap) FullFor(class Class, guard bool) bool {
+	return c.inflight.Load() >= int64(c.LimitFor(class, guard))
+}
 
-// TryAcquireFor takes a slot for a request of class c, within LimitFor(c). Lock-free.
-func (c *Cap) TryAcquireFor(class Class) bool { return c.tryAcquire(int64(c.LimitFor(class))) }
+// TryAcquireFor takes a slot for a request of class c, within LimitFor(c, guard). Lock-free.
+func (c *Cap) TryAcquireFor(class Class, guard bool) bool {
+	return c.tryAcquire(int64(c.LimitFor(class, guard)))
+}
 
 // Adaptive reports whether the cap adapts (max_concurrency 0).
 func (c *Cap) Adaptive() bool { return c.static.Load() <= 0 }
@@ -279,28 +287,23 @@ func (c *Cap) ObserveEngine(ttft, predicted time.Duration, waiting, running int)
 // ceiling it would creep up on every good first token.
 func (c *Cap) ceiling() float64 {
 	if s := c.Seats(); s > 0 {
-		return min(float64(s+max(c.p.TargetWaiting, probeSeats(s))), c.p.Max)
+		return min(float64(s+c.p.TargetWaiting), c.p.Max)
 	}
 	return c.p.Max
 }
-
-// probeSeats is how many seats beyond an estimate of s the probe offers: an eighth, at least one, so that an
-// estimate taken far too low (while a long prompt's prefill held the engine, say) climbs back in a few scrapes.
-func probeSeats(s int) int { return max(1, s/8) }
 
 // ObserveScrape feeds an attempt's first token with the engine metrics the gateway held then, to learn the
 // engine's batch size (Seats): ttft and predicted as for ObserveEngine, waiting and running as scraped
 // (vllm:num_requests_waiting and vllm:num_requests_running; 0 when stale or unknown). Call it with ObserveEngine;
 // static caps ignore it.
 //
-// Evidence of a full batch is a scrape showing more than TargetWaiting requests waiting (the cap's own queue
-// signal), seen by a first token later than its prediction by more than Slack (something queued it: a wait for
-// the next step is shorter, and a fast engine's next-step arrivals come with prompt first tokens), with at least
-// the cap's limit less TargetWaiting + 1 running (an engine running far fewer than the gateway may send it is held
-// by something else for a moment, a long prompt's prefill step, not by its batch). Such a scrape confirms or
-// raises the estimate to its running count; seatsLowEvidence of them below it lower it. While the estimate is
-// tested (SeatsTTL), the probe waiting with the estimate running confirms it, and a scrape without a queue that
-// finds more running (the probe ran) raises it. Lock-free.
+// Evidence of a full batch is a scrape showing requests waiting, seen by a first token later than its prediction
+// by more than Slack (something queued it: a wait for the next step is shorter, and a fast engine's next-step
+// arrivals come with prompt first tokens), with at least the cap's limit less TargetWaiting + 1 running (an
+// engine running far fewer than the gateway may send it is held by something else for a moment, a long prompt's
+// prefill step, not by its batch). Such a scrape confirms or raises the estimate to its running count;
+// seatsLowEvidence of them below it lower it. While the estimate is tested (SeatsTTL), the probe waiting with the estimate running confirms it, and a
+// scrape without a queue that finds more running (the probe ran) raises it. Lock-free.
 func (c *Cap) ObserveScrape(ttft, predicted time.Duration, waiting, running int) {
 	if !c.Adaptive() {
 		return
@@ -312,7 +315,7 @@ func (c *Cap) ObserveScrape(ttft, predicted time.Duration, waiting, running int)
 	r, cur := int64(running), c.seats.Load()
 	late := predicted > 0 && ttft > predicted+c.p.Slack
 	switch {
-	case waiting > c.p.TargetWaiting && late && float64(r) >= c.limit.load()-float64(c.p.TargetWaiting+1):
+	case waiting > 0 && late && float64(r) >= c.limit.load()-float64(c.p.TargetWaiting+1):
 		if r < cur && c.seatsLow.Add(1) < seatsLowEvidence {
 			return
 		}

@@ -223,26 +223,26 @@ func TestCriticalReserve(t *testing.T) {
 	cs := NewCaps(CapParams{}, nil)
 	cs.Update([]CapConfig{{Name: "a", MaxConcurrency: 20}, {Name: "b", MaxConcurrency: 1}})
 	c := cs.Get("a")
-	if got := c.LimitFor(Standard); got != 17 {
+	if got := c.LimitFor(Standard, true); got != 17 {
 		t.Errorf("standard may fill %d of 20, want 17 (15%% reserved)", got)
 	}
 	for range 17 {
-		if !c.TryAcquireFor(Sheddable) {
+		if !c.TryAcquireFor(Sheddable, true) {
 			t.Fatal("a sheddable request was refused below its limit")
 		}
 	}
-	if c.TryAcquireFor(Standard) || !c.FullFor(Standard) {
+	if c.TryAcquireFor(Standard, true) || !c.FullFor(Standard, true) {
 		t.Error("a standard request took a reserved slot")
 	}
 	for range 3 {
-		if !c.TryAcquireFor(Critical) {
+		if !c.TryAcquireFor(Critical, true) {
 			t.Fatal("a critical request was refused a reserved slot")
 		}
 	}
-	if c.TryAcquireFor(Critical) || !c.Full() {
+	if c.TryAcquireFor(Critical, true) || !c.Full() {
 		t.Error("the cap was exceeded")
 	}
-	if got := cs.Get("b").LimitFor(Standard); got != 1 {
+	if got := cs.Get("b").LimitFor(Standard, true); got != 1 {
 		t.Errorf("a cap of 1 reserves nothing: standard gets %d", got)
 	}
 }
@@ -277,8 +277,8 @@ func TestCapLearnsEngineSeats(t *testing.T) {
 	cs := NewCaps(CapParams{Initial: 32}, nil)
 	cs.Update([]CapConfig{{Name: "a"}, {Name: "s", MaxConcurrency: 20}, {Name: "fast"}})
 	c := cs.Get("a")
-	if c.Seats() != 0 || c.LimitFor(Critical) != 32 {
-		t.Fatalf("before any scrape: seats %d, critical may fill %d; want 0 and the limit 32", c.Seats(), c.LimitFor(Critical))
+	if c.Seats() != 0 || c.LimitFor(Critical, true) != 32 {
+		t.Fatalf("before any scrape: seats %d, critical may fill %d; want 0 and the limit 32", c.Seats(), c.LimitFor(Critical, true))
 	}
 	const pred = 100 * time.Millisecond
 	late := time.Second
@@ -296,16 +296,19 @@ func TestCapLearnsEngineSeats(t *testing.T) {
 	if c.Seats() != 16 || c.Limit() != 18 {
 		t.Fatalf("seats %d, limit %d after 16 running and 4 waiting; want 16 and 18", c.Seats(), c.Limit())
 	}
-	if got := c.LimitFor(Critical); got != 16 {
+	if got := c.LimitFor(Critical, true); got != 16 {
 		t.Errorf("critical may fill %d, want the 16 seats", got)
 	}
-	if got := c.LimitFor(Standard); got != 16 {
+	if got := c.LimitFor(Standard, true); got != 16 {
 		t.Errorf("standard may fill %d, want the 16 seats (the fleet keeps the critical reserve)", got)
+	}
+	if got := c.LimitFor(Standard, false); got != 15 {
+		t.Errorf("without critical demand standard may fill %d, want the limit 18 less 15%% (the seats do not bind)", got)
 	}
 	if free, known := c.Free(); free != 0 || !known {
 		t.Errorf("Free() = %d, %v with 20 in flight on 16 seats; want 0, true", free, known)
 	}
-	if c.TryAcquireFor(Critical) || !c.FullFor(Sheddable) {
+	if c.TryAcquireFor(Critical, true) || !c.FullFor(Sheddable, true) {
 		t.Error("a request was let in beyond the engine's seats (20 in flight)")
 	}
 	// A scrape between two steps may catch a seat empty while requests wait: not a smaller batch.
@@ -335,42 +338,17 @@ func TestCapLearnsEngineSeats(t *testing.T) {
 	for range SeatsTTL {
 		c.ObserveScrape(pred, pred, 0, 10)
 	}
-	if lim := c.Limit(); lim < 27 {
-		t.Fatalf("limit %d after 300 good first tokens with 24 seats known; want it near 24+3", lim)
+	if lim := c.Limit(); lim < 25 {
+		t.Fatalf("limit %d after 300 good first tokens with 24 seats known; want it near 24+2", lim)
 	}
-	if c.Seats() != 24 || c.LimitFor(Critical) != 24 || c.LimitFor(Standard) != 27 {
-		t.Errorf("after %d first tokens without a queue: seats %d, critical may fill %d, standard %d; want 24, 24, 27 (an eighth more)",
-			SeatsTTL, c.Seats(), c.LimitFor(Critical), c.LimitFor(Standard))
+	if c.Seats() != 24 || c.LimitFor(Critical, true) != 24 || c.LimitFor(Standard, true) != 25 {
+		t.Errorf("after %d first tokens without a queue: seats %d, critical may fill %d, standard %d; want 24, 24, 25",
+			SeatsTTL, c.Seats(), c.LimitFor(Critical, true), c.LimitFor(Standard, true))
 	}
-	// A probe that runs (a scrape without a queue finds 27 running) raises the estimate.
-	c.ObserveScrape(pred, pred, 0, 27)
-	if c.Seats() != 27 {
-		t.Errorf("seats %d after the probe ran 27, want 27", c.Seats())
-	}
-	c.ObserveScrape(pred, pred, 0, 24) // the engine catches up; the estimate does not fall for it
-	if c.Seats() != 27 {
-		t.Errorf("seats %d after a scrape of 24 running without a queue, want 27", c.Seats())
-	}
-	c.ObserveEngine(late, pred, 4, 24) // back to 24 seats for the rest of the test: the cap drops to 26
-	for range seatsLowEvidence {
-		c.ObserveScrape(late, pred, 4, 24)
-	}
-	if c.Seats() != 24 {
-		t.Fatalf("seats %d after %d first tokens seeing 24 running and 4 waiting, want 24", c.Seats(), seatsLowEvidence)
-	}
-	// The engine keeps the probe waiting: the estimate is confirmed and the probe's seats close.
-	for range 300 {
-		c.ObserveEngine(pred/2, pred, 0, 24)
-	}
-	for range SeatsTTL {
-		c.ObserveScrape(pred, pred, 0, 10)
-	}
-	if c.LimitFor(Standard) != 24+probeSeats(24) {
-		t.Fatalf("standard may fill %d when probing 24 seats, want %d", c.LimitFor(Standard), 24+probeSeats(24))
-	}
+	// The engine keeps the probe waiting: the estimate is confirmed and the probe's seat closes.
 	c.ObserveScrape(pred, pred, 1, 24)
-	if c.LimitFor(Standard) != 24 {
-		t.Errorf("standard may fill %d after the probe queued, want 24", c.LimitFor(Standard))
+	if c.LimitFor(Standard, true) != 24 {
+		t.Errorf("standard may fill %d after the probe queued, want 24", c.LimitFor(Standard, true))
 	}
 	// Fewer run while requests wait (longer sequences under a KV-cache limit): the cap drops to what runs + 2,
 	// and a few such first tokens lower the estimate.
@@ -393,8 +371,8 @@ func TestCapLearnsEngineSeats(t *testing.T) {
 	// A static cap is the operator's word: it does not learn seats.
 	s := cs.Get("s")
 	s.ObserveScrape(late, pred, 4, 20)
-	if s.Seats() != 0 || s.LimitFor(Critical) != 20 {
-		t.Errorf("static cap: seats %d, critical may fill %d; want 0 and 20", s.Seats(), s.LimitFor(Critical))
+	if s.Seats() != 0 || s.LimitFor(Critical, true) != 20 {
+		t.Errorf("static cap: seats %d, critical may fill %d; want 0 and 20", s.Seats(), s.LimitFor(Critical, true))
 	}
 	if _, known := s.Free(); known {
 		t.Error("a static cap claims to know its engine's free seats")

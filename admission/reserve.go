@@ -47,6 +47,10 @@ func (r *SeatReserve) Arrive(c Class) {
 // outcome.
 func (r *SeatReserve) Done() { r.done.add(r.clock.Now()) }
 
+// Active reports whether critical requests arrived in the last ten seconds: whether there is anything to keep
+// seats for (Cap.LimitFor's guard).
+func (r *SeatReserve) Active() bool { return r.critical.count(r.clock.Now()) > 0 }
+
 // Seats returns how many seats to keep free for critical requests, at most limit (the caller passes a share of
 // the fleet's seats; a critical stream that alone exceeds the completions gets that).
 func (r *SeatReserve) Seats(limit int) int {

@@ -34,8 +34,8 @@ func TestSeatReserveFollowsCriticalDemand(t *testing.T) {
 		t.Fatalf("reserve %d before any traffic, want 0", got)
 	}
 	play(r, clk, 10, 0, 20, 16)
-	if got := r.Seats(32); got != 0 {
-		t.Errorf("reserve %d without critical traffic, want 0: nothing held idle", got)
+	if got := r.Seats(32); got != 0 || r.Active() {
+		t.Errorf("reserve %d (active %v) without critical traffic, want 0: nothing held idle", got, r.Active())
 	}
 	for _, tc := range []struct {
 		crit, done, want int
@@ -48,6 +48,9 @@ func TestSeatReserveFollowsCriticalDemand(t *testing.T) {
 	} {
 		play(r, clk, 10, tc.crit, 5, tc.done) // ten seconds replace the window
 		got := r.Seats(16)
+		if !r.Active() {
+			t.Errorf("%d critical per %d completions: not active", tc.crit, tc.done)
+		}
 		if got != tc.want {
 			t.Errorf("%d critical per %d completions: reserve %d, want %d", tc.crit, tc.done, got, tc.want)
 		}
@@ -59,8 +62,8 @@ func TestSeatReserveFollowsCriticalDemand(t *testing.T) {
 	}
 	// Critical traffic stops: the reserve is released once the window has passed.
 	play(r, clk, 10, 0, 5, 10)
-	if got := r.Seats(16); got != 0 {
-		t.Errorf("reserve %d ten seconds after the last critical request, want 0", got)
+	if got := r.Seats(16); got != 0 || r.Active() {
+		t.Errorf("reserve %d (active %v) ten seconds after the last critical request, want 0", got, r.Active())
 	}
 }
 

@@ -103,7 +103,7 @@ func (s *Server) pool(m *Model, saturated bool) admission.Pool {
 		}
 		inflight, limit := int(b.Inflight()), 0
 		if c := s.caps.Get(b.Name()); c != nil {
-			inflight, limit = c.Inflight(), c.LimitFor(admission.Critical)
+			inflight, limit = c.Inflight(), c.LimitFor(admission.Critical, true)
 			if c.Full() {
 				full++
 			}

@@ -57,6 +57,7 @@ type exchange struct {
 	model    *Model // the model that serves it (asked, or its degrade_to under brownout)
 	key      *admission.Key
 	class    admission.Class
+	guard    bool // the model has critical demand to keep engine seats for (set by each pick)
 	quota    admission.Quota
 	limited  bool // quota holds a reservation to settle
 	quoted   bool // quota holds the x-ratelimit-* headers to send
@@ -123,7 +124,7 @@ func (s *Server) releaseExchange(ex *exchange) {
 	ex.upFor = ""
 	ex.fwd.Reset()
 	ex.snap, ex.asked, ex.model, ex.key = nil, nil, nil, nil
-	ex.class = admission.Standard
+	ex.class, ex.guard = admission.Standard, false
 	ex.quota = admission.Quota{}
 	ex.limited, ex.quoted = false, false
 	ex.rreq.Reset()
@@ -288,6 +289,8 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 	ex.cands = ex.cands[:0]
 	full := false
 	free, seats := 0, 0 // engine seats free and in all, over the available backends whose batch size is known
+	reserve := ex.s.reserveFor(ex.model.Name)
+	ex.guard = ex.class == admission.Critical || reserve.Active()
 	for _, t := range ex.model.Targets {
 		var c *admission.Cap
 		if respectCaps {
@@ -303,13 +306,13 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 		if ex.triedContains(t.Backend) {
 			continue
 		}
-		if c != nil && c.FullFor(ex.class) && t.Backend.Healthy() {
+		if c != nil && c.FullFor(ex.class, ex.guard) && t.Backend.Healthy() {
 			full = true
 			continue
 		}
 		ex.cands = append(ex.cands, t)
 	}
-	if seats > 0 && ex.class != admission.Critical && free <= ex.s.reserveFor(ex.model.Name).Seats(seats/2) {
+	if seats > 0 && ex.guard && ex.class != admission.Critical && free <= reserve.Seats(seats/2) {
 		// The fleet's free seats are down to those kept for critical requests (admission.SeatReserve): standard
 		// and sheddable ones wait for a seat beyond them. Backends whose batch size is not known are gated by
 		// their caps alone.
@@ -345,7 +348,7 @@ func (ex *exchange) take(a *attempt, t routing.Target, force bool) error {
 		return errNoCapacity
 	}
 	c := ex.s.caps.Get(b.Name())
-	if c != nil && !c.TryAcquireFor(ex.class) {
+	if c != nil && !c.TryAcquireFor(ex.class, ex.guard) {
 		if !force {
 			done(errNotSent)
 			return errNoCapacity
