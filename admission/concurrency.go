@@ -147,9 +147,10 @@ func (c *Cap) Inflight() int { return int(c.inflight.Load()) }
 // Full reports whether TryAcquire would fail now: no request of any class fits.
 func (c *Cap) Full() bool { return c.inflight.Load() >= int64(c.LimitFor(Critical, true)) }
 
-// CriticalReserve is the share of every cap held back for critical requests while the engine's batch size is not
-// known (see Seats): standard and sheddable requests may fill a backend only up to its limit less this reserve
-// (at least one slot when the limit allows two), critical ones up to the whole limit.
+// CriticalReserve is the share of every cap held back for critical requests while the model has critical demand
+// and the engine's batch size is not known (see LimitFor): standard and sheddable requests may fill a backend
+// only up to its limit less this reserve (at least one slot when the limit allows two), critical ones up to the
+// whole limit.
 const CriticalReserve = 0.15
 
 // SeatsTTL is how many first-token observations a learned engine batch size (Seats) stays confirmed without new
@@ -181,10 +182,11 @@ func (c *Cap) Seats() int { return int(c.seats.Load()) }
 // critical requests went as a seventeenth to 16-seat engines, with a p99 TTFT of 995 ms against 116 ms for
 // those that found a seat.
 //
-// Otherwise (no critical demand, or the batch size not known), critical requests may fill the limit, the others
-// the limit less CriticalReserve: the cap's AIMD alone keeps the engine's queue short, and a batch size learned
-// from a passing queue (a long prompt's prefill step holding a 64-seat engine) cannot throttle a model that has
-// no critical traffic to protect.
+// Guarded without a known batch size, critical requests may fill the limit, the others the limit less
+// CriticalReserve. Unguarded (no critical demand), every class may fill the limit: the cap's AIMD alone keeps the
+// engine's queue short, nothing is held back for requests that do not come (protect-region-down, which has no
+// critical traffic, shed 13-21 requests while the failover region's caps, less 15%, grew), and a batch size
+// learned from a passing queue (a long prompt's prefill step holding a 64-seat engine) cannot throttle it.
 func (c *Cap) LimitFor(class Class, guard bool) int {
 	limit := c.Limit()
 	if s := c.Seats(); s > 0 && c.static.Load() <= 0 && (guard || class == Critical) {
@@ -193,7 +195,7 @@ func (c *Cap) LimitFor(class Class, guard bool) int {
 		}
 		return min(limit, s)
 	}
-	if class == Critical || limit < 2 {
+	if class == Critical || !guard || limit < 2 {
 		return limit
 	}
 	return limit - max(1, int(math.Ceil(CriticalReserve*float64(limit))))

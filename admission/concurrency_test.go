@@ -218,13 +218,17 @@ func TestCapFitsTheEngineAtOnce(t *testing.T) {
 	}
 }
 
-// TestCriticalReserve: standard and sheddable requests leave part of every cap to critical ones.
+// TestCriticalReserve: while critical requests come, standard and sheddable ones leave part of every cap to them;
+// without critical demand they may fill it.
 func TestCriticalReserve(t *testing.T) {
 	cs := NewCaps(CapParams{}, nil)
 	cs.Update([]CapConfig{{Name: "a", MaxConcurrency: 20}, {Name: "b", MaxConcurrency: 1}})
 	c := cs.Get("a")
 	if got := c.LimitFor(Standard, true); got != 17 {
 		t.Errorf("standard may fill %d of 20, want 17 (15%% reserved)", got)
+	}
+	if got := c.LimitFor(Standard, false); got != 20 {
+		t.Errorf("without critical demand standard may fill %d of 20, want 20 (nothing to reserve for)", got)
 	}
 	for range 17 {
 		if !c.TryAcquireFor(Sheddable, true) {
@@ -302,8 +306,8 @@ func TestCapLearnsEngineSeats(t *testing.T) {
 	if got := c.LimitFor(Standard, true); got != 16 {
 		t.Errorf("standard may fill %d, want the 16 seats (the fleet keeps the critical reserve)", got)
 	}
-	if got := c.LimitFor(Standard, false); got != 15 {
-		t.Errorf("without critical demand standard may fill %d, want the limit 18 less 15%% (the seats do not bind)", got)
+	if got := c.LimitFor(Standard, false); got != 18 {
+		t.Errorf("without critical demand standard may fill %d, want the whole limit 18 (the seats do not bind)", got)
 	}
 	if free, known := c.Free(); free != 0 || !known {
 		t.Errorf("Free() = %d, %v with 20 in flight on 16 seats; want 0, true", free, known)
