@@ -160,7 +160,7 @@ const CriticalReserve = 0.15
 // --max-num-seqs, shorter sequences under a KV-cache or token-budget limit, an estimate taken while a long
 // prefill held the engine) and the estimate follows, a seat per scrape while the demand lasts. Critical requests
 // never take the probe's seat, so they do not wait inside an engine for it.
-const SeatsTTL = 32
+const SeatsTTL = 256
 
 // seatsLowEvidence is how many first tokens must bring evidence of a smaller batch than the estimate, with none
 // confirming it in between, to lower it: one scrape may catch a seat freed between two steps.
