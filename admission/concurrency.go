@@ -295,18 +295,18 @@ func (c *Cap) ceiling() float64 {
 }
 
 // ObserveScrape feeds an attempt's first token with the engine metrics the gateway held then, to learn the
-// engine's batch size (Seats): ttft and predicted as for ObserveEngine, waiting and running as scraped
+// engine's batch size (Seats): ttft the observed time to first token, waiting and running as scraped
 // (vllm:num_requests_waiting and vllm:num_requests_running; 0 when stale or unknown). Call it with ObserveEngine;
 // static caps ignore it.
 //
-// Evidence of a full batch is a scrape showing requests waiting, seen by a first token later than its prediction
-// by more than Slack (something queued it: a wait for the next step is shorter, and a fast engine's next-step
-// arrivals come with prompt first tokens), with at least the cap's limit less TargetWaiting + 1 running (an
-// engine running far fewer than the gateway may send it is held by something else for a moment, a long prompt's
-// prefill step, not by its batch). Such a scrape confirms or raises the estimate to its running count;
-// seatsLowEvidence of them below it lower it. While the estimate is tested (SeatsTTL), the probe waiting with the estimate running confirms it, and a
-// scrape without a queue that finds more running (the probe ran) raises it. Lock-free.
-func (c *Cap) ObserveScrape(ttft, predicted time.Duration, waiting, running int) {
+// Evidence of a full batch is a scrape showing requests waiting, seen by a first token that took longer than
+// Slack (a fast engine always has a few requests waiting for its next step, and answers them within it), with
+// at least nearLimit running (an engine running far fewer than the gateway may send it is held by something
+// else for a moment, a long prompt's prefill step, not by its batch). Such a scrape confirms or raises the
+// estimate to its running count; seatsLowEvidence of them below it lower it. While the estimate is tested
+// (SeatsTTL), the probe waiting with the estimate running confirms it, and a scrape without a queue that finds
+// more running (the probe ran) raises it. Lock-free.
+func (c *Cap) ObserveScrape(ttft time.Duration, waiting, running int) {
 	if !c.Adaptive() {
 		return
 	}
@@ -315,9 +315,9 @@ func (c *Cap) ObserveScrape(ttft, predicted time.Duration, waiting, running int)
 		return
 	}
 	r, cur := int64(running), c.seats.Load()
-	late := predicted > 0 && ttft > predicted+c.p.Slack
+	late := ttft > c.p.Slack
 	switch {
-	case waiting > 0 && late && float64(r) >= c.limit.load()-float64(c.p.TargetWaiting+1):
+	case waiting > 0 && late && float64(r) >= c.nearLimit():
 		if r < cur && c.seatsLow.Add(1) < seatsLowEvidence {
 			return
 		}
@@ -329,6 +329,17 @@ func (c *Cap) ObserveScrape(ttft, predicted time.Duration, waiting, running int)
 	case cur > 0 && waiting == 0 && r > cur:
 		c.seats.Store(r) // the probe ran
 	}
+}
+
+// nearLimit is how many must run, with requests waiting, for the scrape to show the engine's batch: the cap's
+// limit less TargetWaiting + 1, or three quarters of the limit if that is less. An engine running far fewer
+// than the gateway may send it is held by something else for a moment (a long prompt's prefill step); but an
+// engine at its batch with a queue of one or two does not shrink the cap, which may sit a few above it
+// (protect-overload: a backend with a limit of 20-21 and 16 running never learned its batch when only limit - 3
+// counted, and a critical request waited there up to a second).
+func (c *Cap) nearLimit() float64 {
+	l := c.limit.load()
+	return min(l-float64(c.p.TargetWaiting+1), 0.75*l)
 }
 
 func (c *Cap) set(limit float64) {

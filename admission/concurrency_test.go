@@ -289,14 +289,14 @@ func TestCapLearnsEngineSeats(t *testing.T) {
 	fill(t, c, 20)
 	// A request waits while 5 run, against a limit of 32: a long prefill step, say, not a full batch.
 	for range 6 {
-		c.ObserveScrape(late, pred, 1, 5)
+		c.ObserveScrape(late, 1, 5)
 	}
 	if c.Seats() != 0 {
 		t.Fatalf("seats %d from 5 running and 1 waiting under a limit of 32; want unknown", c.Seats())
 	}
 	// A queue: 16 running and 4 waiting. The cap drops to 16 + 2 at once, and the batch is 16.
 	c.ObserveEngine(late, pred, 4, 16)
-	c.ObserveScrape(late, pred, 4, 16)
+	c.ObserveScrape(late, 4, 16)
 	if c.Seats() != 16 || c.Limit() != 18 {
 		t.Fatalf("seats %d, limit %d after 16 running and 4 waiting; want 16 and 18", c.Seats(), c.Limit())
 	}
@@ -317,7 +317,7 @@ func TestCapLearnsEngineSeats(t *testing.T) {
 	}
 	// A scrape between two steps may catch a seat empty while requests wait: not a smaller batch.
 	for range seatsLowEvidence - 1 {
-		c.ObserveScrape(late, pred, 2, 15)
+		c.ObserveScrape(late, 2, 15)
 	}
 	if c.Seats() != 16 {
 		t.Errorf("seats %d after %d scrapes of 15 running, want 16 kept", c.Seats(), seatsLowEvidence-1)
@@ -330,7 +330,7 @@ func TestCapLearnsEngineSeats(t *testing.T) {
 		t.Errorf("limit grew to %d with the engine's 16 seats known; want at most 18", got)
 	}
 	// The engine runs more than thought without a queue (a restart with a larger batch): the estimate follows.
-	c.ObserveScrape(pred, pred, 0, 24)
+	c.ObserveScrape(pred, 0, 24)
 	if c.Seats() != 24 {
 		t.Errorf("seats %d after a scrape of 24 running, want 24", c.Seats())
 	}
@@ -340,7 +340,7 @@ func TestCapLearnsEngineSeats(t *testing.T) {
 	// Without new evidence the estimate is tested: standard requests may fill one seat more (a probe), critical
 	// ones still only the seats.
 	for range SeatsTTL {
-		c.ObserveScrape(pred, pred, 0, 10)
+		c.ObserveScrape(pred, 0, 10)
 	}
 	if lim := c.Limit(); lim < 25 {
 		t.Fatalf("limit %d after 300 good first tokens with 24 seats known; want it near 24+2", lim)
@@ -350,7 +350,7 @@ func TestCapLearnsEngineSeats(t *testing.T) {
 			SeatsTTL, c.Seats(), c.LimitFor(Critical, true), c.LimitFor(Standard, true))
 	}
 	// The engine keeps the probe waiting: the estimate is confirmed and the probe's seat closes.
-	c.ObserveScrape(pred, pred, 1, 24)
+	c.ObserveScrape(pred, 1, 24)
 	if c.LimitFor(Standard, true) != 24 {
 		t.Errorf("standard may fill %d after the probe queued, want 24", c.LimitFor(Standard, true))
 	}
@@ -358,7 +358,7 @@ func TestCapLearnsEngineSeats(t *testing.T) {
 	// and a few such first tokens lower the estimate.
 	c.ObserveEngine(late, pred, 3, 12)
 	for range seatsLowEvidence {
-		c.ObserveScrape(late, pred, 3, 12)
+		c.ObserveScrape(late, 3, 12)
 	}
 	if c.Seats() != 12 {
 		t.Errorf("seats %d after %d first tokens seeing 12 running and 3 waiting, want 12", c.Seats(), seatsLowEvidence)
@@ -367,18 +367,28 @@ func TestCapLearnsEngineSeats(t *testing.T) {
 	f := cs.Get("fast")
 	for range 50 {
 		f.ObserveEngine(3*time.Millisecond, 2*time.Millisecond, 3, 5)
-		f.ObserveScrape(3*time.Millisecond, 2*time.Millisecond, 3, 5)
+		f.ObserveScrape(3*time.Millisecond, 3, 5)
 	}
 	if f.Seats() != 0 {
 		t.Errorf("seats %d learned from a fast engine's next-step arrivals; want unknown", f.Seats())
 	}
 	// A static cap is the operator's word: it does not learn seats.
 	s := cs.Get("s")
-	s.ObserveScrape(late, pred, 4, 20)
+	s.ObserveScrape(late, 4, 20)
 	if s.Seats() != 0 || s.LimitFor(Critical, true) != 20 {
 		t.Errorf("static cap: seats %d, critical may fill %d; want 0 and 20", s.Seats(), s.LimitFor(Critical, true))
 	}
 	if _, known := s.Free(); known {
 		t.Error("a static cap claims to know its engine's free seats")
+	}
+}
+
+// TestCapLearnsSeatsAboveTheBatch: a cap that drifted a few above the engine's batch (its queue of one or two
+// does not shrink it) still learns the batch from a late first token that sees the queue.
+func TestCapLearnsSeatsAboveTheBatch(t *testing.T) {
+	c := newCap(t, CapParams{Initial: 21}, 0)
+	c.ObserveScrape(time.Second, 1, 16)
+	if c.Seats() != 16 {
+		t.Errorf("seats %d after 16 running and 1 waiting under a limit of 21, want 16", c.Seats())
 	}
 }

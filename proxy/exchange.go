@@ -748,15 +748,16 @@ func (ex *exchange) won(a *attempt) {
 		}
 		if a.cap != nil {
 			a.cap.ObserveEngine(ttft, a.predP90, waiting, running)
-			a.cap.ObserveScrape(ttft, a.predP90, waiting, running)
+			a.cap.ObserveScrape(ttft, waiting, running)
 		}
 		if a.out != nil {
 			switch {
-			case waiting > 0:
-				// The engine had a queue of its own: a late first token is the load's doing, which the cap and
-				// routing answer; judging it made the detector eject one of four identical backends under
-				// overload (a 13% slow share against its peers' 4%, by the luck of the queues) and cut the
-				// fleet's throughput by a quarter. The attempt still counts toward the error rate.
+			case waiting > 0 || a.cap != nil && a.cap.Seats() > 0 && running >= a.cap.Seats():
+				// The engine had a queue of its own, or ran its whole batch: a late first token is the load's
+				// doing (a queue, or prefills sharing steps with a full batch), which the cap and routing
+				// answer; judging it made the detector eject one of four identical backends under overload (a
+				// 12-13% slow share against its peers' 4%, by the luck of the queues) and cut the fleet's
+				// throughput by a quarter. The attempt still counts toward the error rate.
 				a.out.Observe(true, ttft, 0)
 			case a.acct.PredictedHit() && a.out.State() == admission.Serving:
 				// The prediction counted on a prefix the engine may have evicted, and a miss is not slowness:
