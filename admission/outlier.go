@@ -27,6 +27,11 @@ type OutlierParams struct {
 	// times the prediction (a probe of a backend back from an outage took 45 ms against 12 ms predicted and
 	// ejected it again, in protect-region-down), which is not the slowness this rule is for.
 	SlowSlack time.Duration
+	// MinSlow is how many slow first tokens the window must hold before the slow rule may eject. Default 5: with
+	// the 20 observations MinRequests allows, three slow ones pass a 10% share by chance under load (at twice
+	// capacity a healthy backend was ejected with 0.107 of 31, that is 3 or 4 slow ones, and the fleet lost a
+	// quarter of its throughput); Envoy's success-rate ejection asks for 100 requests.
+	MinSlow int
 	// ErrorRate is the share of failed attempts above which a backend is ejected. Default 0.05 (routing.md 4.7).
 	ErrorRate float64
 	// MinRequests is how many observations the window needs before either rule may eject. Default 20.
@@ -55,8 +60,8 @@ type OutlierParams struct {
 // DefaultOutlierParams returns the defaults listed on OutlierParams.
 func DefaultOutlierParams() OutlierParams {
 	return OutlierParams{
-		Window: 30 * time.Second, SlowRatio: 3, SlowShare: 0.1, SlowSlack: 50 * time.Millisecond, ErrorRate: 0.05,
-		MinRequests: 20, PeerFactor: 3,
+		Window: 30 * time.Second, SlowRatio: 3, SlowShare: 0.1, SlowSlack: 50 * time.Millisecond, MinSlow: 5,
+		ErrorRate: 0.05, MinRequests: 20, PeerFactor: 3,
 		BaseEjection: 30 * time.Second, MaxEjection: 300 * time.Second, MaxEjectedPercent: 50,
 		Probes: 3, ProbeTimeout: 60 * time.Second,
 	}
@@ -75,6 +80,9 @@ func (p OutlierParams) withDefaults() OutlierParams {
 	}
 	if p.SlowSlack <= 0 {
 		p.SlowSlack = d.SlowSlack
+	}
+	if p.MinSlow <= 0 {
+		p.MinSlow = d.MinSlow
 	}
 	if p.PeerFactor <= 0 {
 		p.PeerFactor = d.PeerFactor
@@ -396,7 +404,7 @@ func (o *Outlier) Observe(ok bool, ttft, predicted time.Duration) {
 	byErrors := errShare > p.ErrorRate && o.d.standsOut(o, errShare, func(x *Outlier) float64 {
 		return math.Float64frombits(x.errShare.Load())
 	})
-	bySlow := slowShare > p.SlowShare && o.d.standsOut(o, slowShare, func(x *Outlier) float64 {
+	bySlow := slowShare > p.SlowShare && slows >= p.MinSlow && o.d.standsOut(o, slowShare, func(x *Outlier) float64 {
 		return math.Float64frombits(x.slowShare.Load())
 	})
 	if (byErrors || bySlow) && o.d.mayEject() {

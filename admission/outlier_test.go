@@ -45,8 +45,9 @@ func TestOutlierEjection(t *testing.T) {
 		reason           string
 	}{
 		{"healthy", 100, 0, 0, Serving, ""},
-		{"p90 of the ratio above 3", 17, 3, 0, Ejected, "slow"},
+		{"p90 of the ratio above 3", 25, 5, 0, Ejected, "slow"},
 		{"exactly 10% slow is not an outlier", 18, 2, 0, Serving, ""},
+		{"three slow of twenty may be chance", 17, 3, 0, Serving, ""},
 		{"error rate above 5%", 18, 0, 2, Ejected, "errors"},
 		{"exactly 5% errors is not an outlier", 19, 0, 1, Serving, ""},
 		{"too few observations to judge", 0, 10, 9, Serving, ""},
