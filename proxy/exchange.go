@@ -68,6 +68,7 @@ type exchange struct {
 	cur      *attempt // the attempt that answers, once run returned nil
 	attempts int
 	budgeted bool // counted in the retry budget's live requests
+	fleeing  bool // a retry already moved this request off a backend that died: its later retries are not budgeted
 
 	// What the relay learned.
 	injectedUsage bool // the gateway asked upstream for usage; the client did not
@@ -132,7 +133,7 @@ func (s *Server) releaseExchange(ex *exchange) {
 	ex.tried = ex.tried[:0]
 	clear(ex.cands)
 	ex.cands = ex.cands[:0]
-	ex.attempts = 0
+	ex.attempts, ex.fleeing = 0, false
 	if ex.budgeted {
 		s.retries.End()
 		ex.budgeted = false
@@ -548,6 +549,15 @@ func (ex *exchange) next(last error) (*attempt, error) {
 		// requests in flight).
 		budgeted := ue.kind == kindFirstByte || ue.kind == kindStatus
 		if n := len(ex.tried); n > 0 && !ex.tried[n-1].Healthy() {
+			budgeted = false
+		}
+		// A request moving off a backend that died keeps moving outside the budget: when a whole region dies,
+		// its retry may meet the region's other backend before that one's breaker opens, and its 503 is not
+		// a busy backend's (one request in 24 of a region's failed that way, refused by the budget along with
+		// every other request of the region retrying at once). Retries stays the per-request bound.
+		if !budgeted {
+			ex.fleeing = true
+		} else if ex.fleeing {
 			budgeted = false
 		}
 		if budgeted && !ex.s.retries.Allow() {
