@@ -49,6 +49,9 @@ type Gateway struct {
 	UpstreamErrors *prometheus.CounterVec
 	// ClientDisconnects counts requests whose client left before the end, by phase (waiting, streaming).
 	ClientDisconnects *prometheus.CounterVec
+	// Panics counts panics recovered on the request path, by stage (handler, relay, attempt, dispatch): each
+	// ended one request with an error and the process kept serving.
+	Panics *prometheus.CounterVec
 	// TTFTPredictionError is |observed - predicted| / predicted TTFT, by backend.
 	TTFTPredictionError *prometheus.HistogramVec
 	// PrefixLookups and PrefixHits count prefix-index lookups and those that found a cached prefix, by model.
@@ -149,6 +152,10 @@ func New(reg prometheus.Registerer) *Gateway {
 			Name: "switchyard_client_disconnects_total",
 			Help: "Requests whose client left before the end, by phase.",
 		}, []string{"phase"}),
+		Panics: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_panics_total",
+			Help: "Panics recovered on the request path, by stage; each ended one request with an error.",
+		}, []string{"stage"}),
 		TTFTPredictionError: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "switchyard_ttft_prediction_error_ratio",
 			Help:    "|observed - predicted| / predicted time to first token, per backend.",
@@ -230,7 +237,7 @@ func New(reg prometheus.Registerer) *Gateway {
 	}
 	reg.MustRegister(
 		m.TTFT, m.TPOT, m.Duration, m.Tokens, m.Requests, m.Inflight, m.QueueDepth, m.Retries, m.Overhead,
-		m.UpstreamErrors, m.ClientDisconnects, m.TTFTPredictionError, m.PrefixLookups, m.PrefixHits, m.Shed,
+		m.UpstreamErrors, m.ClientDisconnects, m.Panics, m.TTFTPredictionError, m.PrefixLookups, m.PrefixHits, m.Shed,
 		m.Hedges, m.BreakerState, m.QueueWait, m.ConfigReloadSuccess, m.ConfigReloadTime,
 		m.QueueLength, m.ConcurrencyLimit, m.OutlierState, m.OutlierEjections, m.Degraded, m.BudgetDenied,
 		m.RegionSpills, m.RegionActiveTier, m.RegionShare, m.RedisErrors,

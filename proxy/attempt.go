@@ -52,6 +52,7 @@ type attempt struct {
 	predP90 time.Duration // routing's p90 TTFT prediction at dispatch, RTT included
 	to      routing.Timeouts
 
+	sse      bool   // the answer is an SSE stream read through events (else read whole, or not at all)
 	gotFirst bool   // a content event arrived
 	complete bool   // the stream ended with [DONE]
 	pending  []byte // raw events up to and including the first with content
@@ -89,7 +90,7 @@ func (a *attempt) free() {
 	a.brkDone, a.cap, a.out, a.up, a.conn = nil, nil, nil, nil, nil
 	a.outTTFT, a.outPred, a.outPending = 0, 0, false
 	a.ci = openai.ChunkInfo{}
-	a.gotFirst, a.complete = false, false
+	a.sse, a.gotFirst, a.complete = false, false, false
 	a.pending = a.pending[:0]
 	a.body = a.body[:0]
 	a.err = nil
@@ -142,6 +143,7 @@ func (a *attempt) send(streamed bool) error {
 				err: errors.New("streamed request answered with content type " + string(ct))}
 		}
 		a.events.Reset(a.resp.BodyStream())
+		a.sse = true
 	}
 	return nil
 }
@@ -254,9 +256,10 @@ func (a *attempt) idleDeadline() {
 
 // closeStream releases the response body stream. A stream read to [DONE] is read on to the end of the HTTP
 // body (bounded by a short deadline) so that fasthttp pools the connection; any other is closed unread, which
-// closes the connection, which is how an engine learns to abort the generation.
+// closes the connection, which is how an engine learns to abort the generation. A whole answer (readWhole) was
+// read to its end already: only an SSE stream is read on, since the event reader has no other source.
 func (a *attempt) closeStream(ok bool) {
-	if ok && a.complete && a.aborted() == nil && a.events != nil && a.resp.BodyStream() != nil {
+	if ok && a.sse && a.complete && a.aborted() == nil && a.resp.BodyStream() != nil {
 		if c := a.conn; c != nil {
 			_ = c.SetReadDeadline(time.Now().Add(time.Second))
 		}

@@ -125,6 +125,8 @@ func status(err error) apiError {
 		return apiError{status: 503, typ: "server_error", code: "overloaded", message: "no healthy backend is available for this model", retryAfter: 1}
 	case errors.Is(err, errShutdown):
 		return apiError{status: 503, typ: "server_error", code: "shutting_down", message: "the gateway is shutting down", retryAfter: 1}
+	case errors.Is(err, errPanic):
+		return apiError{status: 500, typ: "server_error", code: "internal_error", message: "internal error in the gateway; it has been logged"}
 	case errors.Is(err, errClientGone):
 		return apiError{status: 499, typ: "invalid_request_error", code: "client_closed_request", message: "client closed the request"}
 	case errors.As(err, &ue):

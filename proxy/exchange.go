@@ -89,9 +89,10 @@ type exchange struct {
 	tpot          prometheus.Observer
 	results       chan *attempt // hedged attempts report here
 
-	wd   *watchdog
-	code int // the status the client got (499 when it left)
-	done bool
+	wd       *watchdog
+	code     int // the status the client got (499 when it left)
+	done     bool
+	poisoned bool // code on this exchange panicked: it is discarded, never pooled (recover.go)
 
 	rc respCacheState // the response cache's part (respcache.go)
 }
@@ -148,7 +149,7 @@ func (s *Server) releaseExchange(ex *exchange) {
 	ex.out = ex.out[:0]
 	ex.tpot = nil
 	ex.code = 0
-	ex.done = false
+	ex.done, ex.poisoned = false, false
 	ex.rc = respCacheState{}
 	if cap(ex.body) > 1<<20 { // do not let one huge prompt pin memory in the pool
 		ex.body, ex.upBody = nil, nil
@@ -268,7 +269,14 @@ func (ex *exchange) degrade(d *Model) {
 // dispatchQueued is the queue's Dispatch: late binding, it picks among the backends that have capacity now.
 // It runs on the queue's goroutine with the queue's lock held while the handler waits, so it only fills
 // ex.queued and routing state; it does not block.
-func dispatchQueued(ex *exchange) error {
+func dispatchQueued(ex *exchange) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			ex.s.recovered(stageDispatch, r)
+			err = errPanic
+		}
+	}()
+	ex.s.testPanic(stageDispatch)
 	if err := ex.pick(ex.queued, true); err != nil {
 		if errors.Is(err, errNoCapacity) {
 			return admission.ErrNoCapacity
@@ -479,6 +487,7 @@ func (ex *exchange) buildUpstreamBody(upstreamModel string) {
 // attemptOnce runs an attempt's network part on the calling goroutine: send, then read until the first content
 // (or the whole answer for embeddings).
 func (ex *exchange) attemptOnce(a *attempt) error {
+	ex.s.testPanic(stageAttempt)
 	streamed := ex.endpoint != openai.Embeddings
 	if err := a.send(streamed); err != nil {
 		return err
@@ -512,7 +521,7 @@ func (ex *exchange) runFrom(last error) error {
 		}
 		err := ex.prepare(a, false)
 		if err == nil {
-			err = ex.attemptOnce(a)
+			err = ex.safeAttemptOnce(a)
 		}
 		if err == nil {
 			ex.won(a)
@@ -711,7 +720,7 @@ func (ex *exchange) runHedged() error {
 // race runs a hedged attempt's network part on its own goroutine and reports it, unless the exchange abandoned
 // it meanwhile: then it frees itself.
 func (ex *exchange) race(a *attempt) {
-	a.err = ex.attemptOnce(a)
+	a.err = ex.safeAttemptOnce(a)
 	if a.state.CompareAndSwap(raceRunning, raceReported) {
 		ex.results <- a
 		return

@@ -27,11 +27,14 @@ func (ex *exchange) Read([]byte) (int, error) {
 	return 0, errors.New("proxy: the relay is consumed with WriteTo")
 }
 
-// WriteTo relays the stream: the events the winning attempt read before the commit (ending with the first
+// WriteTo relays the stream (relay), with its panics recovered (recover.go).
+func (ex *exchange) WriteTo(w io.Writer) (int64, error) { return ex.safeWriteTo(w) }
+
+// relay relays the stream: the events the winning attempt read before the commit (ending with the first
 // content), then every further event as it arrives. When the upstream breaks, the client gets an SSE error
 // event and [DONE], never a silent end. It returns an error only when the client is gone, so fasthttp drops the
 // connection.
-func (ex *exchange) WriteTo(w io.Writer) (int64, error) {
+func (ex *exchange) relay(w io.Writer) (int64, error) {
 	_ = ex.wd.commit(w)
 	var fail error
 	for {
@@ -44,6 +47,7 @@ func (ex *exchange) WriteTo(w io.Writer) (int64, error) {
 		if done {
 			break
 		}
+		ex.s.testPanic(stageRelay)
 	}
 	if fail != nil && !errors.Is(fail, errClientGone) {
 		fail = ex.endStream(fail)
@@ -218,6 +222,10 @@ func (ex *exchange) endStream(fail error) error {
 
 // Close releases the exchange once fasthttp is done with the response body (also when WriteTo never ran).
 func (ex *exchange) Close() error {
+	if ex.poisoned { // the relay panicked: the exchange is not reused (recover.go)
+		ex.s.discard(ex)
+		return nil
+	}
 	if !ex.done {
 		ex.finish(errClientGone)
 	}

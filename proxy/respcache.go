@@ -171,8 +171,6 @@ func (s *Server) serveCached(ctx *fasthttp.RequestCtx, ex *exchange) {
 	}
 	ex.done = true
 	ex.record(fasthttp.StatusOK, "cache")
-	s.releaseExchange(ex)
-	s.active.Done()
 }
 
 // cachedAnswer is what replaying needs of a kept chat or completions body.

@@ -107,6 +107,10 @@ type Server struct {
 	followMu sync.Mutex
 	followed atomic.Pointer[Snapshot]
 
+	// panicAt, set by tests before serving, is called at the start of each stage of the request path, so that
+	// tests can make a stage panic (recover.go); nil in production.
+	panicAt func(stage string)
+
 	exchanges    sync.Pool
 	active       sync.WaitGroup
 	draining     atomic.Bool // set at Shutdown: /readyz fails, new requests are still served until the listener closes
@@ -292,7 +296,9 @@ func (s *Server) plainError(ctx *fasthttp.RequestCtx, code int, typ, ecode, msg 
 	ctx.Response.SetBodyRaw(openai.AppendError(nil, msg, typ, ecode, ""))
 }
 
-// serveProxy is the request path of DESIGN section 3 for one inference request.
+// serveProxy is the request path of docs/design.md for one inference request. It owns the exchange until it
+// hands a streaming answer to fasthttp (the relay then owns it, and Close releases it); every other answer is
+// written and the exchange released here. A panic anywhere on the way is recovered (recover.go).
 func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, e openai.Endpoint) {
 	if !ctx.IsPost() {
 		ctx.Response.Header.Set(fasthttp.HeaderAllow, fasthttp.MethodPost)
@@ -301,6 +307,34 @@ func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, e openai.Endpoint) {
 	}
 	s.active.Add(1)
 	ex := s.acquireExchange()
+	const (
+		owned = iota
+		handedOff
+		released
+	)
+	phase := owned
+	defer func() {
+		if r := recover(); r != nil {
+			s.recovered(stageHandler, r)
+			if phase == owned {
+				s.discard(ex)
+				s.active.Done()
+				panicResponse(ctx)
+			}
+		}
+	}()
+	if s.serveExchange(ctx, ex, e) {
+		phase = handedOff
+		return
+	}
+	phase = released
+	s.active.Done()
+	s.releaseExchange(ex)
+}
+
+// serveExchange runs one exchange and writes its answer. It returns true when the answer streams: fasthttp then
+// owns ex through the response body stream. Otherwise ex is finished (recorded) but not released.
+func (s *Server) serveExchange(ctx *fasthttp.RequestCtx, ex *exchange, e openai.Endpoint) (streaming bool) {
 	ex.arrival = time.Now()
 	ex.endpoint = e
 	ex.path = append(ex.path[:0], ctx.Path()...)
@@ -329,11 +363,11 @@ func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, e openai.Endpoint) {
 	}
 	if err == errCacheHit {
 		s.serveCached(ctx, ex) // respcache.go
-		return
+		return false
 	}
 	if err != nil {
 		s.fail(ctx, ex, err)
-		return
+		return false
 	}
 	if ex.rc.store {
 		ctx.Response.Header.Set(headerCache, "miss") // respcache.go: kept once complete
@@ -349,7 +383,7 @@ func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, e openai.Endpoint) {
 		ctx.Response.Header.Set(fasthttp.HeaderCacheControl, "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
 		ctx.SetBodyStream(streamBody{ex}, -1) // the relay owns ex from here; Close releases it
-		return
+		return true
 	}
 	var body []byte
 	if ex.endpoint == openai.Embeddings {
@@ -358,7 +392,7 @@ func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, e openai.Endpoint) {
 		for body, err = ex.assemble(); err != nil; body, err = ex.assemble() {
 			if err = ex.retryWhole(err); err != nil {
 				s.fail(ctx, ex, err)
-				return
+				return false
 			}
 		}
 	}
@@ -372,11 +406,10 @@ func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, e openai.Endpoint) {
 	ctx.SetBody(body)
 	ex.storeCache(body) // respcache.go, when the request is cached
 	ex.finish(nil)
-	s.releaseExchange(ex)
-	s.active.Done()
+	return false
 }
 
-// fail answers a request that got no answer with its error, and releases it.
+// fail answers a request that got no answer with its error, and records it.
 func (s *Server) fail(ctx *fasthttp.RequestCtx, ex *exchange, err error) {
 	backend := "none"
 	if ex.cur != nil {
@@ -398,8 +431,6 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, ex *exchange, err error) {
 	}
 	ex.done = true
 	ex.record(e.status, backend)
-	s.releaseExchange(ex)
-	s.active.Done()
 }
 
 // headerDegraded names the model that served a request under brownout, when it is not the one asked for.
@@ -411,9 +442,13 @@ type streamBody struct{ *exchange }
 
 func (b streamBody) Close() error {
 	s := b.s
-	err := b.exchange.Close()
-	s.active.Done()
-	return err
+	defer s.active.Done()
+	defer func() {
+		if r := recover(); r != nil {
+			s.recovered(stageRelay, r)
+		}
+	}()
+	return b.exchange.Close()
 }
 
 // route resolves the model and prepares what every attempt needs.
