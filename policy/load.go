@@ -133,6 +133,7 @@ func (c *Config) Compile(reg *routing.Registry, prev *proxy.Snapshot, m *metrics
 			SLO:          proxy.SLO{TTFT: m.SLO.TTFT, ITL: m.SLO.ITL},
 			Retries:      m.Retries,
 			Created:      now.Unix(),
+			Endpoints:    endpointSet(m.Endpoints),
 		}
 		for i, t := range routed {
 			pm.Targets[i] = routing.Target{Backend: byName[t.Backend], Model: t.Model}
@@ -155,4 +156,14 @@ func (c *Config) Compile(reg *routing.Registry, prev *proxy.Snapshot, m *metrics
 	}
 	c.compileAdmission(s, keys, prev, m)
 	return s, nil
+}
+
+// endpointSet compiles a validated endpoints list; an empty list is proxy.DefaultEndpoints (the zero set).
+func endpointSet(names []string) proxy.EndpointSet {
+	var set proxy.EndpointSet
+	for _, n := range names {
+		e, _ := proxy.ParseEndpoint(n)
+		set |= e
+	}
+	return set
 }

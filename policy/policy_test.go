@@ -96,6 +96,7 @@ var invalidCases = []string{
 	"bad_hedge",               // hedge.after missing or past the first-byte timeout; budget outside (0, 100]
 	"degrade_cycle",           // degrade_to loops, to itself, to an unknown model
 	"region_no_target",        // allowed_regions or the failover order leave a model without a target
+	"bad_endpoints",           // unknown or duplicate endpoint groups
 }
 
 func TestInvalidFiles(t *testing.T) {

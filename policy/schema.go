@@ -135,6 +135,12 @@ type Model struct {
 	// elsewhere are dropped when the policy is compiled, and a model left with no target is an error. Default:
 	// any region.
 	AllowedRegions []string `yaml:"allowed_regions"`
+	// Endpoints are the endpoint groups the model serves, by name: chat, completions, embeddings, responses,
+	// messages, rerank, score, embed_v2, tokenize (with detokenize), audio, or all. A request to a group not
+	// listed is a 404 naming it. Default: chat, completions, embeddings, responses and messages (the
+	// generation APIs every engine of the built-in table speaks); the others depend on the model (a reranker,
+	// a speech model) and are enabled by name.
+	Endpoints []string `yaml:"endpoints"`
 	// ResponseCache keeps complete answers to deterministic requests (temperature 0, or a client that sends
 	// "X-Switchyard-Cache: on") and answers the same request again from it, without a backend. Shared by the
 	// replicas when redis is set. Default: off (see the ResponseCache type).

@@ -56,6 +56,7 @@ var supported = map[string]bool{
 	"models[].hedge.budget_percent":           true,
 	"models[].degrade_to":                     true,
 	"models[].allowed_regions":                true,
+	"models[].endpoints":                      true,
 	"models[].response_cache":                 true,
 	"models[].response_cache.ttl":             true,
 	"models[].response_cache.max_entry_bytes": true,

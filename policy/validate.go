@@ -13,6 +13,7 @@ import (
 	"unicode"
 
 	"github.com/switchyard/switchyard/admission"
+	"github.com/switchyard/switchyard/proxy"
 	"github.com/switchyard/switchyard/routing"
 )
 
@@ -245,8 +246,27 @@ func (r *report) validateModels(c *Config, regions map[string]bool) {
 			}
 		}
 		r.regionList(p+".allowed_regions", m.AllowedRegions, regions)
+		r.endpoints(p+".endpoints", m.Endpoints)
 	}
 	r.degradeCycles(c, models)
+}
+
+// endpoints checks a model's endpoint groups: known names, each once.
+func (r *report) endpoints(p string, list []string) {
+	seen := map[string]bool{}
+	for j, name := range list {
+		ep := fmt.Sprintf("%s[%d]", p, j)
+		if _, ok := proxy.ParseEndpoint(name); !ok {
+			msg := fmt.Sprintf("unknown endpoint group %q (known: %s)", name, strings.Join(proxy.EndpointNames(), ", "))
+			if s := suggest(name, proxy.EndpointNames()); s != "" {
+				msg += fmt.Sprintf("; did you mean %q?", s)
+			}
+			r.errorf(ep, msg)
+		} else if seen[name] {
+			r.errorf(ep, fmt.Sprintf("duplicate endpoint group %q", name))
+		}
+		seen[name] = true
+	}
 }
 
 // targets checks a model's targets: each names a backend that lists the upstream model, once.

@@ -111,8 +111,9 @@ func (a *attempt) aborted() error {
 }
 
 // send sends the prepared request (a.req) and waits for the response headers. It may run on the attempt's own
-// goroutine.
-func (a *attempt) send(streamed bool) error {
+// goroutine. Any status but 200 fails the attempt; with intact (routes whose answers go back as the engine sent
+// them) any 2xx is an answer, and a failure keeps the engine's error body for the client.
+func (a *attempt) send(streamed, intact bool) error {
 	firstByte := a.to.FirstByte
 	if firstByte <= 0 {
 		firstByte = a.to.Total
@@ -134,8 +135,8 @@ func (a *attempt) send(streamed bool) error {
 		return &upstreamError{kind: kind, backend: a.name, err: err}
 	}
 	a.wd.setConn(a, a.s.ups.conn(&a.resp))
-	if code := a.resp.StatusCode(); code != fasthttp.StatusOK {
-		return a.statusError(code)
+	if code := a.resp.StatusCode(); code != fasthttp.StatusOK && !(intact && code >= 200 && code < 300) {
+		return a.statusError(code, intact)
 	}
 	if streamed {
 		if ct := a.resp.Header.ContentType(); !bytes.HasPrefix(ct, []byte("text/event-stream")) {
@@ -148,8 +149,9 @@ func (a *attempt) send(streamed bool) error {
 	return nil
 }
 
-// statusError reads (a bounded part of) an upstream error body.
-func (a *attempt) statusError(code int) error {
+// statusError reads (a bounded part of) an upstream error body; with keep, the error holds a copy of it and its
+// content type, to go back to the client as they are.
+func (a *attempt) statusError(code int, keep bool) error {
 	var body []byte
 	if rs := a.resp.BodyStream(); rs != nil {
 		buf := bytes.NewBuffer(a.body[:0])
@@ -160,7 +162,12 @@ func (a *attempt) statusError(code int) error {
 		body = a.resp.Body()
 	}
 	msg, typ := openai.ParseUpstreamError(body)
-	return &upstreamError{kind: kindStatus, backend: a.name, status: code, message: msg, typ: typ}
+	ue := &upstreamError{kind: kindStatus, backend: a.name, status: code, message: msg, typ: typ}
+	if keep {
+		ue.body = append([]byte(nil), body...)
+		ue.contentType = string(a.resp.Header.ContentType())
+	}
+	return ue
 }
 
 // readFirst reads events into a.pending until one carries content, or the stream ends ([DONE]: an answer with

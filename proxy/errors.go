@@ -31,6 +31,10 @@ type upstreamError struct {
 	message string // the backend's error message for kindStatus, when it gave one
 	typ     string // the backend's error type for kindStatus
 	err     error  // the underlying transport error, if any
+	// body and contentType are the backend's error answer for kindStatus on routes that relay answers intact
+	// (route.intact): the client gets them as they are, at most maxErrorBody bytes.
+	body        []byte
+	contentType string
 }
 
 type upstreamKind uint8
@@ -117,6 +121,8 @@ func status(err error) apiError {
 		return e
 	case errors.As(err, &re):
 		return apiError{status: 400, typ: "invalid_request_error", code: "invalid_request", param: re.Param, message: re.Message}
+	case errors.As(err, new(*routeError)):
+		return apiError{status: 404, typ: "invalid_request_error", code: "not_found", message: err.Error()}
 	case errors.Is(err, errModelNotFound):
 		return apiError{status: 404, typ: "invalid_request_error", code: "model_not_found", param: "model", message: err.Error()}
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):

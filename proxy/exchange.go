@@ -39,7 +39,8 @@ var errHedgeLost = errors.New("proxy: hedge race lost")
 // long as the connection and is only used while fasthttp is inside the handler or WriteTo.
 type exchange struct {
 	s        *Server
-	endpoint openai.Endpoint
+	rt       *route          // the endpoint the client called
+	endpoint openai.Endpoint // rt.api
 	path     []byte
 	arrival  time.Time
 	reqID    []byte
@@ -47,7 +48,9 @@ type exchange struct {
 	clientIP net.IP
 
 	body   []byte         // the client's body, copied
+	ctype  []byte         // the client's Content-Type, for bodies that are not JSON (forms)
 	sum    openai.Summary // what routing needs from body
+	gen    openai.Generic // what a pass-through route reads of body (rt.api == 0)
 	upBody []byte         // body as sent upstream
 	upFor  string         // the upstream model name upBody was built for ("" = not built)
 	fwd    fasthttp.RequestHeader
@@ -121,7 +124,9 @@ func (s *Server) releaseExchange(ex *exchange) {
 	ex.path = ex.path[:0]
 	ex.reqID = ex.reqID[:0]
 	ex.client, ex.clientIP = nil, nil
+	ex.rt = nil
 	ex.body = ex.body[:0]
+	ex.ctype = ex.ctype[:0]
 	ex.upBody = ex.upBody[:0]
 	ex.upFor = ""
 	ex.fwd.Reset()
@@ -423,7 +428,7 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 	req := &a.req
 	req.Reset()
 	ex.fwd.CopyTo(&req.Header)
-	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetMethod(ex.rt.method)
 	req.Header.SetHost(up.host)
 	uri := req.URI()
 	if up.tls {
@@ -434,7 +439,11 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 	uri.SetHost(up.host)
 	ex.scratch = append(append(ex.scratch[:0], up.base...), ex.path...)
 	uri.SetPathBytes(ex.scratch)
-	req.Header.SetContentType("application/json")
+	if len(ex.ctype) > 0 && ex.rt.multipart {
+		req.Header.SetContentTypeBytes(ex.ctype)
+	} else {
+		req.Header.SetContentType("application/json")
+	}
 	req.Header.Set(fasthttp.HeaderAcceptEncoding, "identity")
 	req.Header.SetBytesV(headerRequestID, ex.reqID)
 	if ex.clientIP != nil {
@@ -468,28 +477,42 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 }
 
 // buildUpstreamBody rewrites the client's body for a backend that knows the model as upstreamModel: the model
-// name when it differs, and, for chat and completions, stream:true with include_usage so that the gateway
-// always streams from upstream and always learns the usage.
+// name when it differs, and, for measured routes (chat and completions), stream:true with include_usage so
+// that the gateway always streams from upstream and always learns the usage. Pass-through bodies change only
+// in their model.
 func (ex *exchange) buildUpstreamBody(upstreamModel string) {
 	var model []byte
 	if upstreamModel != "" && upstreamModel != string(ex.sum.Model) {
 		model = []byte(upstreamModel)
 	}
-	streamUsage := ex.endpoint != openai.Embeddings
-	if model == nil && (!streamUsage || (ex.sum.Stream && ex.sum.IncludeUsage)) {
+	streamUsage := ex.rt.measured
+	switch {
+	case model == nil && (!streamUsage || (ex.sum.Stream && ex.sum.IncludeUsage)):
 		ex.upBody = append(ex.upBody[:0], ex.body...)
-	} else {
+	case ex.rt.api != 0:
 		ex.upBody = openai.AppendUpstreamBody(ex.upBody[:0], ex.body, &ex.sum, model, streamUsage)
+	case ex.rt.multipart:
+		b, err := appendFormRenamed(ex.upBody[:0], ex.body, ex.ctype, upstreamModel)
+		if err != nil { // parseForm read this body: it cannot fail here; keep the client's body if it does
+			b = append(ex.upBody[:0], ex.body...)
+		}
+		ex.upBody = b
+	default:
+		ex.upBody = openai.AppendReplaced(ex.upBody[:0], ex.body, ex.gen.ModelSpan, upstreamModel)
 	}
 	ex.upFor = upstreamModel
 }
 
+// sse reports whether the answer comes as an SSE stream the gateway reads event by event: always on measured
+// routes, and on pass-through routes when the client asked for a stream.
+func (ex *exchange) sse() bool { return ex.rt.measured || (ex.rt.api == 0 && ex.sum.Stream) }
+
 // attemptOnce runs an attempt's network part on the calling goroutine: send, then read until the first content
-// (or the whole answer for embeddings).
+// (or the whole answer when it does not stream).
 func (ex *exchange) attemptOnce(a *attempt) error {
 	ex.s.testPanic(stageAttempt)
-	streamed := ex.endpoint != openai.Embeddings
-	if err := a.send(streamed); err != nil {
+	streamed := ex.sse()
+	if err := a.send(streamed, ex.rt.intact()); err != nil {
 		return err
 	}
 	if !streamed {
@@ -502,7 +525,7 @@ func (ex *exchange) attemptOnce(a *attempt) error {
 // that point are retried on another backend, up to the model's retries and within the retry budget; with
 // hedging, a second backend races the first when it is slow to start. The attempt that answers is ex.cur.
 func (ex *exchange) run() error {
-	if ex.model.Hedge.After > 0 && ex.endpoint != openai.Embeddings {
+	if ex.model.Hedge.After > 0 && ex.sse() {
 		return ex.runHedged()
 	}
 	return ex.runFrom(nil)
@@ -861,3 +884,44 @@ type shedError struct {
 
 func (e shedError) Error() string { return e.err.Error() }
 func (e shedError) Unwrap() error { return e.err }
+
+// parse reads what the gateway needs of the client's body: the summary for the APIs it understands, the model
+// and stream flag for the routes it passes through.
+func (ex *exchange) parse() error {
+	rt := ex.rt
+	if rt.api != 0 {
+		return ex.sum.Parse(rt.api, ex.body)
+	}
+	var model []byte
+	var stream bool
+	modelSpan := openai.Span{Start: -1, End: -1}
+	// A JSON body's length stands for its tokens (openai.EstimateTokens), for rate limits and routing; a form's
+	// parts are files (audio), whose size says nothing of tokens.
+	promptTokens := 0
+	if rt.multipart || isMultipart(ex.ctype) {
+		if !rt.multipart {
+			return &openai.RequestError{Message: "this endpoint takes a JSON body"}
+		}
+		var err error
+		if model, stream, err = parseForm(ex.body, ex.ctype); err != nil {
+			return err
+		}
+	} else {
+		if rt.multipart {
+			return &openai.RequestError{Message: "this endpoint takes a multipart/form-data body"}
+		}
+		if err := ex.gen.ParseGeneric(ex.body); err != nil {
+			return err
+		}
+		model, stream, modelSpan = ex.gen.Model, ex.gen.Stream, ex.gen.ModelSpan
+		promptTokens = openai.EstimateTokens(len(ex.body))
+	}
+	if len(model) == 0 {
+		return &openai.RequestError{Param: "model", Message: "you must provide a model parameter: the gateway routes by it"}
+	}
+	ex.sum = openai.Summary{Model: model, Stream: stream, N: 1, Prompts: 1, Prompt: ex.sum.Prompt[:0],
+		PromptTokens: promptTokens, ModelSpan: modelSpan,
+		StreamSpan: openai.Span{Start: -1, End: -1}, StreamOptionsSpan: openai.Span{Start: -1, End: -1},
+		IncludeUsageSpan: openai.Span{Start: -1, End: -1}}
+	return nil
+}

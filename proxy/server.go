@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -242,27 +243,33 @@ func (s *Server) timeouts(c *routing.BackendConfig) routing.Timeouts {
 }
 
 var (
-	pathChat        = []byte("/v1/chat/completions")
-	pathCompletions = []byte("/v1/completions")
-	pathEmbeddings  = []byte("/v1/embeddings")
 	pathModels      = []byte("/v1/models")
 	pathModelsSlash = []byte("/v1/models/")
 )
 
+// maxEcho bounds how much of a client's input (a path, a model name) an error message repeats.
+const maxEcho = 256
+
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	path := ctx.Path()
-	switch {
-	case bytes.Equal(path, pathChat):
-		s.serveProxy(ctx, openai.Chat)
-	case bytes.Equal(path, pathCompletions):
-		s.serveProxy(ctx, openai.Completions)
-	case bytes.Equal(path, pathEmbeddings):
-		s.serveProxy(ctx, openai.Embeddings)
-	case bytes.Equal(path, pathModels) || bytes.HasPrefix(path, pathModelsSlash):
-		s.serveModels(ctx, path)
-	default:
-		s.plainError(ctx, fasthttp.StatusNotFound, "invalid_request_error", "not_found", "unknown path "+string(path))
+	if rt := lookupRoute(path); rt != nil {
+		s.serveProxy(ctx, rt)
+		return
 	}
+	if bytes.Equal(path, pathModels) || bytes.HasPrefix(path, pathModelsSlash) {
+		s.serveModels(ctx, path)
+		return
+	}
+	s.plainError(ctx, fasthttp.StatusNotFound, "invalid_request_error", "not_found",
+		"the gateway serves no endpoint "+string(truncate(path, maxEcho))+" (see the endpoint table in README.md)")
+}
+
+// truncate returns b cut to at most n bytes, with "..." when it was longer.
+func truncate(b []byte, n int) []byte {
+	if len(b) <= n {
+		return b
+	}
+	return append(b[:n:n], "..."...)
 }
 
 // handleError renders fasthttp's own request errors (body too large, bad request, timeouts) as OpenAI errors.
@@ -299,10 +306,10 @@ func (s *Server) plainError(ctx *fasthttp.RequestCtx, code int, typ, ecode, msg 
 // serveProxy is the request path of docs/design.md for one inference request. It owns the exchange until it
 // hands a streaming answer to fasthttp (the relay then owns it, and Close releases it); every other answer is
 // written and the exchange released here. A panic anywhere on the way is recovered (recover.go).
-func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, e openai.Endpoint) {
-	if !ctx.IsPost() {
-		ctx.Response.Header.Set(fasthttp.HeaderAllow, fasthttp.MethodPost)
-		s.plainError(ctx, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use POST")
+func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, rt *route) {
+	if string(ctx.Method()) != rt.method {
+		ctx.Response.Header.Set(fasthttp.HeaderAllow, rt.method)
+		s.plainError(ctx, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use "+rt.method)
 		return
 	}
 	s.active.Add(1)
@@ -323,7 +330,7 @@ func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, e openai.Endpoint) {
 			}
 		}
 	}()
-	if s.serveExchange(ctx, ex, e) {
+	if s.serveExchange(ctx, ex, rt) {
 		phase = handedOff
 		return
 	}
@@ -334,17 +341,18 @@ func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, e openai.Endpoint) {
 
 // serveExchange runs one exchange and writes its answer. It returns true when the answer streams: fasthttp then
 // owns ex through the response body stream. Otherwise ex is finished (recorded) but not released.
-func (s *Server) serveExchange(ctx *fasthttp.RequestCtx, ex *exchange, e openai.Endpoint) (streaming bool) {
+func (s *Server) serveExchange(ctx *fasthttp.RequestCtx, ex *exchange, rt *route) (streaming bool) {
 	ex.arrival = time.Now()
-	ex.endpoint = e
+	ex.rt, ex.endpoint = rt, rt.api
 	ex.path = append(ex.path[:0], ctx.Path()...)
 	ex.reqID = appendRequestID(ex.reqID[:0], ctx.Request.Header.Peek(headerRequestID))
 	ctx.Response.Header.SetBytesV(headerRequestID, ex.reqID)
 	ex.client = ctx.Conn()
 	ex.clientIP = ctx.RemoteIP()
 	ex.body = append(ex.body[:0], ctx.PostBody()...)
+	ex.ctype = append(ex.ctype[:0], ctx.Request.Header.ContentType()...)
 
-	err := ex.sum.Parse(e, ex.body)
+	err := ex.parse()
 	if err == nil {
 		err = ex.route(&ctx.Request.Header)
 	}
@@ -375,7 +383,7 @@ func (s *Server) serveExchange(ctx *fasthttp.RequestCtx, ex *exchange, e openai.
 	if ex.model != ex.asked {
 		ctx.Response.Header.Set(headerDegraded, ex.model.Name)
 	}
-	if ex.endpoint != openai.Embeddings && ex.sum.Stream {
+	if ex.sse() && ex.sum.Stream {
 		ctx.Response.Header.Set(headerBackend, ex.cur.name)
 		ex.startReplay()
 		ctx.SetStatusCode(fasthttp.StatusOK)
@@ -386,8 +394,13 @@ func (s *Server) serveExchange(ctx *fasthttp.RequestCtx, ex *exchange, e openai.
 		return true
 	}
 	var body []byte
-	if ex.endpoint == openai.Embeddings {
+	contentType := "application/json"
+	if !ex.rt.measured { // relayed as the engine sent it: status, content type and body
 		body = ex.cur.body
+		ctx.SetStatusCode(ex.cur.resp.StatusCode())
+		if ct := ex.cur.resp.Header.ContentType(); len(ct) > 0 {
+			contentType = string(ct)
+		}
 	} else {
 		for body, err = ex.assemble(); err != nil; body, err = ex.assemble() {
 			if err = ex.retryWhole(err); err != nil {
@@ -396,13 +409,15 @@ func (s *Server) serveExchange(ctx *fasthttp.RequestCtx, ex *exchange, e openai.
 			}
 		}
 	}
-	if up, pub := ex.cur.target.Model, ex.model.Name; up != "" && up != pub {
+	if up, pub := ex.cur.target.Model, ex.model.Name; up != "" && up != pub && strings.HasPrefix(contentType, "application/json") {
 		ex.modelBuf = rewriteModel(ex.modelBuf[:0], body, up, pub)
 		body = ex.modelBuf
 	}
 	ctx.Response.Header.Set(headerBackend, ex.cur.name) // the backend that gave the answer, after any retry
-	ctx.SetStatusCode(fasthttp.StatusOK)
-	ctx.SetContentType("application/json")
+	if ex.rt.measured {
+		ctx.SetStatusCode(fasthttp.StatusOK)
+	}
+	ctx.SetContentType(contentType)
 	ctx.SetBody(body)
 	ex.storeCache(body) // respcache.go, when the request is cached
 	ex.finish(nil)
@@ -418,7 +433,19 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, ex *exchange, err error) {
 		backend = ex.tried[n-1].Name()
 	}
 	ctx.Response.Header.Set(headerBackend, backend)
-	e := writeError(ctx, err)
+	var e apiError
+	var ue *upstreamError
+	if ex.rt != nil && ex.rt.intact() && errors.As(err, &ue) && ue.kind == kindStatus && ue.body != nil {
+		// The engine's own answer to a pass-through request, status and body as they came.
+		e.status = ue.status
+		ctx.SetStatusCode(ue.status)
+		if ue.contentType != "" {
+			ctx.SetContentType(ue.contentType)
+		}
+		ctx.SetBody(ue.body)
+	} else {
+		e = writeError(ctx, err)
+	}
 	if errors.Is(err, errClientGone) {
 		s.m.ClientDisconnects.WithLabelValues("waiting").Inc()
 	}
@@ -460,7 +487,10 @@ func (ex *exchange) route(h *fasthttp.RequestHeader) error {
 	ex.s.follow(snap)
 	m := snap.Models[string(ex.sum.Model)]
 	if m == nil {
-		return fmt.Errorf("proxy: the model %q does not exist: %w", ex.sum.Model, errModelNotFound)
+		return fmt.Errorf("proxy: the model %q does not exist: %w", truncate(ex.sum.Model, maxEcho), errModelNotFound)
+	}
+	if !m.Endpoints.Has(ex.rt.group) {
+		return notEnabled(ex.path, m.Name, ex.rt.group)
 	}
 	ex.snap, ex.asked, ex.model = snap, m, m
 	ex.rreq.Model = m.Name
@@ -468,7 +498,7 @@ func (ex *exchange) route(h *fasthttp.RequestHeader) error {
 	ex.rreq.MaxTokens = ex.sum.MaxTokens
 	ex.rreq.Prompt = ex.sum.Prompt
 	ex.rreq.ITLSLO = m.SLO.ITL
-	ex.injectedUsage = ex.endpoint != openai.Embeddings && !(ex.sum.Stream && ex.sum.IncludeUsage)
+	ex.injectedUsage = ex.rt.measured && !(ex.sum.Stream && ex.sum.IncludeUsage)
 	copyRequestHeaders(&ex.fwd, h)
 	return nil
 }
@@ -496,7 +526,7 @@ func (s *Server) serveModels(ctx *fasthttp.RequestCtx, path []byte) {
 		m := snap.Models[string(id[1:])]
 		if m == nil {
 			s.plainError(ctx, fasthttp.StatusNotFound, "invalid_request_error", "model_not_found",
-				fmt.Sprintf("the model %q does not exist", id[1:]))
+				fmt.Sprintf("the model %q does not exist", truncate(id[1:], maxEcho)))
 			return
 		}
 		out = model{ID: m.Name, Object: "model", Created: m.Created, OwnedBy: "switchyard"}

@@ -69,6 +69,9 @@ type Model struct {
 	DegradeTo *Model
 	// Cache is the model's exact response cache (respcache.go); nil means none.
 	Cache *ResponseCache
+	// Endpoints are the endpoint groups the model serves; a request to another gets 404 naming it. The zero
+	// value means DefaultEndpoints.
+	Endpoints EndpointSet
 }
 
 // Hedge is a model's hedging policy (The Tail at Scale): when an attempt has produced no token after After, a
