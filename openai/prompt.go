@@ -196,7 +196,8 @@ func appendPromptValueReference(dst []byte, v json.RawMessage) ([]byte, error) {
 // buffer; on error it returns dst unchanged. It is the single-pass scanner that Summary.Parse also uses, without
 // Parse's checks of the other parameters: it accepts exactly what the reference accepts and builds the same
 // bytes, with one deliberate difference: keys are matched exactly, while encoding/json also matches them
-// case-insensitively ("Messages", "ROLE"); OpenAI and vLLM match exactly. It does not allocate beyond growing dst
+// case-insensitively ("Messages", "ROLE"); OpenAI and vLLM match exactly. (The Responses and Messages references
+// decode into maps, which match exactly too.) It does not allocate beyond growing dst
 // (and, for a body nested more than 192 levels deep, a bit stack for the scanner). The result never aliases body.
 func AppendPrompt(dst []byte, e Endpoint, body []byte) ([]byte, error) {
 	if e < Chat || e > lastEndpoint {

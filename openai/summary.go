@@ -93,6 +93,8 @@ type Summary struct {
 // Parse fills s from body, a request for endpoint e. The whole body's JSON syntax is validated in the same pass,
 // so a body that Parse accepts is well formed (and valid UTF-8) everywhere, not just in the members it reads.
 // Duplicate keys: the last one wins, as in encoding/json and Python. Keys are matched exactly (case-sensitively).
+// Required: "model" everywhere; "messages" for chat and Messages, "prompt" for completions, "input" for
+// embeddings and Responses; "max_tokens" for Messages. Members of another endpoint's API are not read.
 //
 // On error s holds no meaningful values and the error is a *RequestError. Parse keeps s's buffers: call it again
 // with the same s on the next request and it does not allocate in steady state. s.Model may alias body.
