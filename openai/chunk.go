@@ -2,31 +2,61 @@ package openai
 
 import "bytes"
 
-// Usage is the token accounting of a response ("usage").
+// Usage is the token accounting of a response ("usage"), in OpenAI's terms whatever the API: PromptTokens is the
+// whole prompt, CachedTokens the part of it served from the prefix cache. Responses events map input_tokens,
+// output_tokens, total_tokens and input_tokens_details.cached_tokens onto it. Anthropic's input_tokens counts
+// only the prompt tokens neither read from nor written to its cache, so for Messages events PromptTokens is
+// input_tokens + cache_read_input_tokens + cache_creation_input_tokens, CachedTokens is cache_read_input_tokens
+// (HasCached when present), CompletionTokens is output_tokens, and TotalTokens stays 0 (Anthropic has none).
 type Usage struct {
 	PromptTokens, CompletionTokens, TotalTokens int
 	CachedTokens                                int  // prompt_tokens_details.cached_tokens
 	HasCached                                   bool // the usage reported cached_tokens (engines may omit it)
 }
 
-// ChunkInfo is what the gateway needs to know about one streamed chunk (the data of one SSE event).
+// ChunkInfo is what the gateway needs to know about one streamed chunk (the data of one SSE event): a chat or
+// completions chunk (InspectChunk), or a Responses or Anthropic Messages event (InspectEvent). Fields not
+// mentioned for an API stay zero for it. Every byte slice aliases the data inspected.
 type ChunkInfo struct {
-	Done  bool // the data is [DONE]
-	Error bool // the object has a non-null "error" member (vLLM and OpenAI mid-stream errors)
+	Done bool // the data is [DONE] (chat and completions streams end with it)
+	// Error reports an error: for chat and completions a non-null "error" member (vLLM and OpenAI mid-stream
+	// errors); for Responses an event of type "error" or "response.failed"; for Messages of type "error".
+	Error bool
+	// Terminal reports the event that ends a Responses or Messages stream, which have no [DONE]: Responses
+	// "response.completed", "response.incomplete" or "response.failed", Messages "message_stop".
+	Terminal bool
+	// ID is the raw response id (Responses: "response.id" of any event that carries a "response" object, such
+	// as response.created) or message id (Messages: "message.id" of message_start), the bytes between the quotes
+	// (escapes are not decoded; ids have none); nil otherwise.
+	ID []byte
+	// Body is the raw JSON of the "response" object of a Responses terminal event: the whole response, which
+	// is what a client that did not stream expects as its body. nil otherwise.
+	Body []byte
 	// Content reports that some choice carries generated output: a non-empty delta.content,
 	// delta.reasoning_content (or vLLM's newer delta.reasoning), delta.refusal or delta.tool_calls (chat), or a
-	// non-empty text (completions). The first chunk with Content marks the first token.
+	// non-empty text (completions). For Responses: an event of type response.output_text.delta,
+	// response.refusal.delta, response.reasoning_text.delta, response.reasoning_summary_text.delta,
+	// response.function_call_arguments.delta, response.audio.delta or response.audio.transcript.delta with a
+	// non-empty string "delta". For Messages: a content_block_delta whose delta has a non-empty string "text",
+	// "partial_json" or "thinking". The first chunk with Content marks the first token.
 	Content bool
 	// Tokens is how many choices carry output in this chunk (with n>1 an engine may send one choice per chunk
 	// or several); a chunk usually holds one token per such choice, so it counts output tokens when usage is
-	// missing.
+	// missing. It is 1 for a Responses or Messages event with Content.
 	Tokens int
-	// UsageOnly reports the include_usage chunk: "choices":[] and a non-null "usage".
+	// UsageOnly reports the include_usage chunk: "choices":[] and a non-null "usage" (chat and completions).
 	UsageOnly bool
-	HasUsage  bool // "usage" is present and not null; Usage holds it
-	Usage     Usage
-	// FinishReason is the first non-null finish_reason in the chunk, the raw bytes between the quotes (escapes
-	// are not decoded; finish reasons have none). It aliases the data passed to InspectChunk.
+	// HasUsage reports that the chunk carries a usage object, which Usage holds. Chat and completions: a
+	// non-null "usage". Responses: the "response.usage" object of a terminal event (the complete usage).
+	// Messages: "message.usage" of message_start and "usage" of message_delta, each partial: only the counts
+	// present are set, the others are zero, so the relay folds them together with Usage.Merge.
+	HasUsage bool
+	Usage    Usage
+	// FinishReason is the raw bytes between the quotes (escapes are not decoded; finish reasons have none) of:
+	// the first non-null finish_reason in a chat or completions chunk; for a Responses terminal event, the
+	// response's "incomplete_details.reason" ("max_output_tokens", "content_filter") when it has one, else its
+	// "status" ("completed", "incomplete", "failed"); for Messages, message_delta's "delta.stop_reason"
+	// ("end_turn", "max_tokens", "stop_sequence", "tool_use").
 	FinishReason []byte
 }
 
@@ -134,13 +164,15 @@ func elements(sc *scanner, i, depth int, fn func(k, v int) (int, error)) (int, e
 // knownKeys are the keys members' callers match. Keys with escapes are decoded only to be compared with them,
 // so that no decoded key outlives the call (a decoded key passed to a callback would escape to the heap).
 var knownKeys = [][]byte{
-	[]byte("arguments"), []byte("cached_tokens"), []byte("choices"), []byte("completion_tokens"),
-	[]byte("content"), []byte("created"), []byte("delta"), []byte("detail"), []byte("error"),
-	[]byte("error_type"), []byte("finish_reason"), []byte("function"), []byte("id"), []byte("index"),
-	[]byte("logprobs"), []byte("message"), []byte("model"), []byte("name"), []byte("prompt_tokens"),
-	[]byte("prompt_tokens_details"), []byte("reasoning"), []byte("reasoning_content"), []byte("refusal"),
-	[]byte("role"), []byte("stop_reason"), []byte("system_fingerprint"), []byte("text"), []byte("tool_calls"),
-	[]byte("total_tokens"), []byte("type"), []byte("usage"),
+	[]byte("arguments"), []byte("cache_creation_input_tokens"), []byte("cache_read_input_tokens"),
+	[]byte("cached_tokens"), []byte("choices"), []byte("completion_tokens"), []byte("content"), []byte("created"),
+	[]byte("delta"), []byte("detail"), []byte("error"), []byte("error_type"), []byte("finish_reason"),
+	[]byte("function"), []byte("id"), []byte("incomplete_details"), []byte("index"), []byte("input_tokens"),
+	[]byte("input_tokens_details"), []byte("logprobs"), []byte("message"), []byte("model"), []byte("name"),
+	[]byte("output_tokens"), []byte("partial_json"), []byte("prompt_tokens"), []byte("prompt_tokens_details"),
+	[]byte("reason"), []byte("reasoning"), []byte("reasoning_content"), []byte("refusal"), []byte("response"),
+	[]byte("role"), []byte("status"), []byte("stop_reason"), []byte("system_fingerprint"), []byte("text"),
+	[]byte("thinking"), []byte("tool_calls"), []byte("total_tokens"), []byte("type"), []byte("usage"),
 }
 
 // knownKey returns raw when it has no escapes, else its decoding when that is one of knownKeys, else raw.

@@ -16,7 +16,12 @@ const (
 	Chat        Endpoint = iota + 1 // POST /v1/chat/completions
 	Completions                     // POST /v1/completions
 	Embeddings                      // POST /v1/embeddings
+	Responses                       // POST /v1/responses (OpenAI Responses API)
+	Messages                        // POST /v1/messages (Anthropic Messages API)
 )
+
+// lastEndpoint is the highest Endpoint the package understands.
+const lastEndpoint = Messages
 
 // String returns the endpoint's path.
 func (e Endpoint) String() string {
@@ -27,6 +32,10 @@ func (e Endpoint) String() string {
 		return "/v1/completions"
 	case Embeddings:
 		return "/v1/embeddings"
+	case Responses:
+		return "/v1/responses"
+	case Messages:
+		return "/v1/messages"
 	}
 	return fmt.Sprintf("Endpoint(%d)", uint8(e))
 }
@@ -49,6 +58,22 @@ func EstimateTokens(n int) int { return (n + BytesPerToken - 1) / BytesPerToken 
 //   - completions: the unescaped prompt string; for a list of strings the first one; for a list of token IDs
 //     (or a list of such lists) the raw JSON of the (first) list.
 //   - embeddings: the unescaped input string, or the first string of a list, or the raw JSON of token IDs.
+//   - responses: "tools:" + the raw JSON of "tools" + "\n" when present; then "instructions:" + its unescaped
+//     string + "\n" when present; then the "input": a string as "user:" + text + "\n"; a list of items, each
+//     in order: a message item (an object whose "type" is "message", absent or null) as role + ":" + text + "\n",
+//     where text is the unescaped string content, or for array content the concatenation of the unescaped "text"
+//     of each part whose "type" is "input_text", "output_text" or "text" (any other part, such as an image, a
+//     file or a refusal, contributes its raw JSON); any other item (function_call, function_call_output,
+//     reasoning, item_reference, or an item that is not an object) as its raw JSON + "\n".
+//   - messages (Anthropic): "tools:" + the raw JSON of "tools" + "\n" when present; then "system:" + the system
+//     text + "\n" when present, the text being the unescaped string or the concatenated text blocks; then each
+//     message as role + ":" + text + "\n", text as for system: the unescaped string content, or the
+//     concatenation of each block's unescaped "text" for blocks whose "type" is "text" (image, document,
+//     thinking, tool_use and tool_result blocks contribute their raw JSON). A message that is not an object
+//     contributes its raw JSON + "\n".
+//
+// For responses and messages a null member counts as absent, and where a key repeats the last one counts, as in
+// the rest of the package; the members may come in any order (the canonical order above is restored).
 //
 // Raw JSON is copied byte for byte as the client sent it (clients resend identical bytes for identical tools).
 
@@ -96,6 +121,8 @@ func AppendPromptReference(dst []byte, e Endpoint, body []byte) ([]byte, error) 
 			return dst, fmt.Errorf("prompt: %w", err)
 		}
 		return appendPromptValueReference(dst, req[field])
+	case Responses, Messages:
+		return appendItemsReference(dst, e, body)
 	}
 	return dst, fmt.Errorf("prompt: unknown endpoint %v", e)
 }
@@ -169,10 +196,11 @@ func appendPromptValueReference(dst []byte, v json.RawMessage) ([]byte, error) {
 // buffer; on error it returns dst unchanged. It is the single-pass scanner that Summary.Parse also uses, without
 // Parse's checks of the other parameters: it accepts exactly what the reference accepts and builds the same
 // bytes, with one deliberate difference: keys are matched exactly, while encoding/json also matches them
-// case-insensitively ("Messages", "ROLE"); OpenAI and vLLM match exactly. It does not allocate beyond growing dst
+// case-insensitively ("Messages", "ROLE"); OpenAI and vLLM match exactly. (The Responses and Messages references
+// decode into maps, which match exactly too.) It does not allocate beyond growing dst
 // (and, for a body nested more than 192 levels deep, a bit stack for the scanner). The result never aliases body.
 func AppendPrompt(dst []byte, e Endpoint, body []byte) ([]byte, error) {
-	if e < Chat || e > Embeddings {
+	if e < Chat || e > lastEndpoint {
 		return dst, fmt.Errorf("prompt: unknown endpoint %v", e)
 	}
 	p := parser{

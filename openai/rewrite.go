@@ -1,8 +1,11 @@
 package openai
 
 // AppendUpstreamBody appends body to dst with the "model" value replaced by model (unless model is nil) and, when
-// streamUsage is true, "stream" set to true and "stream_options" set so that include_usage is true (its other
-// members kept). Everything else is copied byte for byte, so the upstream sees the client's request as sent.
+// streamUsage is true, "stream" set to true and, for chat and completions, "stream_options" set so that
+// include_usage is true (its other members kept). For Responses and Messages streamUsage sets "stream" alone:
+// their streams always report usage (in response.completed, in message_start and message_delta), and neither
+// has include_usage (a Responses stream_options is left as sent). Everything else is copied byte for byte, so
+// the upstream sees the client's request as sent.
 //
 // s must be the result of a successful s.Parse of this very body. Where a key is repeated, the last occurrence
 // is the one rewritten, the one every JSON decoder we forward to (Python's, Go's) honours. An absent "stream" or
@@ -34,6 +37,12 @@ func AppendUpstreamBody(dst, body []byte, s *Summary, model []byte, streamUsage 
 			open++
 		}
 		switch st, so := s.StreamSpan, s.StreamOptionsSpan; {
+		case s.Endpoint >= Responses && st.Start < 0:
+			eds[n] = edit{open + 1, open + 1, editStreamFirst}
+			n++
+		case s.Endpoint >= Responses:
+			eds[n] = edit{st.Start, st.End, editTrue}
+			n++
 		case st.Start < 0 && so.Start < 0:
 			eds[n] = edit{open + 1, open + 1, editStreamAndOptions}
 			n++

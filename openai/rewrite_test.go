@@ -8,30 +8,42 @@ import (
 
 func TestAppendUpstreamBody(t *testing.T) {
 	const msgs = `"messages":[{"role":"user","content":"x"}]`
+	const input, claude = `"input":"x"`, `"max_tokens":5,"messages":[{"role":"user","content":"x"}]`
 	tests := []struct {
+		e           Endpoint // 0 means Chat
 		name        string
 		body        string
 		model       string // "" means nil: keep the model
 		streamUsage bool
 		want        string
 	}{
-		{"model only", `{"model":"a",` + msgs + `}`, "b", false, `{"model":"b",` + msgs + `}`},
-		{"model needs escaping", `{"model" : "a" ,` + msgs + `}`, "x\"y\n", false, `{"model" : "x\"y\n" ,` + msgs + `}`},
-		{"nothing to do", `{"model":"a",` + msgs + `}`, "", false, `{"model":"a",` + msgs + `}`},
-		{"stream false kept without streamUsage", `{"model":"a","stream":false,` + msgs + `}`, "", false, `{"model":"a","stream":false,` + msgs + `}`},
-		{"inject both", `{"model":"a",` + msgs + `}`, "", true, `{"stream":true,"stream_options":{"include_usage":true},"model":"a",` + msgs + `}`},
-		{"inject both, leading blanks", " \n{ \"model\":\"a\"," + msgs + `}`, "", true, " \n{\"stream\":true,\"stream_options\":{\"include_usage\":true}, \"model\":\"a\"," + msgs + `}`},
-		{"stream false", `{"model":"a","stream":false,` + msgs + `}`, "", true, `{"model":"a","stream":true,"stream_options":{"include_usage":true},` + msgs + `}`},
-		{"stream true, options null", `{"stream":true,"stream_options":null,"model":"a",` + msgs + `}`, "", true, `{"stream":true,"stream_options":{"include_usage":true},"model":"a",` + msgs + `}`},
-		{"include_usage false", `{"model":"a","stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":true},` + msgs + `}`, "m2", true, `{"model":"m2","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},` + msgs + `}`},
-		{"options without include_usage", `{"model":"a","stream_options":{"continuous_usage_stats":true},"stream":true,` + msgs + `}`, "", true, `{"model":"a","stream_options":{"include_usage":true,"continuous_usage_stats":true},"stream":true,` + msgs + `}`},
-		{"empty options", `{"model":"a","stream_options":{ },` + msgs + `}`, "", true, `{"stream":true,"model":"a","stream_options":{"include_usage":true },` + msgs + `}`},
-		{"repeated keys: the last is rewritten", `{"model":"a","model":"b","stream":false,"stream":false,` + msgs + `}`, "c", true, `{"model":"a","model":"c","stream":false,"stream":true,"stream_options":{"include_usage":true},` + msgs + `}`},
+		{0, "model only", `{"model":"a",` + msgs + `}`, "b", false, `{"model":"b",` + msgs + `}`},
+		{0, "model needs escaping", `{"model" : "a" ,` + msgs + `}`, "x\"y\n", false, `{"model" : "x\"y\n" ,` + msgs + `}`},
+		{0, "nothing to do", `{"model":"a",` + msgs + `}`, "", false, `{"model":"a",` + msgs + `}`},
+		{0, "stream false kept without streamUsage", `{"model":"a","stream":false,` + msgs + `}`, "", false, `{"model":"a","stream":false,` + msgs + `}`},
+		{0, "inject both", `{"model":"a",` + msgs + `}`, "", true, `{"stream":true,"stream_options":{"include_usage":true},"model":"a",` + msgs + `}`},
+		{0, "inject both, leading blanks", " \n{ \"model\":\"a\"," + msgs + `}`, "", true, " \n{\"stream\":true,\"stream_options\":{\"include_usage\":true}, \"model\":\"a\"," + msgs + `}`},
+		{0, "stream false", `{"model":"a","stream":false,` + msgs + `}`, "", true, `{"model":"a","stream":true,"stream_options":{"include_usage":true},` + msgs + `}`},
+		{0, "stream true, options null", `{"stream":true,"stream_options":null,"model":"a",` + msgs + `}`, "", true, `{"stream":true,"stream_options":{"include_usage":true},"model":"a",` + msgs + `}`},
+		{0, "include_usage false", `{"model":"a","stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":true},` + msgs + `}`, "m2", true, `{"model":"m2","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},` + msgs + `}`},
+		{0, "options without include_usage", `{"model":"a","stream_options":{"continuous_usage_stats":true},"stream":true,` + msgs + `}`, "", true, `{"model":"a","stream_options":{"include_usage":true,"continuous_usage_stats":true},"stream":true,` + msgs + `}`},
+		{0, "empty options", `{"model":"a","stream_options":{ },` + msgs + `}`, "", true, `{"stream":true,"model":"a","stream_options":{"include_usage":true },` + msgs + `}`},
+		{0, "repeated keys: the last is rewritten", `{"model":"a","model":"b","stream":false,"stream":false,` + msgs + `}`, "c", true, `{"model":"a","model":"c","stream":false,"stream":true,"stream_options":{"include_usage":true},` + msgs + `}`},
+		{Responses, "responses: stream inserted, no stream_options", `{"model":"a",` + input + `}`, "b", true, `{"stream":true,"model":"b",` + input + `}`},
+		{Responses, "responses: stream false", `{"model":"a","stream":false,` + input + `}`, "", true, `{"model":"a","stream":true,` + input + `}`},
+		{Responses, "responses: stream_options kept", `{"model":"a","stream":null,"stream_options":{"include_obfuscation":false},` + input + `}`, "", true, `{"model":"a","stream":true,"stream_options":{"include_obfuscation":false},` + input + `}`},
+		{Responses, "responses: model only", `{"model":"a","stream":false,` + input + `}`, "b", false, `{"model":"b","stream":false,` + input + `}`},
+		{Messages, "messages: stream inserted", `{"model":"claude",` + claude + `}`, "", true, `{"stream":true,"model":"claude",` + claude + `}`},
+		{Messages, "messages: stream false, stream_options untouched", `{"model":"claude","stream":false,"stream_options":null,` + claude + `}`, "c2", true, `{"model":"c2","stream":true,"stream_options":null,` + claude + `}`},
 	}
 	var s Summary
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if err := s.Parse(Chat, []byte(tc.body)); err != nil {
+			e := Chat
+			if tc.e != 0 {
+				e = tc.e
+			}
+			if err := s.Parse(e, []byte(tc.body)); err != nil {
 				t.Fatal(err)
 			}
 			var model []byte
@@ -65,7 +77,7 @@ func FuzzAppendUpstreamBody(f *testing.F) {
 	f.Add(uint8(Chat), []byte(`{"model":"a","stream_options":{"include_usage":false,"x":[1]},"stream":false,"messages":[{"role":"u","content":"x"}]}`), "", true)
 	f.Add(uint8(Chat), []byte(`{"model":"m","x":-1e700,"messages":[{"role":"u","content":"x"}]}`), "b", true)
 	f.Fuzz(func(t *testing.T, e uint8, body []byte, model string, streamUsage bool) {
-		ep := Endpoint(e%3 + 1)
+		ep := Endpoint(e%uint8(lastEndpoint) + 1)
 		var s Summary
 		if s.Parse(ep, body) != nil {
 			return
@@ -91,7 +103,12 @@ func FuzzAppendUpstreamBody(f *testing.F) {
 			}
 			before["model"] = want
 		}
-		if streamUsage {
+		if streamUsage && ep >= Responses {
+			if after["stream"] != true {
+				t.Fatalf("%q -> %q: stream %v", body, out, after["stream"])
+			}
+			before["stream"] = true
+		} else if streamUsage {
 			if after["stream"] != true {
 				t.Fatalf("%q -> %q: stream %v", body, out, after["stream"])
 			}

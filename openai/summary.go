@@ -52,11 +52,15 @@ type Summary struct {
 	Model []byte
 	// Stream is "stream" (false when absent or null).
 	Stream bool
-	// IncludeUsage is "stream_options.include_usage" (false when absent or null).
+	// IncludeUsage is "stream_options.include_usage" (false when absent or null). Always false for Responses
+	// (whose stream_options has other members and whose streams always end with usage) and Messages.
 	IncludeUsage bool
-	// MaxTokens is "max_tokens", else "max_completion_tokens"; 0 when both are absent or null.
+	// MaxTokens is the output-token limit: for chat, completions and embeddings "max_tokens", else
+	// "max_completion_tokens"; for Responses "max_output_tokens"; for Messages "max_tokens" (which Anthropic
+	// requires: Parse refuses its absence). 0 when absent or null.
 	MaxTokens int
-	// N is "n", the number of choices; 1 when absent or null.
+	// N is "n", the number of choices; 1 when absent or null, and always 1 for Responses and Messages, which have
+	// no "n".
 	N int
 	// Temperature is "temperature"; HasTemperature says whether it was present (and not null).
 	Temperature    float64
@@ -67,19 +71,30 @@ type Summary struct {
 	// PromptTokens is EstimateTokens(len(Prompt)), or the number of token IDs when the prompt is token IDs.
 	PromptTokens int
 	// Prompts is how many prompts a completions or embeddings request carries (a list of strings or of token-ID
-	// lists is a batch; Prompt and PromptTokens describe the first one); 1 for chat.
+	// lists is a batch; Prompt and PromptTokens describe the first one); 1 for the other endpoints.
 	Prompts int
+	// PreviousResponseID is the unescaped "previous_response_id" of a Responses request, the response whose
+	// conversation this one continues (nil when absent or null, and for the other endpoints). Like Model it
+	// aliases the body when the string has no escapes, else a buffer the Summary owns; either way it is valid
+	// until the next Parse and until the body is reused.
+	PreviousResponseID []byte
+	// Background is "background" of a Responses request (false when absent or null): the upstream answers at
+	// once with a queued response and generates it asynchronously.
+	Background bool
 	// ModelSpan, StreamSpan and StreamOptionsSpan are the positions in the body of the values of "model",
 	// "stream" and "stream_options" (the last occurrence of each, which is the one that counts), for
-	// AppendUpstreamBody. IncludeUsageSpan is the value of "include_usage" inside stream_options.
+	// AppendUpstreamBody. IncludeUsageSpan is the value of "include_usage" inside stream_options (never set for
+	// Responses, whose stream_options is recorded but not read, nor for Messages, which has no stream_options).
 	ModelSpan, StreamSpan, StreamOptionsSpan, IncludeUsageSpan Span
 
-	modelBuf []byte
+	modelBuf, prevIDBuf []byte
 }
 
 // Parse fills s from body, a request for endpoint e. The whole body's JSON syntax is validated in the same pass,
 // so a body that Parse accepts is well formed (and valid UTF-8) everywhere, not just in the members it reads.
 // Duplicate keys: the last one wins, as in encoding/json and Python. Keys are matched exactly (case-sensitively).
+// Required: "model" everywhere; "messages" for chat and Messages, "prompt" for completions, "input" for
+// embeddings and Responses; "max_tokens" for Messages. Members of another endpoint's API are not read.
 //
 // On error s holds no meaningful values and the error is a *RequestError. Parse keeps s's buffers: call it again
 // with the same s on the next request and it does not allocate in steady state. s.Model may alias body.
@@ -90,12 +105,13 @@ func (s *Summary) Parse(e Endpoint, body []byte) error {
 		Prompts:           1,
 		Prompt:            s.Prompt[:0],
 		modelBuf:          s.modelBuf[:0],
+		prevIDBuf:         s.prevIDBuf[:0],
 		ModelSpan:         noSpan,
 		StreamSpan:        noSpan,
 		StreamOptionsSpan: noSpan,
 		IncludeUsageSpan:  noSpan,
 	}
-	if e < Chat || e > Embeddings {
+	if e < Chat || e > lastEndpoint {
 		return &RequestError{Message: fmt.Sprintf("unsupported endpoint %v", e)}
 	}
 	p := parser{
@@ -129,12 +145,15 @@ type parser struct {
 	s   *Summary // nil when only the prompt is wanted
 	out []byte
 
-	promptStart int  // where the prompt begins in out
-	toolsLen    int  // length of the "tools:...\n" prefix at out[promptStart:]
-	toolsSpan   Span // the last "tools" value
-	sawMessages bool // a "messages" member was read
-	sawPrompt   bool // the endpoint's prompt member was read ("messages", "prompt" or "input")
-	tokenIDs    int  // number of token IDs in a token-ID prompt, -1 otherwise
+	promptStart int   // where the prompt begins in out
+	toolsLen    int   // length of the "tools:...\n" prefix at out[promptStart:]
+	toolsSpan   Span  // the last "tools" value
+	prefixSpan  Span  // Responses "instructions", Messages "system": the last non-null value
+	listErr     error // the fault of the last Responses "input" or Messages "messages", if any
+	prefixErr   error // the fault of the last "instructions" or "system", if any
+	sawMessages bool  // a "messages" member was read
+	sawPrompt   bool  // the endpoint's prompt member was read ("messages", "prompt" or "input")
+	tokenIDs    int   // number of token IDs in a token-ID prompt, -1 otherwise
 	semErr      error
 
 	maxTokens, maxCompletionTokens int
@@ -153,6 +172,7 @@ func (p *parser) fail(param, format string, args ...any) {
 func (p *parser) run() error {
 	p.promptStart = len(p.out)
 	p.toolsSpan = noSpan
+	p.prefixSpan = noSpan
 	p.tokenIDs = -1
 	b := p.b
 	i := p.ws(0)
@@ -179,9 +199,17 @@ func (p *parser) run() error {
 	if err := p.end(i); err != nil {
 		return err
 	}
-	if p.toolsSpan.Start >= 0 && p.toolsLen == 0 {
+	if p.e >= Responses {
+		p.writePrefix()
+	} else if p.toolsSpan.Start >= 0 && p.toolsLen == 0 {
 		// "tools" came after "messages": the prefix goes in front of what is there.
 		p.out = insert(p.out, p.promptStart, "tools:", b[p.toolsSpan.Start:p.toolsSpan.End], "\n")
+	}
+	// Faults of repeated members are known only now that the last occurrence, the one that counts, is read.
+	for _, err := range [2]error{p.listErr, p.prefixErr} {
+		if p.semErr == nil {
+			p.semErr = err
+		}
 	}
 	if p.s != nil {
 		p.checkRequired()
@@ -204,9 +232,14 @@ func (p *parser) checkRequired() {
 			p.fail("messages", "you must provide a messages parameter")
 		case Completions:
 			p.fail("prompt", "you must provide a prompt parameter")
-		case Embeddings:
+		case Embeddings, Responses:
 			p.fail("input", "you must provide an input parameter")
+		case Messages:
+			p.fail("messages", "you must provide a messages parameter")
 		}
+	}
+	if p.e == Messages && !p.hasMaxTokens {
+		p.fail("max_tokens", "you must provide a max_tokens parameter")
 	}
 }
 
@@ -249,6 +282,12 @@ func (p *parser) object(i int) (int, error) {
 			end, err = p.promptValue(v, "prompt")
 		case p.e == Embeddings && string(key) == "input":
 			end, err = p.promptValue(v, "input")
+		case p.e >= Responses && string(key) == listName(p.e):
+			end, err = p.items(v)
+		case p.e >= Responses && string(key) == prefixName(p.e):
+			end, err = p.prefixText(v)
+		case p.e >= Responses && string(key) == "tools":
+			end, err = p.prefixTools(v)
 		case p.s != nil:
 			end, err = p.param(key, v)
 		default:
@@ -299,30 +338,80 @@ func (p *parser) param(key []byte, v int) (int, error) {
 			p.fail("stream", "stream must be a boolean")
 		}
 	case "stream_options":
+		if p.e == Messages {
+			break
+		}
 		s.StreamOptionsSpan = Span{v, end}
 		s.IncludeUsage = false
 		s.IncludeUsageSpan = noSpan
 		switch {
 		case b[v] == '{':
-			p.streamOptions(v)
+			if p.e != Responses {
+				p.streamOptions(v)
+			}
 		case !null:
 			p.fail("stream_options", "stream_options must be an object")
 		}
-	case "max_tokens", "max_completion_tokens":
-		name := "max_tokens"
-		if string(key) != name {
+	case "max_tokens", "max_completion_tokens", "max_output_tokens":
+		// Each endpoint reads its own names: max_tokens and max_completion_tokens (max_tokens wins) for chat,
+		// completions and embeddings; max_tokens for Messages; max_output_tokens for Responses.
+		var name string
+		switch {
+		case string(key) == "max_tokens":
+			name = "max_tokens"
+			if p.e == Responses {
+				return end, nil
+			}
+		case string(key) == "max_completion_tokens":
 			name = "max_completion_tokens"
+			if p.e >= Responses {
+				return end, nil
+			}
+		default:
+			name = "max_output_tokens"
+			if p.e != Responses {
+				return end, nil
+			}
 		}
 		n, ok := parseInt(val, maxTokensLimit)
 		if !ok && !null {
 			p.fail(name, "%s must be a non-negative integer no larger than %d", name, maxTokensLimit)
 		}
-		if string(key) == "max_tokens" {
+		if name == "max_tokens" {
 			p.maxTokens, p.hasMaxTokens = n, !null
 		} else {
 			p.maxCompletionTokens = n
 		}
+	case "previous_response_id":
+		if p.e != Responses {
+			break
+		}
+		s.PreviousResponseID = nil
+		switch {
+		case null:
+		case b[v] != '"':
+			p.fail("previous_response_id", "previous_response_id must be a string")
+		default:
+			_, flags, _ := p.str(v)
+			if flags == 0 {
+				s.PreviousResponseID = val[1 : len(val)-1]
+			} else {
+				s.prevIDBuf = appendUnescaped(s.prevIDBuf[:0], val[1:len(val)-1], flags)
+				s.PreviousResponseID = s.prevIDBuf
+			}
+		}
+	case "background":
+		if p.e != Responses {
+			break
+		}
+		s.Background = b[v] == 't'
+		if b[v] != 't' && b[v] != 'f' && !null {
+			p.fail("background", "background must be a boolean")
+		}
 	case "n":
+		if p.e >= Responses {
+			break
+		}
 		if null {
 			s.N = 1
 			break

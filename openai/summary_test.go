@@ -44,6 +44,18 @@ func TestParse(t *testing.T) {
 			Summary{Model: []byte("m"), N: 1, Prompts: 2, Prompt: []byte("[1,2]"), PromptTokens: 2}},
 		{"embeddings", Embeddings, `{"model":"m","input":["a","b","c"]}`,
 			Summary{Model: []byte("m"), N: 1, Prompts: 3, Prompt: []byte("a"), PromptTokens: 1}},
+		{"responses string input", Responses, `{"model":"gpt","input":"Hi","max_output_tokens":9,"max_tokens":3,"n":4,"stream":true,"temperature":1}`,
+			Summary{Model: []byte("gpt"), Stream: true, MaxTokens: 9, N: 1, Temperature: 1, HasTemperature: true, Prompts: 1, Prompt: []byte("user:Hi\n"), PromptTokens: 2}},
+		{"responses prefix goes first", Responses, `{"input":[{"role":"user","content":"x"}],"model":"m","tools":[1],"instructions":"Be\nterse."}`,
+			Summary{Model: []byte("m"), N: 1, Prompts: 1, Prompt: []byte("tools:[1]\ninstructions:Be\nterse.\nuser:x\n"), PromptTokens: 10}},
+		{"responses items", Responses, `{"model":"m","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_image","image_url":"u"}]},{"type":"function_call","call_id":"c","arguments":"{}"},{"content":[{"type":"output_text","text":"b"}],"role":"assistant"}]}`,
+			Summary{Model: []byte("m"), N: 1, Prompts: 1, Prompt: []byte(`user:a{"type":"input_image","image_url":"u"}` + "\n" + `{"type":"function_call","call_id":"c","arguments":"{}"}` + "\nassistant:b\n"), PromptTokens: 29}},
+		{"responses continuation", Responses, `{"model":"m","previous_response_id":"resp_\u0031","background":true,"stream_options":{"include_usage":true},"input":[]}`,
+			Summary{Model: []byte("m"), N: 1, Prompts: 1, Prompt: []byte(""), PreviousResponseID: []byte("resp_1"), Background: true}},
+		{"messages", Messages, `{"model":"claude","max_tokens":1024,"max_completion_tokens":5,"n":3,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Hello"}]}`,
+			Summary{Model: []byte("claude"), Stream: true, MaxTokens: 1024, N: 1, Prompts: 1, Prompt: []byte("user:Hello\n"), PromptTokens: 3}},
+		{"messages system and blocks", Messages, `{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"tool_result","tool_use_id":"t","content":"r"}]}],"system":[{"type":"text","text":"S1"},{"type":"text","text":"S2"}],"model":"c","max_tokens":0,"tools":[]}`,
+			Summary{Model: []byte("c"), N: 1, Prompts: 1, Prompt: []byte("tools:[]\nsystem:S1S2\nuser:a" + `{"type":"tool_result","tool_use_id":"t","content":"r"}` + "\n"), PromptTokens: 21}},
 	}
 	var s Summary
 	for _, tc := range tests {
@@ -52,7 +64,7 @@ func TestParse(t *testing.T) {
 				t.Fatalf("Parse: %v", err)
 			}
 			got := s
-			got.Endpoint, got.modelBuf = 0, nil
+			got.Endpoint, got.modelBuf, got.prevIDBuf = 0, nil, nil
 			got.ModelSpan, got.StreamSpan, got.StreamOptionsSpan, got.IncludeUsageSpan = Span{}, Span{}, Span{}, Span{}
 			if !equalSummary(got, tc.want) {
 				t.Errorf("got  %+v\nwant %+v", got, tc.want)
@@ -66,6 +78,7 @@ func TestParse(t *testing.T) {
 
 func equalSummary(a, b Summary) bool {
 	return string(a.Model) == string(b.Model) && string(a.Prompt) == string(b.Prompt) && a.Stream == b.Stream &&
+		string(a.PreviousResponseID) == string(b.PreviousResponseID) && a.Background == b.Background &&
 		a.IncludeUsage == b.IncludeUsage && a.MaxTokens == b.MaxTokens && a.N == b.N && a.Temperature == b.Temperature &&
 		a.HasTemperature == b.HasTemperature && a.PromptTokens == b.PromptTokens && a.Prompts == b.Prompts
 }
@@ -162,6 +175,35 @@ func TestParseErrors(t *testing.T) {
 		{"missing input", Embeddings, `{"model":"m","prompt":"x"}`, "input", false},
 		{"number input", Embeddings, `{"model":"m","input":5}`, "input", false},
 		{"messages is not the completions prompt", Completions, `{"model":"m",` + msgs + `}`, "prompt", false},
+		{"responses missing model", Responses, `{"input":"x"}`, "model", false},
+		{"responses missing input", Responses, `{"model":"m","previous_response_id":"resp_1"}`, "input", false},
+		{"responses null input", Responses, `{"model":"m","input":null}`, "input", false},
+		{"responses number input", Responses, `{"model":"m","input":5}`, "input", false},
+		{"responses last input counts", Responses, `{"model":"m","input":"x","input":5}`, "input", false},
+		{"responses string item", Responses, `{"model":"m","input":["x"]}`, "input[0]", false},
+		{"responses item without role", Responses, `{"model":"m","input":[{"content":"x"}]}`, "input[0].role", false},
+		{"responses null role", Responses, `{"model":"m","input":[{"role":null,"content":"x"}]}`, "input[0].role", false},
+		{"responses object content", Responses, `{"model":"m","input":[{"role":"user","content":"x"},{"role":"user","content":{}}]}`, "input[1].content", false},
+		{"responses string part", Responses, `{"model":"m","input":[{"role":"user","content":["x"]}]}`, "input[0].content[0]", false},
+		{"responses array instructions", Responses, `{"model":"m","input":"x","instructions":[]}`, "instructions", false},
+		{"responses object tools", Responses, `{"model":"m","input":"x","tools":{}}`, "tools", false},
+		{"responses max_output_tokens", Responses, `{"model":"m","input":"x","max_output_tokens":-1}`, "max_output_tokens", false},
+		{"responses previous_response_id", Responses, `{"model":"m","input":"x","previous_response_id":1}`, "previous_response_id", false},
+		{"responses background", Responses, `{"model":"m","input":"x","background":"yes"}`, "background", false},
+		{"responses stream_options", Responses, `{"model":"m","input":"x","stream_options":true}`, "stream_options", false},
+		{"responses invalid JSON", Responses, `{"model":"m","input":[{"role":"user","content":"x"}`, "", true},
+		{"messages missing max_tokens", Messages, `{"model":"c",` + msgs + `}`, "max_tokens", false},
+		{"messages null max_tokens", Messages, `{"model":"c","max_tokens":null,` + msgs + `}`, "max_tokens", false},
+		{"messages max_completion_tokens is not max_tokens", Messages, `{"model":"c","max_completion_tokens":5,` + msgs + `}`, "max_tokens", false},
+		{"messages bad max_tokens", Messages, `{"model":"c","max_tokens":1.5,` + msgs + `}`, "max_tokens", false},
+		{"messages missing messages", Messages, `{"model":"c","max_tokens":5}`, "messages", false},
+		{"messages empty messages", Messages, `{"model":"c","max_tokens":5,"messages":[]}`, "messages", false},
+		{"messages string messages", Messages, `{"model":"c","max_tokens":5,"messages":"hi"}`, "messages", false},
+		{"messages missing role", Messages, `{"model":"c","max_tokens":5,"messages":[{"content":"x"}]}`, "messages[0].role", false},
+		{"messages number content", Messages, `{"model":"c","max_tokens":5,"messages":[{"role":"user","content":1}]}`, "messages[0].content", false},
+		{"messages string block", Messages, `{"model":"c","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":"a"},"b"]}]}`, "messages[0].content[1]", false},
+		{"messages number system", Messages, `{"model":"c","max_tokens":5,"system":1,` + msgs + `}`, "system", false},
+		{"messages string system block", Messages, `{"model":"c","max_tokens":5,"system":["s"],` + msgs + `}`, "system[0]", false},
 	}
 	var s Summary
 	for _, tc := range tests {
@@ -248,6 +290,8 @@ func TestParseAllocs(t *testing.T) {
 		{Completions, `{"model":"m","prompt":["a\nb","c"],"max_tokens":5,"n":2}`},
 		{Completions, `{"model":"m","prompt":[[1,2],[3]]}`},
 		{Embeddings, `{"model":"m","input":[1,2,3]}`},
+		{Responses, `{"model":"m","input":[{"content":[{"type":"input_text","text":"a\nb"}],"role":"user"},{"type":"function_call","arguments":"{}"}],"instructions":"i\n","tools":[{}],"previous_response_id":"r\u0031"}`},
+		{Messages, `{"model":"m","max_tokens":5,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"text","text":"x"},{"type":"image"}]}],"tools":[]}`},
 	} {
 		body := []byte(tc.body)
 		var s Summary
@@ -277,8 +321,10 @@ func FuzzParse(f *testing.F) {
 	}
 	f.Add(uint8(Chat), []byte(`{"model":"m","stream":"true","messages":[]}`))
 	f.Add(uint8(Chat), []byte(`{"model":"m","x":1e700,"messages":[{"role":"u","content":"x"}]}`))
+	f.Add(uint8(Responses-1), []byte(`{"model":"m","max_output_tokens":3,"max_tokens":4,"previous_response_id":"r","background":true,"input":"x"}`))
+	f.Add(uint8(Messages-1), []byte(`{"model":"m","max_tokens":3,"max_completion_tokens":4,"n":2,"messages":[{"role":"u","content":"x"}]}`))
 	f.Fuzz(func(t *testing.T, e uint8, body []byte) {
-		ep := Endpoint(e%3 + 1)
+		ep := Endpoint(e%uint8(lastEndpoint) + 1)
 		var s Summary
 		err := s.Parse(ep, body)
 		if err != nil {
@@ -299,7 +345,7 @@ func FuzzParse(f *testing.F) {
 		if perr != nil || !bytes.Equal(p, s.Prompt) {
 			t.Fatalf("%q: Prompt %q, AppendPrompt %q (%v)", body, s.Prompt, p, perr)
 		}
-		if ref, rerr := AppendPromptReference(nil, ep, body); rerr == nil && !referenceQuirk(body) && !bytes.Equal(ref, s.Prompt) {
+		if ref, rerr := AppendPromptReference(nil, ep, body); rerr == nil && !referenceQuirk(ep, body) && !bytes.Equal(ref, s.Prompt) {
 			t.Fatalf("%q: Prompt %q, reference %q", body, s.Prompt, ref)
 		}
 		// The scalar parameters agree with encoding/json's reading of the body.
@@ -314,17 +360,30 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("%q: Stream %v", body, s.Stream)
 		}
 		so, _ := m["stream_options"].(map[string]any)
-		if iu, _ := so["include_usage"].(bool); iu != s.IncludeUsage {
+		if iu, _ := so["include_usage"].(bool); (iu && ep < Responses) != s.IncludeUsage {
 			t.Fatalf("%q: IncludeUsage %v", body, s.IncludeUsage)
 		}
-		if n, ok := m["n"].(json.Number); ok {
+		if n, ok := m["n"].(json.Number); ok && ep < Responses {
 			if v, _ := n.Int64(); int(v) != s.N {
 				t.Fatalf("%q: N %v", body, s.N)
 			}
+		} else if ep >= Responses && s.N != 1 {
+			t.Fatalf("%q: N %v", body, s.N)
 		}
-		mt, ok := m["max_tokens"].(json.Number)
-		if !ok {
-			mt, _ = m["max_completion_tokens"].(json.Number)
+		var mt json.Number
+		switch ep {
+		case Responses:
+			mt, _ = m["max_output_tokens"].(json.Number)
+		case Messages:
+			var ok bool
+			if mt, ok = m["max_tokens"].(json.Number); !ok {
+				t.Fatalf("%q: accepted without max_tokens", body)
+			}
+		default:
+			var ok bool
+			if mt, ok = m["max_tokens"].(json.Number); !ok {
+				mt, _ = m["max_completion_tokens"].(json.Number)
+			}
 		}
 		if v, _ := mt.Int64(); int(v) != s.MaxTokens {
 			t.Fatalf("%q: MaxTokens %v, want %v", body, s.MaxTokens, mt)
@@ -332,6 +391,12 @@ func FuzzParse(f *testing.F) {
 		temp, ok := m["temperature"].(json.Number)
 		if tv, _ := temp.Float64(); ok != s.HasTemperature || tv != s.Temperature {
 			t.Fatalf("%q: Temperature %v %v", body, s.Temperature, s.HasTemperature)
+		}
+		if id, _ := m["previous_response_id"].(string); ep == Responses && id != string(s.PreviousResponseID) || ep != Responses && s.PreviousResponseID != nil {
+			t.Fatalf("%q: PreviousResponseID %q", body, s.PreviousResponseID)
+		}
+		if bg, _ := m["background"].(bool); bg && ep == Responses != s.Background {
+			t.Fatalf("%q: Background %v", body, s.Background)
 		}
 		for _, sp := range []Span{s.ModelSpan, s.StreamSpan, s.StreamOptionsSpan, s.IncludeUsageSpan} {
 			if sp.Start >= 0 && !json.Valid(body[sp.Start:sp.End]) {
