@@ -56,6 +56,7 @@ type attempt struct {
 	gotFirst bool   // a content event arrived
 	complete bool   // the stream ended with [DONE]
 	pending  []byte // raw events up to and including the first with content
+	respID   []byte // the id of the response the engine made (Responses API), from its first events
 	body     []byte // a non-streamed answer (embeddings)
 	err      error  // how the pre-commit part ended
 
@@ -92,6 +93,7 @@ func (a *attempt) free() {
 	a.ci = openai.ChunkInfo{}
 	a.sse, a.gotFirst, a.complete = false, false, false
 	a.pending = a.pending[:0]
+	a.respID = a.respID[:0]
 	a.body = a.body[:0]
 	a.err = nil
 	a.killed.Store(nil)
@@ -172,7 +174,7 @@ func (a *attempt) statusError(code int, keep bool) error {
 
 // readFirst reads events into a.pending until one carries content, or the stream ends ([DONE]: an answer with
 // no tokens is still an answer). It may run on the attempt's own goroutine.
-func (a *attempt) readFirst() error {
+func (a *attempt) readFirst(e openai.Endpoint) error {
 	for {
 		ev, err := a.events.Next()
 		if err != nil {
@@ -189,8 +191,11 @@ func (a *attempt) readFirst() error {
 			a.complete = true
 			return nil
 		}
-		if err := openai.InspectChunk(ev.Data, &a.ci); err != nil {
+		if err := openai.InspectEvent(e, ev.Data, &a.ci); err != nil {
 			return &upstreamError{kind: kindProtocol, backend: a.name, err: err}
+		}
+		if len(a.ci.ID) > 0 && len(a.respID) == 0 {
+			a.respID = append(a.respID, a.ci.ID...)
 		}
 		if a.ci.Error {
 			msg, typ := openai.ParseUpstreamError(ev.Data)
@@ -198,6 +203,10 @@ func (a *attempt) readFirst() error {
 		}
 		if a.ci.Content {
 			a.gotFirst = true
+			return nil
+		}
+		if a.ci.Terminal { // a Responses or Messages stream that ends without output: still an answer
+			a.complete = true
 			return nil
 		}
 	}

@@ -121,6 +121,10 @@ func status(err error) apiError {
 		return e
 	case errors.As(err, &re):
 		return apiError{status: 400, typ: "invalid_request_error", code: "invalid_request", param: re.Param, message: re.Message}
+	case errors.As(err, new(*responseError)):
+		re := new(*responseError)
+		errors.As(err, re)
+		return apiError{status: (*re).status, typ: "invalid_request_error", param: (*re).param, message: (*re).message}
 	case errors.As(err, new(*routeError)):
 		return apiError{status: 404, typ: "invalid_request_error", code: "not_found", message: err.Error()}
 	case errors.Is(err, errModelNotFound):
@@ -185,4 +189,63 @@ func writeError(ctx *fasthttp.RequestCtx, err error) apiError {
 	}
 	ctx.Response.SetBodyRaw(openai.AppendError(nil, e.message, e.typ, e.code, e.param))
 	return e
+}
+
+// anthropicType is the Anthropic Messages API's error type for an HTTP status.
+func anthropicType(status int) string {
+	switch status {
+	case 400, 422:
+		return "invalid_request_error"
+	case 401:
+		return "authentication_error"
+	case 403:
+		return "permission_error"
+	case 404:
+		return "not_found_error"
+	case 413:
+		return "request_too_large"
+	case 429:
+		return "rate_limit_error"
+	case 503, 529:
+		return "overloaded_error"
+	}
+	return "api_error"
+}
+
+// appendAnthropicError appends an Anthropic-shaped error object: {"type":"error","error":{"type":..,"message":..}}.
+func appendAnthropicError(dst []byte, status int, message string) []byte {
+	dst = append(dst, `{"type":"error","error":{"type":`...)
+	dst = openai.AppendQuoted(dst, anthropicType(status))
+	dst = append(dst, `,"message":`...)
+	dst = openai.AppendQuoted(dst, message)
+	return append(dst, "}}"...)
+}
+
+// writeErrorFor is writeError in the shape of the API the client called: Anthropic's for /v1/messages, whose
+// SDKs read only that shape; OpenAI's for every other endpoint.
+func writeErrorFor(ctx *fasthttp.RequestCtx, e openai.Endpoint, err error) apiError {
+	ae := writeError(ctx, err)
+	if e == openai.Messages && ae.status != 499 {
+		ctx.Response.SetBodyRaw(appendAnthropicError(nil, ae.status, ae.message))
+	}
+	return ae
+}
+
+// appendStreamError appends the SSE event that tells a streaming client its answer broke off, in the shape of
+// its API: a chat-style error object (then [DONE], which the caller adds) for chat and completions; the
+// Responses API's "error" event; Anthropic's "error" event for Messages.
+func appendStreamError(dst []byte, e openai.Endpoint, msg, typ, code string) []byte {
+	switch e {
+	case openai.Responses:
+		dst = append(dst, "event: error\ndata: {\"type\":\"error\",\"code\":"...)
+		dst = openai.AppendQuoted(dst, code)
+		dst = append(dst, `,"message":`...)
+		dst = openai.AppendQuoted(dst, msg)
+		return append(dst, ",\"param\":null}\n\n"...)
+	case openai.Messages:
+		dst = append(dst, "event: error\ndata: "...)
+		dst = appendAnthropicError(dst, 500, msg)
+		return append(dst, "\n\n"...)
+	}
+	return openai.AppendErrorEvent(dst, msg, typ, code)
 }

@@ -49,6 +49,7 @@ type exchange struct {
 
 	body   []byte         // the client's body, copied
 	ctype  []byte         // the client's Content-Type, for bodies that are not JSON (forms)
+	query  []byte         // the client's query string, passed on
 	sum    openai.Summary // what routing needs from body
 	gen    openai.Generic // what a pass-through route reads of body (rt.api == 0)
 	upBody []byte         // body as sent upstream
@@ -65,6 +66,8 @@ type exchange struct {
 	limited  bool // quota holds a reservation to settle
 	quoted   bool // quota holds the x-ratelimit-* headers to send
 	rreq     routing.Request
+	respID   []byte           // the stored response the path names (/v1/responses/{id}...), or the one created
+	pin      *routing.Backend // the only backend that may serve the request: where its stored response lives
 	tried    []*routing.Backend
 	cands    []routing.Target
 	queued   *attempt // filled by the queue's Dispatch
@@ -126,7 +129,7 @@ func (s *Server) releaseExchange(ex *exchange) {
 	ex.client, ex.clientIP = nil, nil
 	ex.rt = nil
 	ex.body = ex.body[:0]
-	ex.ctype = ex.ctype[:0]
+	ex.ctype, ex.query = ex.ctype[:0], ex.query[:0]
 	ex.upBody = ex.upBody[:0]
 	ex.upFor = ""
 	ex.fwd.Reset()
@@ -135,6 +138,7 @@ func (s *Server) releaseExchange(ex *exchange) {
 	ex.quota = admission.Quota{}
 	ex.limited, ex.quoted = false, false
 	ex.rreq.Reset()
+	ex.respID, ex.pin = ex.respID[:0], nil
 	clear(ex.tried)
 	ex.tried = ex.tried[:0]
 	clear(ex.cands)
@@ -320,6 +324,9 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 		if ex.triedContains(t.Backend) {
 			continue
 		}
+		if ex.pin != nil && t.Backend != ex.pin {
+			continue // a stored response's follow-up goes to the backend that holds it (responses.go)
+		}
 		if c != nil && c.FullFor(ex.class, ex.guard) && t.Backend.Healthy() {
 			full = true
 			continue
@@ -439,6 +446,9 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 	uri.SetHost(up.host)
 	ex.scratch = append(append(ex.scratch[:0], up.base...), ex.path...)
 	uri.SetPathBytes(ex.scratch)
+	if len(ex.query) > 0 {
+		uri.SetQueryStringBytes(ex.query)
+	}
 	if len(ex.ctype) > 0 && ex.rt.multipart {
 		req.Header.SetContentTypeBytes(ex.ctype)
 	} else {
@@ -485,9 +495,10 @@ func (ex *exchange) buildUpstreamBody(upstreamModel string) {
 	if upstreamModel != "" && upstreamModel != string(ex.sum.Model) {
 		model = []byte(upstreamModel)
 	}
-	streamUsage := ex.rt.measured
+	streamUsage := ex.forceStream()
+	streaming := ex.sum.Stream && (ex.sum.IncludeUsage || ex.endpoint == openai.Responses) // has what it needs
 	switch {
-	case model == nil && (!streamUsage || (ex.sum.Stream && ex.sum.IncludeUsage)):
+	case model == nil && (!streamUsage || streaming):
 		ex.upBody = append(ex.upBody[:0], ex.body...)
 	case ex.rt.api != 0:
 		ex.upBody = openai.AppendUpstreamBody(ex.upBody[:0], ex.body, &ex.sum, model, streamUsage)
@@ -503,9 +514,24 @@ func (ex *exchange) buildUpstreamBody(upstreamModel string) {
 	ex.upFor = upstreamModel
 }
 
-// sse reports whether the answer comes as an SSE stream the gateway reads event by event: always on measured
-// routes, and on pass-through routes when the client asked for a stream.
-func (ex *exchange) sse() bool { return ex.rt.measured || (ex.rt.api == 0 && ex.sum.Stream) }
+// forceStream reports whether the gateway asks the engine for a stream whatever the client asked, so that it
+// sees every token (TTFT, each gap, the usage) and assembles the answer for a client that did not stream:
+// chat, completions, and Responses requests that are not background ones (which answer at once).
+func (ex *exchange) forceStream() bool {
+	switch ex.endpoint {
+	case openai.Chat, openai.Completions:
+		return true
+	case openai.Responses:
+		return !ex.sum.Background
+	}
+	return false
+}
+
+// sse reports whether the answer comes as an SSE stream the gateway reads event by event: when it asks for
+// one (forceStream), and when the client asked for one (Messages, pass-through routes).
+func (ex *exchange) sse() bool {
+	return ex.forceStream() || (ex.sum.Stream && ex.endpoint != openai.Embeddings && !ex.rt.byID)
+}
 
 // attemptOnce runs an attempt's network part on the calling goroutine: send, then read until the first content
 // (or the whole answer when it does not stream).
@@ -518,7 +544,7 @@ func (ex *exchange) attemptOnce(a *attempt) error {
 	if !streamed {
 		return a.readWhole()
 	}
-	return a.readFirst()
+	return a.readFirst(ex.endpoint)
 }
 
 // run tries backends until one answers (its first content is in hand, see attempt.readFirst): failures before
@@ -822,6 +848,7 @@ func (ex *exchange) won(a *attempt) {
 		ex.s.retries.Done()
 		a.retry = false
 	}
+	ex.rememberID(a) // responses.go
 	ex.s.queueFor(ex.model.Name).Signal()
 }
 
@@ -891,6 +918,12 @@ func (ex *exchange) parse() error {
 	rt := ex.rt
 	if rt.api != 0 {
 		return ex.sum.Parse(rt.api, ex.body)
+	}
+	if rt.byID { // no body to read: the stored response says the model (responses.go, in route)
+		ex.sum = openai.Summary{N: 1, Prompts: 1, Prompt: ex.sum.Prompt[:0], ModelSpan: openai.Span{Start: -1, End: -1},
+			StreamSpan: openai.Span{Start: -1, End: -1}, StreamOptionsSpan: openai.Span{Start: -1, End: -1},
+			IncludeUsageSpan: openai.Span{Start: -1, End: -1}}
+		return nil
 	}
 	var model []byte
 	var stream bool

@@ -93,8 +93,10 @@ func (ex *exchange) abortStream() (err error) {
 			err = errClientGone
 		}
 	}()
-	buf := openai.AppendErrorEvent(nil, "internal error in the gateway; the answer is incomplete", "server_error", "internal_error")
-	buf = openai.AppendDone(buf)
+	buf := appendStreamError(nil, ex.endpoint, "internal error in the gateway; the answer is incomplete", "server_error", "internal_error")
+	if ex.endpoint != openai.Responses && ex.endpoint != openai.Messages {
+		buf = openai.AppendDone(buf)
+	}
 	if werr := ex.emit(buf); werr != nil {
 		err = errClientGone
 	}

@@ -115,14 +115,16 @@ func (ex *exchange) step(emit func([]byte) error) (done bool, err error) {
 		return true, nil
 	}
 	ex.ci = openai.ChunkInfo{}
-	if err := openai.InspectChunk(data, &ex.ci); err != nil {
+	if err := openai.InspectEvent(ex.endpoint, data, &ex.ci); err != nil {
 		return false, &upstreamError{kind: kindStream, backend: a.name, err: err}
 	}
 	if ex.ci.HasUsage {
-		ex.usage, ex.hasUsage = ex.ci.Usage, true
-		a.acct.ObserveUsage(routing.Usage{PromptTokens: ex.ci.Usage.PromptTokens, CompletionTokens: ex.ci.Usage.CompletionTokens,
-			CachedTokens: ex.ci.Usage.CachedTokens, HasCached: ex.ci.Usage.HasCached})
-		if a.outPending && ex.ci.Usage.HasCached {
+		// Merged: an Anthropic stream reports the prompt's usage first and the output's last.
+		ex.usage.Merge(ex.ci.Usage)
+		ex.hasUsage = true
+		a.acct.ObserveUsage(routing.Usage{PromptTokens: ex.usage.PromptTokens, CompletionTokens: ex.usage.CompletionTokens,
+			CachedTokens: ex.usage.CachedTokens, HasCached: ex.usage.HasCached})
+		if a.outPending && ex.usage.HasCached {
 			a.outPending = false
 			a.out.Observe(true, a.outTTFT, a.acct.RevisedTTFT())
 		}
@@ -130,17 +132,34 @@ func (ex *exchange) step(emit func([]byte) error) (done bool, err error) {
 	if ex.ci.Error {
 		ex.upstreamError = true
 	}
+	if len(ex.ci.ID) > 0 && len(a.respID) == 0 {
+		a.respID = append(a.respID, ex.ci.ID...)
+		ex.rememberID(a)
+	}
+	if ex.ci.Terminal { // Responses and Messages streams end with their terminal event, not [DONE]
+		a.complete = true
+		if emit == nil {
+			if ex.endpoint == openai.Responses {
+				ex.out = append(ex.out[:0], ex.ci.Body...) // the whole response: a non-streaming client's body
+			}
+			return true, nil
+		}
+		return true, emit(ex.renamed(ev.Raw, data))
+	}
 	if emit == nil {
 		if ex.ci.Error {
 			msg, _ := openai.ParseUpstreamError(data)
 			return false, &upstreamError{kind: kindStream, backend: a.name, err: errors.New(msg)}
+		}
+		if ex.endpoint == openai.Responses {
+			return false, nil // only the terminal event's response object is kept
 		}
 		if err := ex.asm.Add(data); err != nil {
 			return false, &upstreamError{kind: kindStream, backend: a.name, err: err}
 		}
 		return false, nil
 	}
-	if ex.rc.store && ex.asm.Add(data) != nil {
+	if ex.rc.store && ex.endpoint != openai.Responses && ex.asm.Add(data) != nil {
 		ex.rc.store = false // an answer the assembler cannot take is not kept
 	}
 	raw := ev.Raw
@@ -154,11 +173,17 @@ func (ex *exchange) step(emit func([]byte) error) (done bool, err error) {
 		ex.scratch = append(ex.scratch, "\n\n"...)
 		raw = ex.scratch
 	}
-	if up, pub := a.target.Model, ex.model.Name; up != "" && up != pub {
+	return false, emit(ex.renamed(raw, data))
+}
+
+// renamed returns an event with the upstream model name changed back to the public one, when they differ.
+func (ex *exchange) renamed(raw, data []byte) []byte {
+	_ = data
+	if up, pub := ex.cur.target.Model, ex.model.Name; up != "" && up != pub {
 		ex.modelBuf = rewriteModel(ex.modelBuf[:0], raw, up, pub)
-		raw = ex.modelBuf
+		return ex.modelBuf
 	}
-	return false, emit(raw)
+	return raw
 }
 
 // assemble reads the whole answer into the non-streaming body a client that did not stream expects.
@@ -174,6 +199,12 @@ func (ex *exchange) assemble() ([]byte, error) {
 			break
 		}
 		ex.countTokens()
+	}
+	if ex.endpoint == openai.Responses {
+		if !ex.cur.complete || len(ex.out) == 0 {
+			return nil, &upstreamError{kind: kindStream, backend: ex.cur.name, err: errors.New("the stream ended without its response")}
+		}
+		return ex.out, nil
 	}
 	ex.out = ex.asm.AppendBody(ex.out[:0])
 	if u, ok := ex.asm.Usage(); ok {
@@ -210,9 +241,11 @@ func (ex *exchange) endStream(fail error) error {
 		if errors.Is(fail, errShutdown) {
 			msg = "the gateway is shutting down; the answer is incomplete"
 		}
-		buf = openai.AppendErrorEvent(buf, msg, e.typ, e.code)
+		buf = appendStreamError(buf, ex.endpoint, msg, e.typ, e.code)
 	}
-	buf = openai.AppendDone(buf)
+	if ex.endpoint != openai.Responses && ex.endpoint != openai.Messages { // their streams have no [DONE]
+		buf = openai.AppendDone(buf)
+	}
 	ex.scratch = buf
 	if err := ex.emit(buf); err != nil {
 		return errClientGone

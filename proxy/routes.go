@@ -93,9 +93,6 @@ type route struct {
 	// the stream flag of a JSON body (openai.Generic), or of a multipart form when multipart is set.
 	api       openai.Endpoint
 	multipart bool
-	// measured routes stream from the engine, so the gateway sees each token (chat, completions): the
-	// gateway asks for a stream when the client did not, and assembles the answer for it.
-	measured bool
 	// byID routes name a stored response in their path (/v1/responses/{id}...): they go to the backend that
 	// created it (responses.go).
 	byID bool
@@ -103,19 +100,28 @@ type route struct {
 
 // intact reports whether the engine's answer goes back exactly as it came, status and body included, also
 // for an error status: everything beyond the OpenAI generation APIs the gateway understands.
-func (r *route) intact() bool { return r.api == 0 || r.api == openai.Embeddings || r.byID }
+// The Responses and Messages APIs are among them: their SDKs read the engine's own error bodies, which the
+// gateway's chat-shaped errors are not.
+func (r *route) intact() bool { return r.api != openai.Chat && r.api != openai.Completions }
 
 var (
-	routeChat        = route{group: EndpointChat, method: fasthttp.MethodPost, api: openai.Chat, measured: true}
-	routeCompletions = route{group: EndpointCompletions, method: fasthttp.MethodPost, api: openai.Completions, measured: true}
-	routeEmbeddings  = route{group: EndpointEmbeddings, method: fasthttp.MethodPost, api: openai.Embeddings}
-	routeRerank      = route{group: EndpointRerank, method: fasthttp.MethodPost}
-	routeScore       = route{group: EndpointScore, method: fasthttp.MethodPost}
-	routeEmbedV2     = route{group: EndpointEmbedV2, method: fasthttp.MethodPost}
-	routeTokenize    = route{group: EndpointTokenize, method: fasthttp.MethodPost}
-	routeAudioForm   = route{group: EndpointAudio, method: fasthttp.MethodPost, multipart: true}
-	routeAudioJSON   = route{group: EndpointAudio, method: fasthttp.MethodPost}
-	routeMessagesAux = route{group: EndpointMessages, method: fasthttp.MethodPost}
+	routeChat        = route{group: EndpointChat, method: fasthttp.MethodPost, api: openai.Chat}
+	routeCompletions = route{group: EndpointCompletions, method: fasthttp.MethodPost, api: openai.Completions}
+	routeResponses   = route{group: EndpointResponses, method: fasthttp.MethodPost, api: openai.Responses}
+	routeMessages    = route{group: EndpointMessages, method: fasthttp.MethodPost, api: openai.Messages}
+	// The stored-response routes (responses.go): /v1/responses/{id} (GET, DELETE), .../cancel, .../input_items.
+	routeResponseGet    = route{group: EndpointResponses, method: fasthttp.MethodGet, byID: true}
+	routeResponseDelete = route{group: EndpointResponses, method: fasthttp.MethodDelete, byID: true}
+	routeResponseCancel = route{group: EndpointResponses, method: fasthttp.MethodPost, byID: true}
+	routeResponseItems  = route{group: EndpointResponses, method: fasthttp.MethodGet, byID: true}
+	routeEmbeddings     = route{group: EndpointEmbeddings, method: fasthttp.MethodPost, api: openai.Embeddings}
+	routeRerank         = route{group: EndpointRerank, method: fasthttp.MethodPost}
+	routeScore          = route{group: EndpointScore, method: fasthttp.MethodPost}
+	routeEmbedV2        = route{group: EndpointEmbedV2, method: fasthttp.MethodPost}
+	routeTokenize       = route{group: EndpointTokenize, method: fasthttp.MethodPost}
+	routeAudioForm      = route{group: EndpointAudio, method: fasthttp.MethodPost, multipart: true}
+	routeAudioJSON      = route{group: EndpointAudio, method: fasthttp.MethodPost}
+	routeMessagesAux    = route{group: EndpointMessages, method: fasthttp.MethodPost}
 )
 
 // routeTable maps the exact paths of the body-carrying endpoints to their routes.
@@ -123,6 +129,8 @@ var routeTable = map[string]*route{
 	"/v1/chat/completions":      &routeChat,
 	"/v1/completions":           &routeCompletions,
 	"/v1/embeddings":            &routeEmbeddings,
+	"/v1/responses":             &routeResponses,
+	"/v1/messages":              &routeMessages,
 	"/v1/rerank":                &routeRerank,
 	"/rerank":                   &routeRerank,
 	"/v2/rerank":                &routeRerank,
@@ -137,12 +145,34 @@ var routeTable = map[string]*route{
 	"/v1/messages/count_tokens": &routeMessagesAux,
 }
 
-// lookupRoute returns the route of a request path, or nil when the gateway serves no such endpoint.
-func lookupRoute(path []byte) *route {
+var pathResponsesSlash = []byte("/v1/responses/")
+
+// lookupRoute returns the route of a request (by method only where one path has several), and for the
+// stored-response routes the response id the path names; nil when the gateway serves no such endpoint.
+func lookupRoute(method, path []byte) (r *route, id []byte) {
 	if r := routeTable[string(path)]; r != nil { // the compiler does not allocate for a map index by string(b)
-		return r
+		return r, nil
 	}
-	return nil
+	rest, ok := bytes.CutPrefix(path, pathResponsesSlash)
+	if !ok || len(rest) == 0 {
+		return nil, nil
+	}
+	id, sub, _ := bytes.Cut(rest, []byte("/"))
+	if len(id) == 0 {
+		return nil, nil
+	}
+	switch string(sub) {
+	case "":
+		if string(method) == fasthttp.MethodDelete {
+			return &routeResponseDelete, id
+		}
+		return &routeResponseGet, id
+	case "cancel":
+		return &routeResponseCancel, id
+	case "input_items":
+		return &routeResponseItems, id
+	}
+	return nil, nil
 }
 
 // isMultipart reports whether a Content-Type is multipart/form-data.

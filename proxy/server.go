@@ -105,6 +105,7 @@ type Server struct {
 	queues   sync.Map // model name -> *admission.Queue[*exchange]
 	hedges   sync.Map // model name -> *admission.HedgeBudget
 	reserves sync.Map // model name -> *admission.SeatReserve
+	homes    *homes   // where each stored response lives (responses.go)
 	followMu sync.Mutex
 	followed atomic.Pointer[Snapshot]
 
@@ -127,7 +128,8 @@ func New(src Source, opts Options) (*Server, error) {
 		return nil, errors.New("proxy: Options.Metrics is required")
 	}
 	opts.setDefaults()
-	s := &Server{src: src, opts: opts, m: opts.Metrics, log: opts.Logger, ups: newUpstreams()}
+	s := &Server{src: src, opts: opts, m: opts.Metrics, log: opts.Logger, ups: newUpstreams(),
+		homes: newHomes(defaultHomesMax, defaultHomesTTL, nil)}
 	s.caps = admission.NewCaps(admission.DefaultCapParams(), opts.Metrics)
 	s.outliers = admission.NewOutlierDetector(admission.DefaultOutlierParams(), nil, opts.Metrics)
 	s.retries = admission.NewRetryBudget(20, 3, opts.Metrics)
@@ -252,8 +254,8 @@ const maxEcho = 256
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	path := ctx.Path()
-	if rt := lookupRoute(path); rt != nil {
-		s.serveProxy(ctx, rt)
+	if rt, id := lookupRoute(ctx.Method(), path); rt != nil {
+		s.serveProxy(ctx, rt, id)
 		return
 	}
 	if bytes.Equal(path, pathModels) || bytes.HasPrefix(path, pathModelsSlash) {
@@ -306,7 +308,7 @@ func (s *Server) plainError(ctx *fasthttp.RequestCtx, code int, typ, ecode, msg 
 // serveProxy is the request path of docs/design.md for one inference request. It owns the exchange until it
 // hands a streaming answer to fasthttp (the relay then owns it, and Close releases it); every other answer is
 // written and the exchange released here. A panic anywhere on the way is recovered (recover.go).
-func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, rt *route) {
+func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, rt *route, id []byte) {
 	if string(ctx.Method()) != rt.method {
 		ctx.Response.Header.Set(fasthttp.HeaderAllow, rt.method)
 		s.plainError(ctx, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use "+rt.method)
@@ -330,6 +332,7 @@ func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, rt *route) {
 			}
 		}
 	}()
+	ex.respID = append(ex.respID[:0], id...)
 	if s.serveExchange(ctx, ex, rt) {
 		phase = handedOff
 		return
@@ -351,6 +354,7 @@ func (s *Server) serveExchange(ctx *fasthttp.RequestCtx, ex *exchange, rt *route
 	ex.clientIP = ctx.RemoteIP()
 	ex.body = append(ex.body[:0], ctx.PostBody()...)
 	ex.ctype = append(ex.ctype[:0], ctx.Request.Header.ContentType()...)
+	ex.query = append(ex.query[:0], ctx.URI().QueryString()...)
 
 	err := ex.parse()
 	if err == nil {
@@ -395,7 +399,7 @@ func (s *Server) serveExchange(ctx *fasthttp.RequestCtx, ex *exchange, rt *route
 	}
 	var body []byte
 	contentType := "application/json"
-	if !ex.rt.measured { // relayed as the engine sent it: status, content type and body
+	if !ex.sse() { // relayed as the engine sent it: status, content type and body
 		body = ex.cur.body
 		ctx.SetStatusCode(ex.cur.resp.StatusCode())
 		if ct := ex.cur.resp.Header.ContentType(); len(ct) > 0 {
@@ -414,9 +418,10 @@ func (s *Server) serveExchange(ctx *fasthttp.RequestCtx, ex *exchange, rt *route
 		body = ex.modelBuf
 	}
 	ctx.Response.Header.Set(headerBackend, ex.cur.name) // the backend that gave the answer, after any retry
-	if ex.rt.measured {
+	if ex.sse() {
 		ctx.SetStatusCode(fasthttp.StatusOK)
 	}
+	ex.rememberWhole(body) // responses.go: where a stored response lives, or that it is gone
 	ctx.SetContentType(contentType)
 	ctx.SetBody(body)
 	ex.storeCache(body) // respcache.go, when the request is cached
@@ -444,7 +449,7 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, ex *exchange, err error) {
 		}
 		ctx.SetBody(ue.body)
 	} else {
-		e = writeError(ctx, err)
+		e = writeErrorFor(ctx, ex.endpoint, err)
 	}
 	if errors.Is(err, errClientGone) {
 		s.m.ClientDisconnects.WithLabelValues("waiting").Inc()
@@ -485,6 +490,11 @@ func (ex *exchange) route(h *fasthttp.RequestHeader) error {
 		return routing.ErrNoBackend
 	}
 	ex.s.follow(snap)
+	if ex.rt.byID {
+		if err := ex.locate(snap); err != nil { // responses.go: the model and backend of the stored response
+			return err
+		}
+	}
 	m := snap.Models[string(ex.sum.Model)]
 	if m == nil {
 		return fmt.Errorf("proxy: the model %q does not exist: %w", truncate(ex.sum.Model, maxEcho), errModelNotFound)
@@ -492,13 +502,16 @@ func (ex *exchange) route(h *fasthttp.RequestHeader) error {
 	if !m.Endpoints.Has(ex.rt.group) {
 		return notEnabled(ex.path, m.Name, ex.rt.group)
 	}
+	if err := ex.pinHome(m); err != nil { // responses.go: a stored response's follow-ups go to its backend
+		return err
+	}
 	ex.snap, ex.asked, ex.model = snap, m, m
 	ex.rreq.Model = m.Name
 	ex.rreq.PromptTokens = ex.sum.PromptTokens
 	ex.rreq.MaxTokens = ex.sum.MaxTokens
 	ex.rreq.Prompt = ex.sum.Prompt
 	ex.rreq.ITLSLO = m.SLO.ITL
-	ex.injectedUsage = ex.rt.measured && !(ex.sum.Stream && ex.sum.IncludeUsage)
+	ex.injectedUsage = (ex.endpoint == openai.Chat || ex.endpoint == openai.Completions) && !(ex.sum.Stream && ex.sum.IncludeUsage)
 	copyRequestHeaders(&ex.fwd, h)
 	return nil
 }
