@@ -12,13 +12,6 @@ import (
 	"github.com/switchyard/switchyard/cache"
 )
 
-// Engine names the kind of server behind a backend, which decides how its metrics are scraped.
-const (
-	EngineVLLM   = "vllm"   // vLLM: scrape vllm:* metrics
-	EngineSGLang = "sglang" // SGLang: scrape sglang:* metrics
-	EngineOpenAI = "openai" // a hosted OpenAI-compatible API: nothing to scrape
-)
-
 // Timeouts bound one upstream attempt. Zero means "no bound" for that phase; policy fills the defaults.
 type Timeouts struct {
 	// Connect bounds dialing the backend (TCP, and TLS when the URL is https).
@@ -42,8 +35,12 @@ type BackendConfig struct {
 	URL string
 	// Region is where the backend runs, compared with the gateway's own region for RTT and failover.
 	Region string
-	// Engine is EngineVLLM, EngineSGLang or EngineOpenAI.
+	// Engine names the server software: a key of the policy's engines table (EngineVLLM, EngineOpenAIHosted,
+	// or an operator's own), shown in /debug/backends.
 	Engine string
+	// EngineSpec is how the Monitor reads the engine's load (engines.go). nil means the built-in entry named
+	// Engine (BuiltinEngine); a name without one has nothing to scrape and gets no idle probes.
+	EngineSpec *EngineSpec
 	// APIKey, when set, replaces the client's Authorization header upstream ("Bearer <APIKey>").
 	APIKey string
 	// Models are the upstream model names this backend serves.
@@ -60,6 +57,21 @@ type BackendConfig struct {
 	// Timeouts bound each attempt sent to this backend.
 	Timeouts Timeouts
 }
+
+// Spec returns the engine spec the backend is read with: EngineSpec, else the built-in entry named Engine, else
+// an engine with nothing to scrape.
+func (c *BackendConfig) Spec() *EngineSpec {
+	if c.EngineSpec != nil {
+		return c.EngineSpec
+	}
+	if e := BuiltinEngine(c.Engine); e != nil {
+		return e
+	}
+	return unknownEngine
+}
+
+// unknownEngine is the spec of an engine name routing does not know: nothing to scrape, no idle probes.
+var unknownEngine = NewEngineSpec(EngineSpec{})
 
 // bytesPerToken is the gateway's prompt-length estimate (openai.BytesPerToken): a 64-byte prefix block is 16
 // tokens. Repeated here because routing does not import openai.

@@ -55,7 +55,8 @@ type MonitorOptions struct {
 	// Timeout bounds each scrape and probe.
 	Timeout time.Duration
 	// IdleProbeAfter is how long a backend may go without a first token before it is sent a one-token
-	// completion (never for hosted "openai" backends, which bill per request). Negative disables idle probes.
+	// completion (only to engines whose spec allows it: never to hosted APIs, which bill per request). Negative
+	// disables idle probes.
 	IdleProbeAfter time.Duration
 	// Client does the scrapes and HTTP probes; nil means a keep-alive client of the Monitor's own.
 	Client *http.Client
@@ -68,7 +69,8 @@ type MonitorOptions struct {
 }
 
 // Monitor keeps the registry's backends' engine metrics and RTT current: one goroutine per backend scrapes its
-// /metrics (vLLM or SGLang; hosted "openai" backends are only probed) every ScrapeInterval and probes its RTT
+// engine's metrics (where and which names its EngineSpec says; engines with nothing to scrape, such as hosted
+// APIs, are only probed) every ScrapeInterval and probes its RTT
 // every ProbeInterval, and one more goroutine follows the registry across reloads (starting and stopping
 // backend goroutines) and expires prefix-index entries every second.
 //
@@ -218,7 +220,7 @@ func (m *Monitor) run(ctx context.Context, b *Backend) {
 			return
 		case <-timer.C:
 		}
-		if b.Config().Engine != EngineOpenAI {
+		if b.Config().Spec().Scrapes() {
 			err := s.scrape(ctx)
 			if ctx.Err() != nil {
 				return
@@ -321,7 +323,9 @@ func (s *scraper) restarted(st *EngineStats, now time.Time) bool {
 func (s *scraper) fetch(ctx context.Context) (*EngineStats, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.m.opts.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.b.Config().URL+"/metrics", nil)
+	cfg := s.b.Config()
+	spec := cfg.Spec()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, metricsURL(cfg.URL, spec), nil)
 	if err != nil {
 		return nil, fmt.Errorf("scrape %s: %w", s.b.Name(), err)
 	}
@@ -336,21 +340,35 @@ func (s *scraper) fetch(ctx context.Context) (*EngineStats, error) {
 		return nil, fmt.Errorf("scrape %s: status %d", s.b.Name(), resp.StatusCode)
 	}
 	st := &EngineStats{}
-	if err := ParseEngineMetrics(resp.Body, s.br, st); err != nil {
+	if err := spec.ParseMetrics(resp.Body, s.br, st); err != nil {
 		return nil, fmt.Errorf("scrape %s: %w", s.b.Name(), err)
 	}
 	s.br.Reset(nil) // do not keep the body reachable
 	return st, nil
 }
 
-// probe measures one round trip to the backend: a GET /health on a kept-alive connection for engines we run
-// (any HTTP answer is a round trip), a TCP connect for hosted APIs. A failed probe is not a measurement.
+// metricsURL returns where the engine's metrics are: base (the backend's URL) with the spec's path, and its
+// port when it has one of its own.
+func metricsURL(base string, spec *EngineSpec) string {
+	if spec.MetricsPort == 0 {
+		return base + spec.MetricsPath
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		return base + spec.MetricsPath // the request fails and says why
+	}
+	u.Host = net.JoinHostPort(u.Hostname(), strconv.Itoa(spec.MetricsPort))
+	return u.String() + spec.MetricsPath
+}
+
+// probe measures one round trip to the backend: a GET /health on a kept-alive connection for engines that are
+// scraped (any HTTP answer is a round trip), a TCP connect for those that are not (hosted APIs). A failed probe is not a measurement.
 func (s *scraper) probe(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, s.m.opts.Timeout)
 	defer cancel()
 	cfg := s.b.Config()
 	start := time.Now()
-	if cfg.Engine == EngineOpenAI {
+	if !cfg.Spec().Scrapes() {
 		u, err := url.Parse(cfg.URL)
 		if err != nil {
 			return
@@ -386,7 +404,7 @@ func (s *scraper) probe(ctx context.Context) {
 func (s *scraper) idleProbeDue() bool {
 	after := s.m.opts.IdleProbeAfter
 	cfg := s.b.Config()
-	if after < 0 || cfg.Engine == EngineOpenAI || len(cfg.Models) == 0 || !s.b.Healthy() {
+	if after < 0 || !cfg.Spec().IdleProbes || len(cfg.Models) == 0 || !s.b.Healthy() {
 		return false
 	}
 	now := s.b.clock.Now()
