@@ -90,6 +90,7 @@ func (c *Config) Compile(reg *routing.Registry, prev *proxy.Snapshot, m *metrics
 	if err != nil {
 		return nil, fmt.Errorf("policy: %w", err)
 	}
+	engines := c.engineSpecs()
 	cfgs := make([]*routing.BackendConfig, len(c.Backends))
 	for i, b := range c.Backends {
 		cfgs[i] = &routing.BackendConfig{
@@ -97,6 +98,7 @@ func (c *Config) Compile(reg *routing.Registry, prev *proxy.Snapshot, m *metrics
 			URL:            strings.TrimRight(b.URL, "/"),
 			Region:         b.Region,
 			Engine:         b.Engine,
+			EngineSpec:     engines[b.Engine],
 			APIKey:         b.APIKey.Value(),
 			Models:         append([]string(nil), b.Models...),
 			Weight:         b.Weight,

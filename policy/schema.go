@@ -23,6 +23,11 @@ type Config struct {
 	// mapping with the URL and its settings (see the Redis type). Absent or empty keeps all state in process.
 	// Static.
 	Redis Redis `yaml:"redis"`
+	// Engines describes the kinds of inference servers backends run: where each one's Prometheus metrics are and
+	// which metric carries each load signal (see the Engine type). The built-in entries (vllm, sglang, tgi,
+	// trtllm-serve, triton, nim, llamacpp, openai-hosted: docs/engines.md) are always there; an entry with a
+	// built-in's name overrides it field by field, another name adds an engine. Default: the built-ins only.
+	Engines map[string]Engine `yaml:"engines"`
 	// Backends are the upstream inference servers, in the order they are listed. At least one.
 	Backends []Backend `yaml:"backends"`
 	// Models are the public model names clients may ask for, and how each is routed. At least one.
@@ -56,8 +61,9 @@ type Backend struct {
 	URL string `yaml:"url"`
 	// Region is where the backend runs. Default: the gateway's Region.
 	Region string `yaml:"region"`
-	// Engine is the server software, which decides how its load metrics are scraped: vllm, sglang, or openai
-	// (a hosted OpenAI-compatible API: nothing to scrape). Default vllm.
+	// Engine is the server software: a name of the engines table (a built-in such as vllm, sglang, tgi,
+	// trtllm-serve, triton, nim, llamacpp or openai-hosted, a hosted API with nothing to scrape; openai is
+	// accepted for openai-hosted), which decides how its load metrics are scraped. Default vllm.
 	Engine string `yaml:"engine"`
 	// Models are the model names the backend serves upstream. At least one.
 	Models []string `yaml:"models"`
