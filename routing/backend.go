@@ -2,6 +2,7 @@ package routing
 
 import (
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,8 +42,25 @@ type BackendConfig struct {
 	// EngineSpec is how the Monitor reads the engine's load (engines.go). nil means the built-in entry named
 	// Engine (BuiltinEngine); a name without one has nothing to scrape and gets no idle probes.
 	EngineSpec *EngineSpec
-	// APIKey, when set, replaces the client's Authorization header upstream ("Bearer <APIKey>").
+	// APIKey, when set, replaces the client's Authorization header upstream ("Bearer <APIKey>"), and is sent on
+	// the Monitor's scrapes and probes too.
 	APIKey string
+	// Headers are extra headers sent on every upstream request (after the client's, so they win) and on the
+	// Monitor's scrapes and probes: an API's own key header (Azure's api-key), an organisation header. Values may
+	// be secrets. Never headers the gateway sets itself (the policy rejects them). nil: none.
+	Headers []Header
+	// Query is an encoded query string ("api-version=2024-10-21") added to every upstream inference URL; "" adds
+	// none.
+	Query string
+	// Path, when set, replaces the client's path upstream (PathTemplate: /openai/deployments/{model}/{endpoint});
+	// nil appends the client's path to URL.
+	Path *PathTemplate
+	// CA, when set, is the only set of authorities an https backend's certificate may chain to (proxy and
+	// Monitor alike); nil means the system roots.
+	CA *CABundle
+	// ForwardAuthorization sends the client's own Authorization header upstream. Meaningful only without
+	// APIKey (which replaces it); false, the default, drops the client's credentials.
+	ForwardAuthorization bool
 	// Models are the upstream model names this backend serves.
 	Models []string
 	// Weight is the backend's relative share for weighted strategies; 1 when unset.
@@ -68,6 +86,16 @@ func (c *BackendConfig) Spec() *EngineSpec {
 		return e
 	}
 	return unknownEngine
+}
+
+// HasHeader reports whether Headers sets name (case-insensitively).
+func (c *BackendConfig) HasHeader(name string) bool {
+	for _, h := range c.Headers {
+		if strings.EqualFold(h.Name, name) {
+			return true
+		}
+	}
+	return false
 }
 
 // unknownEngine is the spec of an engine name routing does not know: nothing to scrape, no idle probes.

@@ -3,6 +3,7 @@ package routing
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -113,15 +114,25 @@ func NewMonitor(reg *Registry, opts MonitorOptions) *Monitor {
 	}
 	m := &Monitor{reg: reg, opts: opts, client: opts.Client}
 	if m.client == nil {
-		m.client = &http.Client{Transport: &http.Transport{
-			Proxy:               nil, // backends are reached directly, never through HTTP_PROXY
-			DialContext:         (&net.Dialer{Timeout: opts.Timeout, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConnsPerHost: 2,
-			IdleConnTimeout:     90 * time.Second,
-		}}
+		m.client = newScrapeClient(opts.Timeout, nil)
 		m.ownsCl = true
 	}
 	return m
+}
+
+// newScrapeClient returns a keep-alive client for scrapes and probes; ca, when not nil, replaces the system
+// roots for https backends.
+func newScrapeClient(timeout time.Duration, ca *CABundle) *http.Client {
+	tr := &http.Transport{
+		Proxy:               nil, // backends are reached directly, never through HTTP_PROXY
+		DialContext:         (&net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 2,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	if ca != nil {
+		tr.TLSClientConfig = &tls.Config{RootCAs: ca.Pool, MinVersion: tls.VersionTLS12}
+	}
+	return &http.Client{Transport: tr}
 }
 
 // Start launches the Monitor's goroutines. Calling it again while running does nothing.
@@ -210,6 +221,7 @@ func jitter(d time.Duration) time.Duration {
 // run is one backend's scraping goroutine.
 func (m *Monitor) run(ctx context.Context, b *Backend) {
 	s := &scraper{m: m, b: b, br: bufio.NewReaderSize(nil, 16<<10)}
+	defer s.closeCA()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var nextProbe time.Time
@@ -237,11 +249,12 @@ func (m *Monitor) run(ctx context.Context, b *Backend) {
 			// In its own goroutine: a slow backend must not hold up its scrapes.
 			s.lastIdleP = b.clock.Now()
 			idle.Store(true)
+			cl := s.client(b.Config()) // chosen here: the scraper's state belongs to this goroutine
 			m.wg.Add(1)
 			go func() {
 				defer m.wg.Done()
 				defer idle.Store(false)
-				s.idleProbe(ctx)
+				s.idleProbe(ctx, cl)
 			}()
 		}
 		if o := b.obs.Load(); o != nil {
@@ -259,6 +272,29 @@ type scraper struct {
 	last      *EngineStats // last successful scrape
 	lastOK    time.Time
 	lastIdleP time.Time // last idle probe, on the backend's clock
+
+	caClient *http.Client // for a backend with a CA bundle of its own (BackendConfig.CA), built for caSum
+	caSum    [32]byte
+}
+
+// client returns the HTTP client for the backend's current configuration: the Monitor's, or one that trusts
+// the backend's own CA bundle (rebuilt when a reload changes the bundle). Only the scraping goroutine calls it.
+func (s *scraper) client(cfg *BackendConfig) *http.Client {
+	if cfg.CA == nil {
+		return s.m.client
+	}
+	if s.caClient == nil || s.caSum != cfg.CA.Sum {
+		s.closeCA()
+		s.caClient, s.caSum = newScrapeClient(s.m.opts.Timeout, cfg.CA), cfg.CA.Sum
+	}
+	return s.caClient
+}
+
+func (s *scraper) closeCA() {
+	if s.caClient != nil {
+		s.caClient.CloseIdleConnections()
+		s.caClient = nil
+	}
 }
 
 // scrape fetches and parses the backend's /metrics once and publishes the result.
@@ -329,8 +365,9 @@ func (s *scraper) fetch(ctx context.Context) (*EngineStats, error) {
 	if err != nil {
 		return nil, fmt.Errorf("scrape %s: %w", s.b.Name(), err)
 	}
+	setUpstreamHeaders(req.Header, cfg)
 	req.Header.Set("Accept", "text/plain;version=0.0.4")
-	resp, err := s.m.client.Do(req)
+	resp, err := s.client(cfg).Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("scrape %s: %w", s.b.Name(), err)
 	}
@@ -390,7 +427,8 @@ func (s *scraper) probe(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	resp, err := s.m.client.Do(req)
+	setUpstreamHeaders(req.Header, cfg)
+	resp, err := s.client(cfg).Do(req)
 	if err != nil {
 		return
 	}
@@ -415,25 +453,27 @@ func (s *scraper) idleProbeDue() bool {
 // prompt under the backend's current load. Routing avoids a backend its model predicts slow; without traffic
 // the model would never learn that it recovered. A failed probe teaches nothing (health is the breaker's job),
 // except a timeout, which is a TTFT of at least that long.
-func (s *scraper) idleProbe(ctx context.Context) {
+func (s *scraper) idleProbe(ctx context.Context, cl *http.Client) {
 	b := s.b
 	cfg := b.Config()
 	ctx, cancel := context.WithTimeout(ctx, idleProbeTimeout)
 	defer cancel()
 	body := `{"model":` + strconv.Quote(cfg.Models[0]) + `,"prompt":"ping","max_tokens":1,"stream":false}`
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, cfg.URL+"/v1/completions", strings.NewReader(body))
+	u := cfg.URL + string(cfg.Path.AppendPath(nil, []byte("/v1/completions"), cfg.Models[0]))
+	if cfg.Query != "" {
+		u += "?" + cfg.Query
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, strings.NewReader(body))
 	if err != nil {
 		return
 	}
+	setUpstreamHeaders(req.Header, cfg)
 	req.Header.Set("Content-Type", "application/json")
-	if cfg.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+cfg.APIKey)
-	}
 	l := b.loadAt(b.clock.Now())
 	a := Attempt{b: b, uncached: 1, queued: l.queuedTok, runAt0: l.running, rtt: b.rtt()}
 	a.predTTFT = b.lat.ttftMean(a.uncached, a.queued, a.runAt0)
 	start := time.Now()
-	resp, err := s.m.client.Do(req)
+	resp, err := cl.Do(req)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
 			b.observeTTFT(&a, time.Since(start).Seconds())

@@ -3,9 +3,12 @@ package routing
 import (
 	"bufio"
 	"context"
+	"encoding/pem"
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -210,5 +213,77 @@ func TestMetricsPort(t *testing.T) {
 	}
 	if got := metricsURL("http://[::1]:8000", spec); got != "http://[::1]:8002/metrics" {
 		t.Fatal(got)
+	}
+}
+
+func TestScrapeHostedTLSWithHeaders(t *testing.T) {
+	// A backend behind TLS with a private CA and its own auth header: the Monitor scrapes it with the same CA,
+	// headers and key the proxy uses, and fails without the CA.
+	var mu sync.Mutex
+	var seen http.Header
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = r.Header.Clone()
+		mu.Unlock()
+		if r.Header.Get("Api-Key") != "k1" || r.Header.Get("Authorization") != "Bearer sk" {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		_, _ = w.Write([]byte("vllm:num_requests_waiting 5\n"))
+	}))
+	defer srv.Close()
+	ca, err := NewCABundle(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, b, _ := scraperFor(t, srv.URL, EngineVLLM)
+	defer s.closeCA()
+	if err := s.scrape(context.Background()); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("scrape without the CA: %v, want a certificate error", err)
+	}
+	cfg := *b.Config()
+	cfg.CA, cfg.APIKey = ca, "sk"
+	cfg.Headers = []Header{{Name: "api-key", Value: "k1"}}
+	b.cfg.Store(&cfg)
+	if err := s.scrape(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if e := b.Engine(); e.Waiting != 5 {
+		t.Fatalf("waiting %v", e.Waiting)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if seen.Get("Api-Key") != "k1" || seen.Get("Authorization") != "Bearer sk" {
+		t.Fatalf("scrape headers %v", seen)
+	}
+}
+
+func TestPathTemplate(t *testing.T) {
+	for _, tc := range []struct{ tmpl, path, model, want, err string }{
+		{"/openai/deployments/{model}/{endpoint}", "/v1/chat/completions", "gpt-4o", "/openai/deployments/gpt-4o/chat/completions", ""},
+		{"/{endpoint}", "/v1/embeddings", "m", "/embeddings", ""},
+		{"/models/{model}:generate", "/v1/completions", "meta/llama 3?", "/models/meta%2Fllama%203%3F:generate", ""},
+		{"openai/{model}", "", "", "", "must start with /"},
+		{"/x/{deployment}", "", "", "", "unknown placeholder {deployment} (one of: {model}, {endpoint})"},
+		{"/x/{model", "", "", "", "unbalanced { }: write {model} or {endpoint}"},
+		{"/x?y=1", "", "", "", "must be a path, without query, fragment or white space (give query parameters in query)"},
+	} {
+		pt, err := ParsePathTemplate(tc.tmpl)
+		if tc.err != "" {
+			if err == nil || err.Error() != tc.err {
+				t.Errorf("%q: error %v, want %q", tc.tmpl, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := string(pt.AppendPath([]byte("/base"), []byte(tc.path), tc.model)); got != "/base"+tc.want {
+			t.Errorf("%q: %q, want %q", tc.tmpl, got, "/base"+tc.want)
+		}
+	}
+	var none *PathTemplate
+	if got := string(none.AppendPath([]byte("/base"), []byte("/v1/completions"), "m")); got != "/base/v1/completions" {
+		t.Errorf("no template: %q", got)
 	}
 }
