@@ -83,8 +83,9 @@ func (r *report) validateBackends(c *Config, engines map[string]bool) map[string
 		r.errorf("backends", "at least one backend is required")
 	}
 	names := map[string]int{}
-	for i, b := range c.Backends {
-		p := fmt.Sprintf("backends[%d]", i)
+	for i := range c.Backends {
+		b, p := &c.Backends[i], fmt.Sprintf("backends[%d]", i)
+		r.validateHosted(c, p, b) // hosted.go
 		r.uniqueName(p+".name", b.Name, "backend", names, i, "backends")
 		r.backendURL(p+".url", b.URL)
 		if r.regionName(p+".region", b.Region) {
