@@ -89,6 +89,7 @@ func (r *report) applyDefaults(c *Config) {
 		}
 		r.defaultTimeouts(&b.Timeouts, p+".timeouts", l.Timeouts)
 	}
+	r.defaultEngines(c) // engines.go
 
 	for i := range c.Models {
 		m, p := &c.Models[i], fmt.Sprintf("models[%d]", i)

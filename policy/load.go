@@ -90,17 +90,25 @@ func (c *Config) Compile(reg *routing.Registry, prev *proxy.Snapshot, m *metrics
 	if err != nil {
 		return nil, fmt.Errorf("policy: %w", err)
 	}
+	engines := c.engineSpecs()
 	cfgs := make([]*routing.BackendConfig, len(c.Backends))
 	for i, b := range c.Backends {
 		cfgs[i] = &routing.BackendConfig{
-			Name:           b.Name,
-			URL:            strings.TrimRight(b.URL, "/"),
-			Region:         b.Region,
-			Engine:         b.Engine,
-			APIKey:         b.APIKey.Value(),
-			Models:         append([]string(nil), b.Models...),
-			Weight:         b.Weight,
-			MaxConcurrency: b.MaxConcurrency,
+			Name:       b.Name,
+			URL:        strings.TrimRight(b.URL, "/"),
+			Region:     b.Region,
+			Engine:     b.Engine,
+			EngineSpec: engines[b.Engine],
+			APIKey:     b.APIKey.Value(),
+			Headers:    upstreamHeaders(&b),
+			Query:      upstreamQuery(&b),
+			Path:       b.path,
+			CA:         b.ca,
+
+			ForwardAuthorization: b.ForwardAuthorization,
+			Models:               append([]string(nil), b.Models...),
+			Weight:               b.Weight,
+			MaxConcurrency:       b.MaxConcurrency,
 			Timeouts: routing.Timeouts{
 				Connect:   b.Timeouts.Connect,
 				FirstByte: b.Timeouts.FirstByte,

@@ -86,7 +86,8 @@ var invalidCases = []string{
 	"total_below_first_byte",  // timeouts.total < first_byte
 	"bad_weight",              // negative weight; weight 0
 	"retries_range",           // retries outside 0..10
-	"bad_engine",              // unknown engine
+	"bad_engine",              // unknown engine; engines table errors
+	"bad_hosted",              // hosted backends: owned headers, query, path template, ca_file
 	"bad_listen",              // listen not host:port
 	"same_listen",             // listen == admin_listen
 	"not_supported",           // fields whose behaviour has not landed
@@ -454,7 +455,8 @@ func TestSecretsAreNeverPrinted(t *testing.T) {
 	t.Setenv("SWITCHYARD_TEST_SECRET_QUERY", "http://h:1/?token="+secret)
 	t.Setenv("SWITCHYARD_TEST_SECRET_REDIS", "redis://:"+secret+"@")
 
-	valid := "backends:\n  - {name: b, url: 'http://h:1', models: [m], api_key: '${SWITCHYARD_TEST_SECRET}'}\nmodels: [{name: m}]\n"
+	valid := "backends:\n  - {name: b, url: 'http://h:1', models: [m], api_key: '${SWITCHYARD_TEST_SECRET}'," +
+		" headers: {api-key: '${SWITCHYARD_TEST_SECRET}'}, query: {key: '${SWITCHYARD_TEST_SECRET}'}}\nmodels: [{name: m}]\n"
 	c, err := Parse("f.yaml", []byte(valid))
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,8 @@ package policy
 
 import (
 	"time"
+
+	"github.com/switchyard/switchyard/routing"
 )
 
 // Config is a decoded, defaulted and validated policy file. Every field says its unit, its default (what an
@@ -23,6 +25,11 @@ type Config struct {
 	// mapping with the URL and its settings (see the Redis type). Absent or empty keeps all state in process.
 	// Static.
 	Redis Redis `yaml:"redis"`
+	// Engines describes the kinds of inference servers backends run: where each one's Prometheus metrics are and
+	// which metric carries each load signal (see the Engine type). The built-in entries (vllm, sglang, tgi,
+	// trtllm-serve, triton, nim, llamacpp, openai-hosted: docs/engines.md) are always there; an entry with a
+	// built-in's name overrides it field by field, another name adds an engine. Default: the built-ins only.
+	Engines map[string]Engine `yaml:"engines"`
 	// Backends are the upstream inference servers, in the order they are listed. At least one.
 	Backends []Backend `yaml:"backends"`
 	// Models are the public model names clients may ask for, and how each is routed. At least one.
@@ -56,14 +63,40 @@ type Backend struct {
 	URL string `yaml:"url"`
 	// Region is where the backend runs. Default: the gateway's Region.
 	Region string `yaml:"region"`
-	// Engine is the server software, which decides how its load metrics are scraped: vllm, sglang, or openai
-	// (a hosted OpenAI-compatible API: nothing to scrape). Default vllm.
+	// Engine is the server software: a name of the engines table (a built-in such as vllm, sglang, tgi,
+	// trtllm-serve, triton, nim, llamacpp or openai-hosted, a hosted API with nothing to scrape; openai is
+	// accepted for openai-hosted), which decides how its load metrics are scraped. Default vllm.
 	Engine string `yaml:"engine"`
 	// Models are the model names the backend serves upstream. At least one.
 	Models []string `yaml:"models"`
 	// APIKey, when set, is sent upstream as "Authorization: Bearer <api_key>" in place of the client's
 	// credentials. Write it as ${ENV_VAR}; it is never printed. Default: none.
 	APIKey Secret `yaml:"api_key"`
+	// Headers are extra headers sent on every request to the backend, and on its scrapes and probes: an API's key
+	// header (Azure OpenAI's api-key), an organisation or project header. Values may be ${ENV} secrets: they are
+	// never printed. They win over the client's headers of the same name. The gateway's own headers (Host,
+	// Content-Length, Transfer-Encoding, Connection and the other hop-by-hop headers, Content-Type,
+	// Accept-Encoding, X-Request-Id, X-Forwarded-For, x-switchyard-*) are rejected, and Authorization with
+	// api_key or forward_authorization. Default: none.
+	Headers map[string]Secret `yaml:"headers"`
+	// Query holds query parameters added to every upstream inference URL (Azure OpenAI's api-version). Values
+	// may be ${ENV} secrets, never printed. Default: none.
+	Query map[string]Secret `yaml:"query"`
+	// Path is a path template that replaces the client's path upstream, after the url's own path: {model} is the
+	// upstream model name (percent-encoded), {endpoint} the request path after /v1/ (chat/completions), e.g.
+	// /openai/deployments/{model}/{endpoint}. It starts with '/', without query or fragment. Default: the
+	// client's path (/v1/chat/completions) appended to the url.
+	Path string `yaml:"path"`
+	// CAFile is a PEM bundle of the certificate authorities the backend's certificate must chain to, in place of
+	// the system roots, for the proxy and the metrics scrapes alike: a private CA. Relative to the policy file's
+	// directory; read when the policy loads (a changed bundle takes effect with the next reload). Only for https
+	// urls. Default: the system roots.
+	CAFile string `yaml:"ca_file"`
+	// ForwardAuthorization sends the client's own Authorization header upstream (a hosted API where each client
+	// has its own key). Not with api_key, which replaces it. With api_keys set, the client's header is its key
+	// to the gateway: only forward it to a backend that should see those keys. Default false: the client's
+	// credentials are dropped.
+	ForwardAuthorization bool `yaml:"forward_authorization"`
 	// Weight is the backend's relative share of traffic for the least_request and random strategies (the others
 	// ignore it). Default 1; must be > 0 (0, draining, is not supported yet).
 	Weight float64 `yaml:"weight"`
@@ -79,6 +112,9 @@ type Backend struct {
 	Cost Cost `yaml:"cost"`
 	// Timeouts bound each attempt sent to the backend. Default: Limits.Timeouts, field by field.
 	Timeouts Timeouts `yaml:"timeouts"`
+
+	path *routing.PathTemplate // Path, compiled by validation
+	ca   *routing.CABundle     // CAFile's certificates, loaded by validation
 }
 
 // Cost is a backend's price, in a currency of the operator's choice (USD by convention) per million tokens.

@@ -36,7 +36,8 @@ const (
 func (r *report) validate(c *Config) {
 	r.checkSupported() // first, so that on a line it comes before the details
 	r.validateTop(c)
-	regions := r.validateBackends(c)
+	engines := r.validateEngines(c) // engines.go
+	regions := r.validateBackends(c, engines)
 	r.validateModels(c, regions)
 	r.validateRegions(c, regions)
 	r.validateRouted(c, regions) // regions.go
@@ -76,24 +77,21 @@ func (r *report) regionName(path, s string) bool {
 }
 
 // validateBackends checks the backends and returns the regions they run in (plus the gateway's own).
-func (r *report) validateBackends(c *Config) map[string]bool {
+func (r *report) validateBackends(c *Config, engines map[string]bool) map[string]bool {
 	regions := map[string]bool{c.Region: true}
 	if len(c.Backends) == 0 {
 		r.errorf("backends", "at least one backend is required")
 	}
 	names := map[string]int{}
-	for i, b := range c.Backends {
-		p := fmt.Sprintf("backends[%d]", i)
+	for i := range c.Backends {
+		b, p := &c.Backends[i], fmt.Sprintf("backends[%d]", i)
+		r.validateHosted(c, p, b) // hosted.go
 		r.uniqueName(p+".name", b.Name, "backend", names, i, "backends")
 		r.backendURL(p+".url", b.URL)
 		if r.regionName(p+".region", b.Region) {
 			regions[b.Region] = true
 		}
-		switch b.Engine {
-		case routing.EngineVLLM, routing.EngineSGLang, routing.EngineOpenAI:
-		default:
-			r.errorf(p+".engine", fmt.Sprintf("unknown engine %q (one of: openai, sglang, vllm)", b.Engine))
-		}
+		r.engineName(p+".engine", b.Engine, engines)
 		if len(b.Models) == 0 {
 			r.errorf(p+".models", "at least one model is required")
 		}

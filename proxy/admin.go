@@ -12,9 +12,10 @@ import (
 	"github.com/switchyard/switchyard/routing"
 )
 
-// BackendStatus is one backend as /debug/backends shows it: routing's view (live counts, scraped engine
-// metrics, predictions, prefix-index share) plus what the request path knows (URL, circuit breaker, outlier
-// detector, concurrency cap).
+// BackendStatus is one backend as /debug/backends shows it: routing's view (its engine and the load signals
+// that engine exports, lacks or left out of its last scrape; live counts, scraped engine metrics, predictions,
+// prefix-index share) plus what the request path knows (URL, circuit breaker, outlier detector, concurrency
+// cap).
 type BackendStatus struct {
 	routing.BackendStatus
 	URL              string `json:"url"`

@@ -64,6 +64,11 @@ func TestAdminEndpoints(t *testing.T) {
 	if bs[0].Name != "b0" || bs[0].Breaker != "closed" || bs[0].Requests != 1 || !bs[0].Healthy {
 		t.Errorf("/debug/backends[0] = %+v", bs[0])
 	}
+	// Each backend says its engine and which load signals it provides and lacks.
+	if bs[0].Engine != routing.EngineVLLM || len(bs[0].Signals) != 7 || len(bs[0].Lacks) != 0 ||
+		!strings.Contains(body, `"signals": [`) || !strings.Contains(body, `"lacks": []`) {
+		t.Errorf("/debug/backends[0] engine %q signals %v lacks %v", bs[0].Engine, bs[0].Signals, bs[0].Lacks)
+	}
 	code, body = get(t, admin+"/debug/config")
 	if code != 200 || !strings.Contains(body, `"hash": "test"`) || !strings.Contains(body, `"strategy": "test"`) {
 		t.Errorf("/debug/config %d %s", code, body)
@@ -102,7 +107,8 @@ func TestStatusPageInBrowser(t *testing.T) {
 		t.Fatalf("chromium: %v\n%s", err, out)
 	}
 	dom := string(out)
-	for _, want := range []string{`data-backend="b0"`, `data-backend="b1"`, `class="up">up<`, `class="down">down (closed)<`, "sim-model (test)"} {
+	for _, want := range []string{`data-backend="b0"`, `data-backend="b1"`, `class="up">up<`, `class="down">down (closed)<`, "sim-model (test)",
+		"<td>vllm</td>", "kv_usage"} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("the rendered page lacks %q:\n%s", want, dom)
 		}

@@ -424,7 +424,7 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 	t := a.target
 	cfg := t.Backend.Config()
 	a.to = ex.s.timeouts(cfg)
-	up, err := ex.s.ups.get(cfg.URL, a.to.Connect)
+	up, err := ex.s.ups.get(cfg, a.to.Connect)
 	if err != nil {
 		return &upstreamError{kind: kindConnect, backend: cfg.Name, err: err}
 	}
@@ -436,31 +436,24 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 	req.Reset()
 	ex.fwd.CopyTo(&req.Header)
 	req.Header.SetMethod(ex.rt.method)
-	req.Header.SetHost(up.host)
-	uri := req.URI()
-	if up.tls {
-		uri.SetScheme("https")
-	} else {
-		uri.SetScheme("http")
-	}
-	uri.SetHost(up.host)
-	ex.scratch = append(append(ex.scratch[:0], up.base...), ex.path...)
-	uri.SetPathBytes(ex.scratch)
+	ex.scratch = up.prepareRequest(req, cfg, ex.path, t.Model, ex.scratch) // upstream.go: Host, URI, headers, credentials
 	if len(ex.query) > 0 {
-		uri.SetQueryStringBytes(ex.query)
+		// The client's query parameters go after the backend's own (api-version and the like), which servers
+		// that read the first value of a repeated parameter keep.
+		ex.scratch = append(ex.scratch[:0], req.URI().QueryString()...)
+		if len(ex.scratch) > 0 {
+			ex.scratch = append(ex.scratch, '&')
+		}
+		req.URI().SetQueryStringBytes(append(ex.scratch, ex.query...))
 	}
 	if len(ex.ctype) > 0 && ex.rt.multipart {
 		req.Header.SetContentTypeBytes(ex.ctype)
 	} else {
 		req.Header.SetContentType("application/json")
 	}
-	req.Header.Set(fasthttp.HeaderAcceptEncoding, "identity")
 	req.Header.SetBytesV(headerRequestID, ex.reqID)
 	if ex.clientIP != nil {
 		req.Header.Set("X-Forwarded-For", ex.clientIP.String())
-	}
-	if cfg.APIKey != "" {
-		req.Header.Set(fasthttp.HeaderAuthorization, "Bearer "+cfg.APIKey)
 	}
 	if copyBody {
 		req.SetBody(ex.upBody)

@@ -15,13 +15,17 @@ const (
 )
 
 // copyRequestHeaders copies the client's end-to-end headers onto the upstream request. It drops hop-by-hop
-// headers (RFC 9110 section 7.6.1) and those the Connection header names, the client's credentials (the
-// backend's own key replaces them), the gateway's own x-switchyard-* control headers, and everything the
-// gateway sets itself (Host, Content-Length, Accept-Encoding, X-Request-Id).
+// headers (RFC 9110 section 7.6.1) and those the Connection header names, the gateway's own x-switchyard-*
+// control headers, and everything the gateway sets itself (Host, Content-Length, Accept-Encoding, X-Request-Id).
+// The client's Authorization is kept in dst for upstream.prepareRequest, which removes it unless the backend
+// forwards it (forward_authorization): dst must not be sent anywhere without going through prepareRequest.
 func copyRequestHeaders(dst *fasthttp.RequestHeader, src *fasthttp.RequestHeader) {
 	connection := src.Peek(fasthttp.HeaderConnection)
 	for k, v := range src.All() {
 		if dropRequestHeader(k) || (len(connection) > 0 && headerListed(connection, k)) {
+			if len(k) == 13 && bytes.EqualFold(k, []byte(fasthttp.HeaderAuthorization)) {
+				dst.SetBytesKV(k, v)
+			}
 			continue
 		}
 		dst.SetBytesKV(k, v)

@@ -167,7 +167,7 @@ func (s *Server) findResponse(id []byte, cands []*routing.Backend) *routing.Back
 func (s *Server) holdsResponse(ctx context.Context, b *routing.Backend, id []byte) bool {
 	cfg := b.Config()
 	to := s.timeouts(cfg)
-	up, err := s.ups.get(cfg.URL, to.Connect)
+	up, err := s.ups.get(cfg, to.Connect)
 	if err != nil {
 		return false
 	}
@@ -175,17 +175,8 @@ func (s *Server) holdsResponse(ctx context.Context, b *routing.Backend, id []byt
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.Header.SetMethod(fasthttp.MethodGet)
-	req.Header.SetHost(up.host)
-	uri := req.URI()
-	uri.SetScheme("http")
-	if up.tls {
-		uri.SetScheme("https")
-	}
-	uri.SetHost(up.host)
-	uri.SetPath(up.base + "/v1/responses/" + string(id))
-	if cfg.APIKey != "" {
-		req.Header.Set(fasthttp.HeaderAuthorization, "Bearer "+cfg.APIKey)
-	}
+	path := append([]byte("/v1/responses/"), id...)
+	_ = up.prepareRequest(req, cfg, path, "", nil) // upstream.go: the backend's headers, query and credentials
 	deadline, _ := ctx.Deadline()
 	if err := up.hc.DoDeadline(req, resp, deadline); err != nil {
 		return false

@@ -11,10 +11,13 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/switchyard/switchyard/routing"
 )
 
-// upstreams holds one fasthttp.HostClient (a keep-alive connection pool) per backend URL and connect timeout,
-// shared by every routing.Backend with that URL across reloads, and a registry of the pools' live connections.
+// upstreams holds one fasthttp.HostClient (a keep-alive connection pool) per backend URL, connect timeout and CA
+// bundle, shared by every routing.Backend with them across reloads, and a registry of the pools' live
+// connections.
 //
 // Why the registry: fasthttp applies a request's timeout as one read deadline for the response headers AND the
 // streamed body, and hides the connection. Streaming needs different bounds (first event, then idle between
@@ -31,6 +34,7 @@ type upstreams struct {
 type upstreamKey struct {
 	url     string
 	connect time.Duration
+	ca      [32]byte // routing.CABundle.Sum; zero for the system roots
 }
 
 // upstream is the pool for one backend URL.
@@ -62,9 +66,15 @@ func newUpstreams() *upstreams {
 	return &upstreams{clients: make(map[upstreamKey]*upstream)}
 }
 
-// get returns the pool for rawURL, creating it on first use.
-func (u *upstreams) get(rawURL string, connectTimeout time.Duration) (*upstream, error) {
-	k := upstreamKey{rawURL, connectTimeout}
+// get returns the pool for the backend cfg describes, creating it on first use. An https backend's certificate
+// must chain to cfg.CA when it is set, else to the system roots.
+func (u *upstreams) get(cfg *routing.BackendConfig, connectTimeout time.Duration) (*upstream, error) {
+	rawURL := cfg.URL
+	k := upstreamKey{url: rawURL, connect: connectTimeout}
+	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if cfg.CA != nil {
+		k.ca, tlsCfg.RootCAs = cfg.CA.Sum, cfg.CA.Pool
+	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if up, ok := u.clients[k]; ok {
@@ -86,6 +96,7 @@ func (u *upstreams) get(rawURL string, connectTimeout time.Duration) (*upstream,
 			addr += ":80"
 		}
 	}
+	tlsCfg.ServerName = parsed.Hostname()
 	dialer := &net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second}
 	up := &upstream{
 		host: parsed.Host,
@@ -106,7 +117,7 @@ func (u *upstreams) get(rawURL string, connectTimeout time.Duration) (*upstream,
 			}
 			return uc, nil
 		},
-		TLSConfig:                     &tls.Config{ServerName: parsed.Hostname(), MinVersion: tls.VersionTLS12},
+		TLSConfig:                     tlsCfg,
 		MaxConns:                      1 << 16,
 		MaxIdleConnDuration:           90 * time.Second,
 		ReadBufferSize:                64 << 10,
@@ -120,6 +131,39 @@ func (u *upstreams) get(rawURL string, connectTimeout time.Duration) (*upstream,
 	}
 	u.clients[k] = up
 	return up, nil
+}
+
+// prepareRequest fills req, which holds the client's forwarded headers (copyRequestHeaders), as the upstream
+// request to the backend cfg describes: Host, scheme, the URI (up's path prefix, then cfg.Path expanded for path
+// and upstreamModel or, without a template, the client's path; then cfg.Query), Accept-Encoding, cfg.Headers
+// (which win over the client's), and the credentials: "Bearer <APIKey>" when the backend has a key, the
+// client's own Authorization when cfg.ForwardAuthorization says so, none otherwise. The caller sets the method
+// and the content type. scratch is a buffer the caller owns; the grown buffer is returned for reuse.
+func (up *upstream) prepareRequest(req *fasthttp.Request, cfg *routing.BackendConfig, path []byte, upstreamModel string, scratch []byte) []byte {
+	req.Header.SetHost(up.host)
+	uri := req.URI()
+	if up.tls {
+		uri.SetScheme("https")
+	} else {
+		uri.SetScheme("http")
+	}
+	uri.SetHost(up.host)
+	scratch = cfg.Path.AppendPath(append(scratch[:0], up.base...), path, upstreamModel)
+	uri.SetPathBytes(scratch)
+	if cfg.Query != "" {
+		uri.SetQueryString(cfg.Query)
+	}
+	req.Header.Set(fasthttp.HeaderAcceptEncoding, "identity")
+	for _, h := range cfg.Headers {
+		req.Header.Set(h.Name, h.Value)
+	}
+	switch {
+	case cfg.APIKey != "":
+		req.Header.Set(fasthttp.HeaderAuthorization, "Bearer "+cfg.APIKey)
+	case !cfg.ForwardAuthorization && !cfg.HasHeader(fasthttp.HeaderAuthorization):
+		req.Header.Del(fasthttp.HeaderAuthorization) // the client's credentials are for the gateway
+	}
+	return scratch
 }
 
 // conn returns the registered connection a response was read from, or nil.

@@ -2,6 +2,7 @@ package routing
 
 import (
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -10,13 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard/switchyard/cache"
-)
-
-// Engine names the kind of server behind a backend, which decides how its metrics are scraped.
-const (
-	EngineVLLM   = "vllm"   // vLLM: scrape vllm:* metrics
-	EngineSGLang = "sglang" // SGLang: scrape sglang:* metrics
-	EngineOpenAI = "openai" // a hosted OpenAI-compatible API: nothing to scrape
 )
 
 // Timeouts bound one upstream attempt. Zero means "no bound" for that phase; policy fills the defaults.
@@ -42,10 +36,31 @@ type BackendConfig struct {
 	URL string
 	// Region is where the backend runs, compared with the gateway's own region for RTT and failover.
 	Region string
-	// Engine is EngineVLLM, EngineSGLang or EngineOpenAI.
+	// Engine names the server software: a key of the policy's engines table (EngineVLLM, EngineOpenAIHosted,
+	// or an operator's own), shown in /debug/backends.
 	Engine string
-	// APIKey, when set, replaces the client's Authorization header upstream ("Bearer <APIKey>").
+	// EngineSpec is how the Monitor reads the engine's load (engines.go). nil means the built-in entry named
+	// Engine (BuiltinEngine); a name without one has nothing to scrape and gets no idle probes.
+	EngineSpec *EngineSpec
+	// APIKey, when set, replaces the client's Authorization header upstream ("Bearer <APIKey>"), and is sent on
+	// the Monitor's scrapes and probes too.
 	APIKey string
+	// Headers are extra headers sent on every upstream request (after the client's, so they win) and on the
+	// Monitor's scrapes and probes: an API's own key header (Azure's api-key), an organisation header. Values may
+	// be secrets. Never headers the gateway sets itself (the policy rejects them). nil: none.
+	Headers []Header
+	// Query is an encoded query string ("api-version=2024-10-21") added to every upstream inference URL; "" adds
+	// none.
+	Query string
+	// Path, when set, replaces the client's path upstream (PathTemplate: /openai/deployments/{model}/{endpoint});
+	// nil appends the client's path to URL.
+	Path *PathTemplate
+	// CA, when set, is the only set of authorities an https backend's certificate may chain to (proxy and
+	// Monitor alike); nil means the system roots.
+	CA *CABundle
+	// ForwardAuthorization sends the client's own Authorization header upstream. Meaningful only without
+	// APIKey (which replaces it); false, the default, drops the client's credentials.
+	ForwardAuthorization bool
 	// Models are the upstream model names this backend serves.
 	Models []string
 	// Weight is the backend's relative share for weighted strategies; 1 when unset.
@@ -60,6 +75,31 @@ type BackendConfig struct {
 	// Timeouts bound each attempt sent to this backend.
 	Timeouts Timeouts
 }
+
+// Spec returns the engine spec the backend is read with: EngineSpec, else the built-in entry named Engine, else
+// an engine with nothing to scrape.
+func (c *BackendConfig) Spec() *EngineSpec {
+	if c.EngineSpec != nil {
+		return c.EngineSpec
+	}
+	if e := BuiltinEngine(c.Engine); e != nil {
+		return e
+	}
+	return unknownEngine
+}
+
+// HasHeader reports whether Headers sets name (case-insensitively).
+func (c *BackendConfig) HasHeader(name string) bool {
+	for _, h := range c.Headers {
+		if strings.EqualFold(h.Name, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// unknownEngine is the spec of an engine name routing does not know: nothing to scrape, no idle probes.
+var unknownEngine = NewEngineSpec(EngineSpec{})
 
 // bytesPerToken is the gateway's prompt-length estimate (openai.BytesPerToken): a 64-byte prefix block is 16
 // tokens. Repeated here because routing does not import openai.

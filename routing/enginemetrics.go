@@ -10,7 +10,9 @@ import (
 )
 
 // EngineStats is one scrape of a backend's engine metrics: an immutable snapshot, published on the Backend behind
-// an atomic.Pointer and never modified afterwards. Families an engine did not export are absent from Has.
+// an atomic.Pointer and never modified afterwards. Which metric carries each field is the engine's EngineSpec
+// (engines.go); a field the engine did not export is absent from Has and left at 0, which its consumers read as
+// "unknown" (the gateway's own accounting stands in: Backend.loadAt), never as a measured zero.
 type EngineStats struct {
 	// Waiting is the number of requests queued in the engine (vllm:num_requests_waiting, sglang:num_queue_reqs),
 	// summed over the engine's label sets (data-parallel ranks, models).
@@ -53,7 +55,6 @@ const (
 	HasPreemptions
 	HasPrefixCounters
 	HasStartTime
-	hasKVNew // vllm:kv_cache_usage_perc seen: it wins over the older gpu_ name
 )
 
 // Fresh reports whether s may be trusted at now: it exists, its scrape succeeded, and it is at most maxAge old.
@@ -64,20 +65,33 @@ func (s *EngineStats) Fresh(now time.Time, maxAge time.Duration) bool {
 // errLineTooLong is not an error of the scrape: a longer line is skipped. It exists for the parser's loop.
 var errLineTooLong = errors.New("line too long")
 
-// ParseEngineMetrics reads a Prometheus text exposition (version 0.0.4 or OpenMetrics) from r and fills s with the
-// families EngineStats knows, skipping every other line after reading its name: vLLM's histograms are thousands of
-// lines and are never parsed into memory. br, when not nil, is reset onto r and reused (the scraper keeps one per
-// backend). It returns the first read error other than io.EOF; malformed lines are skipped.
-func ParseEngineMetrics(r io.Reader, br *bufio.Reader, s *EngineStats) error {
+// parseState is what one parse remembers beyond EngineStats: which of a signal's series is in use, and the
+// values of the signals EngineStats keeps as integers.
+type parseState struct {
+	alt             [NumSignals]int8 // index of the series in use per signal; -1 before any
+	blocks, blockSz float64
+}
+
+// ParseMetrics reads a Prometheus text exposition (version 0.0.4 or OpenMetrics) from r and fills s with the
+// signals e's series carry, skipping every other line after reading its name: vLLM's histograms are thousands
+// of lines and are never parsed into memory. br, when not nil, is reset onto r and reused (the scraper keeps one
+// per backend). It returns the first read error other than io.EOF; malformed lines are skipped. It does not
+// allocate for lines it skips.
+func (e *EngineSpec) ParseMetrics(r io.Reader, br *bufio.Reader, s *EngineStats) error {
 	if br == nil {
 		br = bufio.NewReaderSize(r, 16<<10)
 	} else {
 		br.Reset(r)
 	}
+	var ps parseState
+	for i := range ps.alt {
+		ps.alt[i] = -1
+	}
+	defer ps.finish(s)
 	for {
 		line, err := readLine(br)
 		if len(line) > 0 && line[0] != '#' {
-			parseSample(line, s)
+			e.parseSample(line, s, &ps)
 		}
 		if err == io.EOF {
 			return nil
@@ -86,6 +100,20 @@ func ParseEngineMetrics(r io.Reader, br *bufio.Reader, s *EngineStats) error {
 			return err
 		}
 	}
+}
+
+// finish sets the capacity fields once every sample is in: blocks of BlockSize tokens (1 when the engine gives
+// blocks without a size, i.e. a capacity in tokens).
+func (ps *parseState) finish(s *EngineStats) {
+	if ps.alt[SignalKVBlocks] < 0 || ps.blocks < 1 {
+		return
+	}
+	size := 1
+	if ps.alt[SignalKVBlockSize] >= 0 && ps.blockSz >= 1 {
+		size = int(min(ps.blockSz, 1<<30))
+	}
+	s.BlockSize, s.NumGPUBlocks = size, int(min(ps.blocks, 1<<40))
+	s.Has |= HasCacheConfig
 }
 
 // readLine returns the next line without its newline; a line longer than the buffer is consumed and its head
@@ -104,33 +132,13 @@ func readLine(br *bufio.Reader) ([]byte, error) {
 	return bytes.TrimRight(line, "\r\n"), err
 }
 
-func parseSample(line []byte, s *EngineStats) {
+func (e *EngineSpec) parseSample(line []byte, s *EngineStats, ps *parseState) {
 	end := 0
 	for end < len(line) && line[end] != '{' && line[end] != ' ' && line[end] != '\t' {
 		end++
 	}
-	name := line[:end]
-	var field EngineFields
-	switch string(name) { // compiled to comparisons; no allocation
-	case "vllm:num_requests_waiting", "sglang:num_queue_reqs":
-		field = HasWaiting
-	case "vllm:num_requests_running", "sglang:num_running_reqs":
-		field = HasRunning
-	case "vllm:kv_cache_usage_perc":
-		field = hasKVNew
-	case "vllm:gpu_cache_usage_perc", "sglang:token_usage":
-		field = HasKVUsage
-	case "vllm:cache_config_info", "sglang:cache_config_info", "sglang:max_total_num_tokens":
-		field = HasCacheConfig
-	case "vllm:num_preemptions_total", "sglang:num_retracted_reqs_total":
-		field = HasPreemptions
-	case "vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total", "sglang:cached_tokens_total":
-		field = HasPrefixCounters
-	case "vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total", "sglang:prompt_tokens_total":
-		field = HasPrefixCounters
-	case "process_start_time_seconds":
-		field = HasStartTime
-	default:
+	refs := e.byName[string(line[:end])] // no allocation: the compiler reads the map with the bytes
+	if len(refs) == 0 {
 		return
 	}
 	rest := line[end:]
@@ -142,59 +150,94 @@ func parseSample(line []byte, s *EngineStats) {
 		}
 		labels, rest = rest[1:i], rest[i+1:]
 	}
-	v, ok := parseValue(rest)
-	if !ok {
-		return
+	value, valueOK := parseValue(rest)
+	for _, ref := range refs {
+		sr := ref.s
+		if !labelsMatch(labels, sr.Labels) {
+			continue
+		}
+		v, ok := value, valueOK
+		if sr.ValueLabel != "" {
+			v, ok = labelFloat(labels, sr.ValueLabel)
+		}
+		if !ok {
+			continue
+		}
+		if sr.Percent {
+			v /= 100
+		}
+		ps.add(s, ref.sig, ref.alt, v)
 	}
-	switch field {
-	case HasWaiting:
-		s.Waiting += v
-	case HasRunning:
+}
+
+// add folds one sample of signal sig's series alt into s: a more preferred series than the one in use replaces
+// it, a less preferred one is ignored.
+func (ps *parseState) add(s *EngineStats, sig Signal, alt int, v float64) {
+	switch cur := int(ps.alt[sig]); {
+	case cur >= 0 && alt > cur:
+		return
+	case cur < 0 || alt < cur:
+		ps.alt[sig] = int8(min(alt, 127))
+		ps.reset(s, sig)
+	}
+	switch sig {
+	case SignalRunning:
 		s.Running += v
-	case hasKVNew:
-		if s.Has&hasKVNew == 0 {
-			s.KVUsage = 0
-		}
+	case SignalWaiting:
+		s.Waiting += v
+	case SignalKVUsage:
 		s.KVUsage = max(s.KVUsage, v)
-		s.Has |= HasKVUsage
-	case HasKVUsage:
-		if s.Has&hasKVNew != 0 {
-			return
-		}
-		s.KVUsage = max(s.KVUsage, v)
-	case HasCacheConfig:
-		switch string(name) {
-		case "vllm:cache_config_info":
-			bs, nb := labelInt(labels, "block_size"), labelInt(labels, "num_gpu_blocks")
-			if bs <= 0 || nb <= 0 {
-				return
-			}
-			s.BlockSize, s.NumGPUBlocks = bs, s.NumGPUBlocks+nb
-		case "sglang:cache_config_info":
-			bs, nb := labelInt(labels, "page_size"), labelInt(labels, "num_pages")
-			if bs <= 0 || nb <= 0 {
-				return
-			}
-			s.BlockSize, s.NumGPUBlocks = bs, s.NumGPUBlocks+nb
-		default: // sglang:max_total_num_tokens, unless cache_config_info said it better
-			if s.Has&HasCacheConfig != 0 || v < 1 {
-				return
-			}
-			s.BlockSize, s.NumGPUBlocks = 1, int(v)
-		}
-	case HasPreemptions:
+	case SignalKVBlocks:
+		ps.blocks += v
+		return // finish sets HasCacheConfig
+	case SignalKVBlockSize:
+		ps.blockSz = max(ps.blockSz, v)
+		return
+	case SignalPrefixHits:
+		s.PrefixHits += v
+	case SignalPrefixQueries:
+		s.PrefixQueries += v
+	case SignalPreemptions:
 		s.Preemptions += v
-	case HasPrefixCounters:
-		switch string(name) {
-		case "vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total", "sglang:cached_tokens_total":
-			s.PrefixHits += v
-		default:
-			s.PrefixQueries += v
-		}
-	case HasStartTime:
+	case SignalStartTime:
 		s.StartTime = max(s.StartTime, v)
 	}
-	s.Has |= field
+	s.Has |= sig.field()
+}
+
+// reset clears what a less preferred series of sig contributed.
+func (ps *parseState) reset(s *EngineStats, sig Signal) {
+	switch sig {
+	case SignalRunning:
+		s.Running = 0
+	case SignalWaiting:
+		s.Waiting = 0
+	case SignalKVUsage:
+		s.KVUsage = 0
+	case SignalKVBlocks:
+		ps.blocks = 0
+	case SignalKVBlockSize:
+		ps.blockSz = 0
+	case SignalPrefixHits:
+		s.PrefixHits = 0
+	case SignalPrefixQueries:
+		s.PrefixQueries = 0
+	case SignalPreemptions:
+		s.Preemptions = 0
+	case SignalStartTime:
+		s.StartTime = 0
+	}
+}
+
+// labelsMatch reports whether labels (the text between the braces) has every label of want with its value.
+func labelsMatch(labels []byte, want map[string]string) bool {
+	for k, v := range want {
+		got, ok := labelValue(labels, k)
+		if !ok || string(got) != v {
+			return false
+		}
+	}
+	return true
 }
 
 // labelsEnd returns the index of the '}' that closes the label set starting at b[0] == '{', or -1.
@@ -213,13 +256,13 @@ func labelsEnd(b []byte) int {
 	return -1
 }
 
-// labelInt returns the integer value of label name in labels (the text between the braces), or -1.
-func labelInt(labels []byte, name string) int {
+// labelValue returns the raw (still escaped) value of label name in labels (the text between the braces).
+func labelValue(labels []byte, name string) ([]byte, bool) {
 	for len(labels) > 0 {
 		labels = bytes.TrimLeft(labels, " \t,")
 		eq := bytes.IndexByte(labels, '=')
 		if eq < 0 || eq+1 >= len(labels) || labels[eq+1] != '"' {
-			return -1
+			return nil, false
 		}
 		key := bytes.TrimSpace(labels[:eq])
 		val := labels[eq+2:]
@@ -231,18 +274,36 @@ func labelInt(labels []byte, name string) int {
 			n++
 		}
 		if n >= len(val) { // no closing quote
-			return -1
+			return nil, false
 		}
 		if string(key) == name {
-			v, err := strconv.Atoi(string(val[:n]))
-			if err != nil {
-				return -1
-			}
-			return v
+			return val[:n], true
 		}
 		labels = val[n+1:]
 	}
-	return -1
+	return nil, false
+}
+
+// labelInt returns the integer value of label name in labels, or -1.
+func labelInt(labels []byte, name string) int {
+	v, ok := labelValue(labels, name)
+	if !ok {
+		return -1
+	}
+	i, err := strconv.Atoi(string(v))
+	if err != nil {
+		return -1
+	}
+	return i
+}
+
+// labelFloat returns the numeric value of label name in labels.
+func labelFloat(labels []byte, name string) (float64, bool) {
+	v, ok := labelValue(labels, name)
+	if !ok {
+		return 0, false
+	}
+	return parseValue(v)
 }
 
 // parseValue parses the sample value that starts rest (after spaces), ignoring a timestamp after it.

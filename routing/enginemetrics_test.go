@@ -47,10 +47,10 @@ func vllmText(waiting, running, kv float64, blocks int, start float64, old bool)
 	return b.String()
 }
 
-func parse(t testing.TB, text string) *EngineStats {
+func parse(t testing.TB, engine, text string) *EngineStats {
 	t.Helper()
 	s := &EngineStats{}
-	if err := ParseEngineMetrics(strings.NewReader(text), nil, s); err != nil {
+	if err := BuiltinEngine(engine).ParseMetrics(strings.NewReader(text), nil, s); err != nil {
 		t.Fatal(err)
 	}
 	return s
@@ -58,7 +58,7 @@ func parse(t testing.TB, text string) *EngineStats {
 
 func TestParseVLLM(t *testing.T) {
 	for _, old := range []bool{false, true} {
-		s := parse(t, vllmText(3, 17, 0.42, 8192, 1.7e9, old))
+		s := parse(t, EngineVLLM, vllmText(3, 17, 0.42, 8192, 1.7e9, old))
 		if s.Waiting != 3 || s.Running != 17 || s.KVUsage != 0.42 {
 			t.Fatalf("old=%v: waiting %v running %v kv %v", old, s.Waiting, s.Running, s.KVUsage)
 		}
@@ -81,14 +81,14 @@ func TestParseNewKVNameWinsInEitherOrder(t *testing.T) {
 		"vllm:gpu_cache_usage_perc 0.9\nvllm:kv_cache_usage_perc 0.3\n",
 		"vllm:kv_cache_usage_perc 0.3\nvllm:gpu_cache_usage_perc 0.9\n",
 	} {
-		if s := parse(t, text); s.KVUsage != 0.3 {
+		if s := parse(t, EngineVLLM, text); s.KVUsage != 0.3 {
 			t.Fatalf("%q: kv %v, want 0.3", text, s.KVUsage)
 		}
 	}
 }
 
 func TestParseSGLang(t *testing.T) {
-	s := parse(t, `# TYPE sglang:num_queue_reqs gauge
+	s := parse(t, EngineSGLang, `# TYPE sglang:num_queue_reqs gauge
 sglang:num_queue_reqs{model_name="m"} 5
 sglang:num_running_reqs{model_name="m"} 9
 sglang:token_usage{model_name="m"} 0.61
@@ -119,7 +119,7 @@ func TestParseEdgeCases(t *testing.T) {
 		"vllm:cache_config_info{block_size=\"32\",num_gpu_blocks=\"oops\"} 1\n" +
 		"process_start_time_seconds 1.5e+09\n" +
 		"# EOF\n"
-	s := parse(t, text)
+	s := parse(t, EngineVLLM, text)
 	if s.Waiting != 3 || s.KVUsage != 0.7 || s.StartTime != 1.5e9 {
 		t.Fatalf("waiting %v kv %v start %v", s.Waiting, s.KVUsage, s.StartTime)
 	}
@@ -146,33 +146,40 @@ func TestLabelInt(t *testing.T) {
 	}
 }
 
-func FuzzParseEngineMetrics(f *testing.F) {
+func FuzzParseMetrics(f *testing.F) {
 	f.Add(vllmText(1, 2, 0.5, 100, 1, false))
 	f.Add("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"7\"} 1\n")
 	f.Add("sglang:num_queue_reqs{a=\"\\\\\"} 3 4\n")
+	f.Add("nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"max\"} 7\n")
 	f.Fuzz(func(t *testing.T, text string) {
-		s := &EngineStats{}
-		if err := ParseEngineMetrics(strings.NewReader(text), nil, s); err != nil {
-			t.Fatal(err)
-		}
-		if s.KVUsage < 0 && s.Has&HasKVUsage == 0 {
-			t.Fatal("kv usage set without the flag")
+		for _, name := range BuiltinEngineNames() {
+			s := &EngineStats{}
+			if err := BuiltinEngine(name).ParseMetrics(strings.NewReader(text), nil, s); err != nil {
+				t.Fatal(err)
+			}
+			if s.KVUsage != 0 && s.Has&HasKVUsage == 0 {
+				t.Fatalf("%s: kv usage set without the flag", name)
+			}
+			if s.Has&HasCacheConfig != 0 && (s.BlockSize < 1 || s.NumGPUBlocks < 1) {
+				t.Fatalf("%s: capacity %d x %d", name, s.NumGPUBlocks, s.BlockSize)
+			}
 		}
 	})
 }
 
-// BenchmarkParseEngineMetrics parses a vLLM exposition of about 500 lines, mostly histograms; compare with
+// BenchmarkParseMetrics parses a vLLM exposition of about 500 lines, mostly histograms; compare with
 // BenchmarkParseExpfmt on the same text.
-func BenchmarkParseEngineMetrics(b *testing.B) {
+func BenchmarkParseMetrics(b *testing.B) {
 	text := []byte(vllmText(3, 17, 0.42, 8192, 1.7e9, false))
 	br := bufio.NewReaderSize(nil, 16<<10)
+	vllm := BuiltinEngine(EngineVLLM)
 	b.SetBytes(int64(len(text)))
 	b.ReportAllocs()
 	start := processCPU()
 	defer func() { reportCPU(b, start) }()
 	for b.Loop() {
 		var s EngineStats
-		if err := ParseEngineMetrics(bytes.NewReader(text), br, &s); err != nil {
+		if err := vllm.ParseMetrics(bytes.NewReader(text), br, &s); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -3,6 +3,7 @@ package routing
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -55,7 +56,8 @@ type MonitorOptions struct {
 	// Timeout bounds each scrape and probe.
 	Timeout time.Duration
 	// IdleProbeAfter is how long a backend may go without a first token before it is sent a one-token
-	// completion (never for hosted "openai" backends, which bill per request). Negative disables idle probes.
+	// completion (only to engines whose spec allows it: never to hosted APIs, which bill per request). Negative
+	// disables idle probes.
 	IdleProbeAfter time.Duration
 	// Client does the scrapes and HTTP probes; nil means a keep-alive client of the Monitor's own.
 	Client *http.Client
@@ -68,7 +70,8 @@ type MonitorOptions struct {
 }
 
 // Monitor keeps the registry's backends' engine metrics and RTT current: one goroutine per backend scrapes its
-// /metrics (vLLM or SGLang; hosted "openai" backends are only probed) every ScrapeInterval and probes its RTT
+// engine's metrics (where and which names its EngineSpec says; engines with nothing to scrape, such as hosted
+// APIs, are only probed) every ScrapeInterval and probes its RTT
 // every ProbeInterval, and one more goroutine follows the registry across reloads (starting and stopping
 // backend goroutines) and expires prefix-index entries every second.
 //
@@ -111,15 +114,25 @@ func NewMonitor(reg *Registry, opts MonitorOptions) *Monitor {
 	}
 	m := &Monitor{reg: reg, opts: opts, client: opts.Client}
 	if m.client == nil {
-		m.client = &http.Client{Transport: &http.Transport{
-			Proxy:               nil, // backends are reached directly, never through HTTP_PROXY
-			DialContext:         (&net.Dialer{Timeout: opts.Timeout, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConnsPerHost: 2,
-			IdleConnTimeout:     90 * time.Second,
-		}}
+		m.client = newScrapeClient(opts.Timeout, nil)
 		m.ownsCl = true
 	}
 	return m
+}
+
+// newScrapeClient returns a keep-alive client for scrapes and probes; ca, when not nil, replaces the system
+// roots for https backends.
+func newScrapeClient(timeout time.Duration, ca *CABundle) *http.Client {
+	tr := &http.Transport{
+		Proxy:               nil, // backends are reached directly, never through HTTP_PROXY
+		DialContext:         (&net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 2,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	if ca != nil {
+		tr.TLSClientConfig = &tls.Config{RootCAs: ca.Pool, MinVersion: tls.VersionTLS12}
+	}
+	return &http.Client{Transport: tr}
 }
 
 // Start launches the Monitor's goroutines. Calling it again while running does nothing.
@@ -208,6 +221,7 @@ func jitter(d time.Duration) time.Duration {
 // run is one backend's scraping goroutine.
 func (m *Monitor) run(ctx context.Context, b *Backend) {
 	s := &scraper{m: m, b: b, br: bufio.NewReaderSize(nil, 16<<10)}
+	defer s.closeCA()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var nextProbe time.Time
@@ -218,7 +232,7 @@ func (m *Monitor) run(ctx context.Context, b *Backend) {
 			return
 		case <-timer.C:
 		}
-		if b.Config().Engine != EngineOpenAI {
+		if b.Config().Spec().Scrapes() {
 			err := s.scrape(ctx)
 			if ctx.Err() != nil {
 				return
@@ -235,11 +249,12 @@ func (m *Monitor) run(ctx context.Context, b *Backend) {
 			// In its own goroutine: a slow backend must not hold up its scrapes.
 			s.lastIdleP = b.clock.Now()
 			idle.Store(true)
+			cl := s.client(b.Config()) // chosen here: the scraper's state belongs to this goroutine
 			m.wg.Add(1)
 			go func() {
 				defer m.wg.Done()
 				defer idle.Store(false)
-				s.idleProbe(ctx)
+				s.idleProbe(ctx, cl)
 			}()
 		}
 		if o := b.obs.Load(); o != nil {
@@ -257,6 +272,29 @@ type scraper struct {
 	last      *EngineStats // last successful scrape
 	lastOK    time.Time
 	lastIdleP time.Time // last idle probe, on the backend's clock
+
+	caClient *http.Client // for a backend with a CA bundle of its own (BackendConfig.CA), built for caSum
+	caSum    [32]byte
+}
+
+// client returns the HTTP client for the backend's current configuration: the Monitor's, or one that trusts
+// the backend's own CA bundle (rebuilt when a reload changes the bundle). Only the scraping goroutine calls it.
+func (s *scraper) client(cfg *BackendConfig) *http.Client {
+	if cfg.CA == nil {
+		return s.m.client
+	}
+	if s.caClient == nil || s.caSum != cfg.CA.Sum {
+		s.closeCA()
+		s.caClient, s.caSum = newScrapeClient(s.m.opts.Timeout, cfg.CA), cfg.CA.Sum
+	}
+	return s.caClient
+}
+
+func (s *scraper) closeCA() {
+	if s.caClient != nil {
+		s.caClient.CloseIdleConnections()
+		s.caClient = nil
+	}
 }
 
 // scrape fetches and parses the backend's /metrics once and publishes the result.
@@ -321,12 +359,15 @@ func (s *scraper) restarted(st *EngineStats, now time.Time) bool {
 func (s *scraper) fetch(ctx context.Context) (*EngineStats, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.m.opts.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.b.Config().URL+"/metrics", nil)
+	cfg := s.b.Config()
+	spec := cfg.Spec()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, metricsURL(cfg.URL, spec), nil)
 	if err != nil {
 		return nil, fmt.Errorf("scrape %s: %w", s.b.Name(), err)
 	}
+	setUpstreamHeaders(req.Header, cfg)
 	req.Header.Set("Accept", "text/plain;version=0.0.4")
-	resp, err := s.m.client.Do(req)
+	resp, err := s.client(cfg).Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("scrape %s: %w", s.b.Name(), err)
 	}
@@ -336,21 +377,35 @@ func (s *scraper) fetch(ctx context.Context) (*EngineStats, error) {
 		return nil, fmt.Errorf("scrape %s: status %d", s.b.Name(), resp.StatusCode)
 	}
 	st := &EngineStats{}
-	if err := ParseEngineMetrics(resp.Body, s.br, st); err != nil {
+	if err := spec.ParseMetrics(resp.Body, s.br, st); err != nil {
 		return nil, fmt.Errorf("scrape %s: %w", s.b.Name(), err)
 	}
 	s.br.Reset(nil) // do not keep the body reachable
 	return st, nil
 }
 
-// probe measures one round trip to the backend: a GET /health on a kept-alive connection for engines we run
-// (any HTTP answer is a round trip), a TCP connect for hosted APIs. A failed probe is not a measurement.
+// metricsURL returns where the engine's metrics are: base (the backend's URL) with the spec's path, and its
+// port when it has one of its own.
+func metricsURL(base string, spec *EngineSpec) string {
+	if spec.MetricsPort == 0 {
+		return base + spec.MetricsPath
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		return base + spec.MetricsPath // the request fails and says why
+	}
+	u.Host = net.JoinHostPort(u.Hostname(), strconv.Itoa(spec.MetricsPort))
+	return u.String() + spec.MetricsPath
+}
+
+// probe measures one round trip to the backend: a GET /health on a kept-alive connection for engines that are
+// scraped (any HTTP answer is a round trip), a TCP connect for those that are not (hosted APIs). A failed probe is not a measurement.
 func (s *scraper) probe(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, s.m.opts.Timeout)
 	defer cancel()
 	cfg := s.b.Config()
 	start := time.Now()
-	if cfg.Engine == EngineOpenAI {
+	if !cfg.Spec().Scrapes() {
 		u, err := url.Parse(cfg.URL)
 		if err != nil {
 			return
@@ -372,7 +427,8 @@ func (s *scraper) probe(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	resp, err := s.m.client.Do(req)
+	setUpstreamHeaders(req.Header, cfg)
+	resp, err := s.client(cfg).Do(req)
 	if err != nil {
 		return
 	}
@@ -386,7 +442,7 @@ func (s *scraper) probe(ctx context.Context) {
 func (s *scraper) idleProbeDue() bool {
 	after := s.m.opts.IdleProbeAfter
 	cfg := s.b.Config()
-	if after < 0 || cfg.Engine == EngineOpenAI || len(cfg.Models) == 0 || !s.b.Healthy() {
+	if after < 0 || !cfg.Spec().IdleProbes || len(cfg.Models) == 0 || !s.b.Healthy() {
 		return false
 	}
 	now := s.b.clock.Now()
@@ -397,25 +453,27 @@ func (s *scraper) idleProbeDue() bool {
 // prompt under the backend's current load. Routing avoids a backend its model predicts slow; without traffic
 // the model would never learn that it recovered. A failed probe teaches nothing (health is the breaker's job),
 // except a timeout, which is a TTFT of at least that long.
-func (s *scraper) idleProbe(ctx context.Context) {
+func (s *scraper) idleProbe(ctx context.Context, cl *http.Client) {
 	b := s.b
 	cfg := b.Config()
 	ctx, cancel := context.WithTimeout(ctx, idleProbeTimeout)
 	defer cancel()
 	body := `{"model":` + strconv.Quote(cfg.Models[0]) + `,"prompt":"ping","max_tokens":1,"stream":false}`
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, cfg.URL+"/v1/completions", strings.NewReader(body))
+	u := cfg.URL + string(cfg.Path.AppendPath(nil, []byte("/v1/completions"), cfg.Models[0]))
+	if cfg.Query != "" {
+		u += "?" + cfg.Query
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, strings.NewReader(body))
 	if err != nil {
 		return
 	}
+	setUpstreamHeaders(req.Header, cfg)
 	req.Header.Set("Content-Type", "application/json")
-	if cfg.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+cfg.APIKey)
-	}
 	l := b.loadAt(b.clock.Now())
 	a := Attempt{b: b, uncached: 1, queued: l.queuedTok, runAt0: l.running, rtt: b.rtt()}
 	a.predTTFT = b.lat.ttftMean(a.uncached, a.queued, a.runAt0)
 	start := time.Now()
-	resp, err := s.m.client.Do(req)
+	resp, err := cl.Do(req)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
 			b.observeTTFT(&a, time.Since(start).Seconds())

@@ -301,7 +301,7 @@ func TestIdleProbeTeachesTheModel(t *testing.T) {
 	before, _ := b.PredictTTFT(1, 0)
 	for range 3 {
 		s.lastIdleP = clk.Now()
-		s.idleProbe(context.Background())
+		s.idleProbe(context.Background(), s.client(b.Config()))
 		clk.Advance(DefaultIdleProbeAfter)
 	}
 	after, _ := b.PredictTTFT(1, 0)

@@ -20,7 +20,8 @@ type BackendStatus struct {
 	Prefilling    int64 `json:"prefilling"`
 	PrefillTokens int64 `json:"prefill_tokens"`
 	Decoding      int64 `json:"decoding"`
-	// QueueDepth, Running and KVUsage are the engine's last scraped values (0 when never scraped).
+	// QueueDepth, Running and KVUsage are the engine's last scraped values (0 when never scraped, or when the
+	// engine does not export them: see Signals).
 	QueueDepth float64 `json:"queue_depth"`
 	Running    float64 `json:"running"`
 	KVUsage    float64 `json:"kv_usage"`
@@ -42,8 +43,16 @@ type BackendStatus struct {
 	// bound (the engine's KV capacity times the calibrated share).
 	PrefixBlocks   int `json:"prefix_blocks"`
 	PrefixCapacity int `json:"prefix_capacity"`
+	// Signals are the load signals the backend's engine exports (its spec's series: running, waiting,
+	// kv_usage, kv_capacity, prefix_cache, preemptions, start_time); Lacks are the others, for which routing
+	// uses the gateway's own accounting (every signal, for an engine that is not scraped).
+	Signals []string `json:"signals"`
+	Lacks   []string `json:"lacks"`
+	// Missing are signals the engine should export but the last good scrape did not contain (a wrong metric
+	// name in the engines table, or an engine version without them); empty before the first scrape.
+	Missing []string `json:"missing"`
 	// Stale says the engine's metrics are missing, old or the last scrape failed: routing uses the gateway's
-	// own accounting only. Always false for engines that are not scraped (openai).
+	// own accounting only. Always false for engines that are not scraped (openai-hosted).
 	Stale bool `json:"stale"`
 	// ScrapedAt is when the engine's metrics were last scraped successfully (zero if never).
 	ScrapedAt time.Time `json:"scraped_at"`
@@ -79,12 +88,16 @@ func (b *Backend) Status() BackendStatus {
 	if o := b.prefixOwner(); o != nil {
 		s.PrefixBlocks, s.PrefixCapacity = o.Len(), o.Capacity()
 	}
+	spec := cfg.Spec()
+	exports := spec.Exports()
+	s.Signals, s.Lacks, s.Missing = SignalsOf(exports), SignalsOf(AllSignals&^exports), []string{}
 	if e := b.engine.Load(); e != nil {
 		s.QueueDepth, s.Running, s.KVUsage, s.ScrapedAt = e.Waiting, e.Running, e.KVUsage, e.At
+		s.Missing = SignalsOf(exports &^ e.Has)
 	}
 	if p := b.peerLoad(now); p != nil {
 		s.PeerInflight = p.Inflight
 	}
-	s.Stale = cfg.Engine != EngineOpenAI && !l.fresh
+	s.Stale = spec.Scrapes() && !l.fresh
 	return s
 }
