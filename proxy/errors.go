@@ -233,7 +233,9 @@ func writeErrorFor(ctx *fasthttp.RequestCtx, e openai.Endpoint, err error) apiEr
 
 // appendStreamError appends the SSE event that tells a streaming client its answer broke off, in the shape of
 // its API: a chat-style error object (then [DONE], which the caller adds) for chat and completions; the
-// Responses API's "error" event; Anthropic's "error" event for Messages.
+// Responses API's "error" event, which also carries an "error" member so that SDKs which end a stream on one
+// (the official ones do) report it as an error rather than pass it on as one more event; Anthropic's "error"
+// event for Messages.
 func appendStreamError(dst []byte, e openai.Endpoint, msg, typ, code string) []byte {
 	switch e {
 	case openai.Responses:
@@ -241,7 +243,13 @@ func appendStreamError(dst []byte, e openai.Endpoint, msg, typ, code string) []b
 		dst = openai.AppendQuoted(dst, code)
 		dst = append(dst, `,"message":`...)
 		dst = openai.AppendQuoted(dst, msg)
-		return append(dst, ",\"param\":null}\n\n"...)
+		dst = append(dst, `,"param":null,"error":{"message":`...)
+		dst = openai.AppendQuoted(dst, msg)
+		dst = append(dst, `,"type":`...)
+		dst = openai.AppendQuoted(dst, typ)
+		dst = append(dst, `,"code":`...)
+		dst = openai.AppendQuoted(dst, code)
+		return append(dst, "}}\n\n"...)
 	case openai.Messages:
 		dst = append(dst, "event: error\ndata: "...)
 		dst = appendAnthropicError(dst, 500, msg)
