@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,6 +44,9 @@ type Backend struct {
 	srv     *http.Server
 	url     string
 	nameHdr []string
+
+	responses *responseStore
+	bg        sync.WaitGroup // background responses' goroutines (see runBackground)
 
 	rngMu sync.Mutex
 	rng   *rand.Rand
@@ -95,6 +99,7 @@ func newBackend(cfg Config, clock timeSource) *Backend {
 		cfg:       cfg,
 		eng:       newEngine(cfg, clock),
 		nameHdr:   []string{cfg.Name},
+		responses: newResponseStore(),
 		rng:       rand.New(rand.NewPCG(cfg.Seed, name)),
 		serveDone: make(chan struct{}),
 	}
@@ -127,6 +132,7 @@ func (b *Backend) Close() error {
 			_ = b.srv.Close()
 		}
 		<-b.serveDone
+		b.bg.Wait() // the engine has killed their sequences
 		b.closeErr = b.serveErr
 	})
 	return b.closeErr
@@ -157,6 +163,26 @@ func (b *Backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		b.serveCompletion(w, r, openai.Chat)
 	case "/v1/completions":
 		b.serveCompletion(w, r, openai.Completions)
+	case "/v1/embeddings":
+		b.serveEmbeddings(w, r)
+	case "/v2/embed":
+		b.serveCohereEmbed(w, r)
+	case "/v1/responses":
+		b.serveResponses(w, r)
+	case "/v1/messages":
+		b.serveMessages(w, r)
+	case "/tokenize":
+		b.serveTokenize(w, r)
+	case "/detokenize":
+		b.serveDetokenize(w, r)
+	case "/rerank", "/v1/rerank", "/v2/rerank":
+		b.serveRerank(w, r)
+	case "/score", "/v1/score":
+		b.serveScore(w, r)
+	case "/v1/audio/transcriptions":
+		b.serveAudio(w, r, false)
+	case "/v1/audio/translations":
+		b.serveAudio(w, r, true)
 	case "/v1/models":
 		b.serveGet(w, r, b.serveModels)
 	case "/health":
@@ -166,6 +192,10 @@ func (b *Backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			promhttp.HandlerFor(b.eng.metrics().reg, promhttp.HandlerOpts{}).ServeHTTP(w, r)
 		})
 	default:
+		if strings.HasPrefix(r.URL.Path, "/v1/responses/") {
+			b.serveResponses(w, r)
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusNotFound)
 		_, _ = io.WriteString(w, `{"detail":"Not Found"}`+"\n")
