@@ -86,8 +86,8 @@ func parseAudioForm(w http.ResponseWriter, r *http.Request) (audioRequest, error
 	switch req.responseFormat {
 	case "", "json", "text":
 	default:
-		return req, errorf(http.StatusBadRequest, `response_format: %q is not served by the simulator (want "json" or "text")`,
-			req.responseFormat)
+		return req, errorf(http.StatusBadRequest,
+			`response_format: %q is not served by the simulator (want "json" or "text")`, req.responseFormat)
 	}
 	return req, nil
 }

@@ -29,15 +29,18 @@ const maxBodyBytes = 64 << 20
 // engine loop and metrics registry.
 //
 // Endpoints: POST /v1/chat/completions and /v1/completions (streaming or not), GET /v1/models, GET /health,
-// GET /metrics, and GET/POST /sim/control (faults). Every response carries X-Sim-Backend: <Name>, and echoes
+// GET /metrics, and GET/POST /sim/control (faults); and beyond chat (see the package doc): /v1/embeddings,
+// /v2/embed, /rerank (also /v1/ and /v2/), /score (also /v1/), /v1/responses (with GET /v1/responses/{id} and
+// POST .../cancel), /v1/messages, /tokenize, /detokenize, /v1/audio/transcriptions and /v1/audio/translations. Every response carries X-Sim-Backend: <Name>, and echoes
 // X-Request-Id when the request has one.
 //
 // It is served with net/http rather than fasthttp, by measurement (bench/results/simulator-itl.md): net/http
 // cancels a request's context as soon as the client hangs up, even while its sequence is still queued and
 // nothing is being written, which fasthttp cannot notice until a write fails.
 //
-// A Backend is safe for concurrent use. It runs two goroutines of its own (the engine loop and the HTTP server)
-// plus net/http's per-connection ones, and Close stops all of them.
+// A Backend is safe for concurrent use. It runs two goroutines of its own (the engine loop and the HTTP server),
+// one per background response while it generates, plus net/http's per-connection ones, and Close stops all of
+// them.
 type Backend struct {
 	cfg     Config
 	eng     *engine

@@ -363,7 +363,8 @@ func (b *Backend) serveCohereEmbed(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, t := range req.EmbeddingTypes {
 		if t != "float" {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf(`embedding_types: %q is not served by the simulator (only "float")`, t))
+			writeError(w, http.StatusBadRequest,
+				fmt.Sprintf(`embedding_types: %q is not served by the simulator (only "float")`, t))
 			return
 		}
 	}

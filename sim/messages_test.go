@@ -265,3 +265,24 @@ func TestServeAudio(t *testing.T) {
 		}
 	})
 }
+
+func TestNewEndpointsWhileDown(t *testing.T) {
+	b := startBackend(t, fastConfig)
+	if err := b.SetFaults(Faults{Slowdown: 1, Down: true}); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct{ path, body, want string }{
+		{"/v1/embeddings", `{"input":"x"}`, `"type":"ServiceUnavailableError"`},
+		{"/v1/rerank", `{"query":"x","documents":["x"]}`, `"type":"ServiceUnavailableError"`},
+		{"/v1/responses", `{"input":"x"}`, `"type":"ServiceUnavailableError"`},
+		{"/v1/messages", `{"max_tokens":1,"messages":[{"role":"user","content":"x"}]}`, `"type":"overloaded_error"`},
+		{"/tokenize", `{"prompt":"x"}`, `"type":"ServiceUnavailableError"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.path, func(t *testing.T) {
+			if status, body := call(t, b, http.MethodPost, tc.path, tc.body); status != 503 || !strings.Contains(body, tc.want) {
+				t.Errorf("%d %s, want 503 with %s", status, body, tc.want)
+			}
+		})
+	}
+}

@@ -227,7 +227,8 @@ func (b *Backend) createResponse(w http.ResponseWriter, r *http.Request) {
 	store := req.Store == nil || *req.Store
 	switch {
 	case req.MaxOutputTokens != nil && *req.MaxOutputTokens < 1:
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("max_output_tokens must be at least 1, got %d.", *req.MaxOutputTokens))
+		writeError(w, http.StatusBadRequest,
+			fmt.Sprintf("max_output_tokens must be at least 1, got %d.", *req.MaxOutputTokens))
 		return
 	case req.Background && req.Stream:
 		writeError(w, http.StatusBadRequest, "background with stream is not supported by the simulator.")
