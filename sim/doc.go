@@ -49,7 +49,8 @@
 // for an unknown model and 503 while down. Generating endpoints run a sequence through the engine exactly as
 // chat does (same TTFT and ITL, same metrics, same deterministic words); pooling endpoints run a prefill-only
 // sequence per input, which shares the batch, fills the prefix cache and counts as finished_reason="stop"
-// without generating a token.
+// without generating a token. Responses and Messages prompts are their canonical prompts (openai.AppendPrompt),
+// the bytes the gateway hashes, so prefix-aware routing sees the blocks the simulated cache holds.
 //
 //   - POST /v1/embeddings: input (string, strings, token ids, lists of ids), encoding_format float|base64,
 //     dimensions. Vectors of Config.EmbeddingDim (default 384): a feature-hashed bag of words, L2-normalised,

@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"bytes"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -37,51 +36,38 @@ func writeAnthropicError(w http.ResponseWriter, status int, msg string) {
 
 // messagesRequest is the part of a POST /v1/messages body the simulator reads.
 type messagesRequest struct {
-	Model     string          `json:"model"`
-	MaxTokens *int            `json:"max_tokens"`
-	System    json.RawMessage `json:"system"`
+	Model     string `json:"model"`
+	MaxTokens *int   `json:"max_tokens"`
 	Messages  *[]struct {
-		Role    string          `json:"role"`
-		Content json.RawMessage `json:"content"`
+		Role string `json:"role"`
 	} `json:"messages"`
 	Stream bool `json:"stream"`
 }
 
-// messagesPrompt checks req and returns its canonical prompt: "system:" + the system text + "\n" (a string, or
-// the text of its blocks), then each message as chat renders one (see appendTurn), so the same conversation
-// fills the prefix cache as it would through /v1/chat/completions.
-func messagesPrompt(req *messagesRequest) ([]byte, error) {
+// checkMessages checks what the canonical prompt does not: max_tokens is set and positive, messages is a
+// non-empty list, each with role "user" or "assistant".
+func checkMessages(req *messagesRequest) error {
 	switch {
 	case req.MaxTokens == nil:
-		return nil, errorf(http.StatusBadRequest, "max_tokens: Field required")
+		return errorf(http.StatusBadRequest, "max_tokens: Field required")
 	case *req.MaxTokens < 1:
-		return nil, errorf(http.StatusBadRequest, "max_tokens: must be at least 1, got %d", *req.MaxTokens)
+		return errorf(http.StatusBadRequest, "max_tokens: must be at least 1, got %d", *req.MaxTokens)
 	case req.Messages == nil:
-		return nil, errorf(http.StatusBadRequest, "messages: Field required")
+		return errorf(http.StatusBadRequest, "messages: Field required")
 	case len(*req.Messages) == 0:
-		return nil, errorf(http.StatusBadRequest, "messages: must not be empty")
-	}
-	var prompt []byte
-	if sys := bytes.TrimSpace(req.System); len(sys) > 0 && !bytes.Equal(sys, []byte("null")) {
-		var err error
-		if prompt, err = appendTurn(prompt, "system", sys); err != nil {
-			return nil, errorf(http.StatusBadRequest, "system: %v", err)
-		}
+		return errorf(http.StatusBadRequest, "messages: must not be empty")
 	}
 	for i, m := range *req.Messages {
 		if m.Role != "user" && m.Role != "assistant" {
-			return nil, errorf(http.StatusBadRequest, "messages.%d.role: want \"user\" or \"assistant\", got %q", i, m.Role)
-		}
-		var err error
-		if prompt, err = appendTurn(prompt, m.Role, m.Content); err != nil {
-			return nil, errorf(http.StatusBadRequest, "messages.%d.content: %v", i, err)
+			return errorf(http.StatusBadRequest, "messages.%d.role: want \"user\" or \"assistant\", got %q", i, m.Role)
 		}
 	}
-	return prompt, nil
+	return nil
 }
 
 // serveMessages answers POST /v1/messages (Anthropic's Messages API, as vLLM and SGLang serve it): model,
-// max_tokens (required), system, messages, stream. The generation runs through the engine as a chat
+// max_tokens (required), system, messages, stream. The prompt is the canonical one (openai.AppendPrompt, the
+// bytes the gateway hashes: tools, system, messages), and the generation runs through the engine as a chat
 // completion does. Since Anthropic clients must set max_tokens and set it as a ceiling, the simulated model
 // ends its turn after Config.DefaultMaxTokens tokens: a reply is min(max_tokens, DefaultMaxTokens) tokens,
 // with stop_reason "end_turn" (counted as finished_reason="stop") when it ended first and "max_tokens"
@@ -100,9 +86,13 @@ func (b *Backend) serveMessages(w http.ResponseWriter, r *http.Request) {
 		answerError(w, writeAnthropicError, err)
 		return
 	}
-	prompt, err := messagesPrompt(&req)
-	if err != nil {
+	if err := checkMessages(&req); err != nil {
 		answerError(w, writeAnthropicError, err)
+		return
+	}
+	prompt, err := openai.AppendPrompt(nil, openai.Messages, body)
+	if err != nil {
+		writeAnthropicError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	if !b.checkModel(w, req.Model, writeAnthropicError) {

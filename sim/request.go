@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -217,54 +216,6 @@ func appendWords(dst []byte, seed uint64, from, to int) []byte {
 		dst = append(dst, word(seed, i)...)
 	}
 	return dst
-}
-
-// appendContent appends the text of a content value as the canonical prompt renders chat content: a string
-// unescaped; for an array of parts (OpenAI's {"type":"input_text","text":..}, Anthropic's {"type":"text",
-// "text":..}) each part's text, or its raw JSON when it has none (an image); null adds nothing.
-func appendContent(dst []byte, content json.RawMessage) ([]byte, error) {
-	content = bytes.TrimSpace(content)
-	if len(content) == 0 || bytes.Equal(content, []byte("null")) {
-		return dst, nil
-	}
-	switch content[0] {
-	case '"':
-		var s string
-		if err := json.Unmarshal(content, &s); err != nil {
-			return dst, fmt.Errorf("content: %w", err)
-		}
-		return append(dst, s...), nil
-	case '[':
-		var parts []json.RawMessage
-		if err := json.Unmarshal(content, &parts); err != nil {
-			return dst, fmt.Errorf("content: %w", err)
-		}
-		for _, p := range parts {
-			var part struct {
-				Text *string `json:"text"`
-			}
-			if err := json.Unmarshal(p, &part); err == nil && part.Text != nil {
-				dst = append(dst, *part.Text...)
-			} else {
-				dst = append(dst, bytes.TrimSpace(p)...)
-			}
-		}
-		return dst, nil
-	}
-	return dst, errors.New("content must be a string or an array")
-}
-
-// appendTurn appends one canonical prompt line, role + ":" + the content's text + "\n", as the chat prompt
-// renders a message, so a conversation sent to /v1/responses or /v1/messages fills the prefix cache with the
-// same bytes as the same conversation sent to /v1/chat/completions.
-func appendTurn(dst []byte, role string, content json.RawMessage) ([]byte, error) {
-	dst = append(dst, role...)
-	dst = append(dst, ':')
-	dst, err := appendContent(dst, content)
-	if err != nil {
-		return dst, err
-	}
-	return append(dst, '\n'), nil
 }
 
 // jsonString returns s as a JSON string literal.

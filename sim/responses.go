@@ -104,48 +104,36 @@ type responsesRequest struct {
 	Background         bool            `json:"background"`
 }
 
-// appendResponsesInput appends the canonical prompt of a Responses "input": a string is one user turn; an array
-// holds items, each a message {"role", "content": string or parts} rendered as chat renders a message (see
-// appendTurn), or another item (a function call or its output) rendered as type + ":" + its raw JSON + "\n".
-func appendResponsesInput(dst []byte, input json.RawMessage) ([]byte, error) {
+// checkResponsesInput checks the shape of a Responses "input" (its text is openai.AppendPrompt's): a string,
+// or a non-empty list of objects where a message item has a role.
+func checkResponsesInput(input json.RawMessage) error {
 	input = bytes.TrimSpace(input)
 	if len(input) == 0 || bytes.Equal(input, []byte("null")) {
-		return dst, errorf(http.StatusBadRequest, "Field required: input")
+		return errorf(http.StatusBadRequest, "Field required: input")
 	}
 	if input[0] == '"' {
-		return appendTurn(dst, "user", input)
+		return nil
 	}
 	var items []json.RawMessage
 	if err := json.Unmarshal(input, &items); err != nil {
-		return dst, errorf(http.StatusBadRequest, "input: want a string or a list of items")
+		return errorf(http.StatusBadRequest, "input: want a string or a list of items")
 	}
 	if len(items) == 0 {
-		return dst, errorf(http.StatusBadRequest, "input must not be empty")
+		return errorf(http.StatusBadRequest, "input must not be empty")
 	}
 	for i, raw := range items {
 		var it struct {
-			Type    string          `json:"type"`
-			Role    string          `json:"role"`
-			Content json.RawMessage `json:"content"`
+			Type *string `json:"type"`
+			Role string  `json:"role"`
 		}
 		if err := json.Unmarshal(raw, &it); err != nil {
-			return dst, errorf(http.StatusBadRequest, "%s: want an object", param("input", i))
+			return errorf(http.StatusBadRequest, "%s: want an object", param("input", i))
 		}
-		var err error
-		switch {
-		case it.Role != "":
-			dst, err = appendTurn(dst, it.Role, it.Content)
-		case it.Type == "" || it.Type == "message":
-			return dst, errorf(http.StatusBadRequest, "%s: a message needs a role", param("input", i))
-		default:
-			dst = append(append(append(dst, it.Type...), ':'), bytes.TrimSpace(raw)...)
-			dst = append(dst, '\n')
-		}
-		if err != nil {
-			return dst, errorf(http.StatusBadRequest, "%s: %v", param("input", i), err)
+		if it.Role == "" && (it.Type == nil || *it.Type == "message") {
+			return errorf(http.StatusBadRequest, "%s: a message needs a role", param("input", i))
 		}
 	}
-	return dst, nil
+	return nil
 }
 
 // serveResponses answers POST /v1/responses, GET /v1/responses/{id} and POST /v1/responses/{id}/cancel.
@@ -207,11 +195,12 @@ func (b *Backend) cancelResponse(w http.ResponseWriter, id string) {
 	_, _ = w.Write(append(out, '\n'))
 }
 
-// createResponse answers POST /v1/responses: model, input (see appendResponsesInput), instructions (a system
-// turn before the input; ignored when continuing, as vLLM does), max_output_tokens (default
-// Config.DefaultMaxTokens), stream, store (default true), previous_response_id (the earlier conversation, its
-// input and output, is the prompt's prefix, so the prefix cache sees a growing conversation; it must name a
-// stored, completed response) and background (requires store; answers status "queued" at once while the
+// createResponse answers POST /v1/responses: model, input (see checkResponsesInput), instructions,
+// max_output_tokens (default Config.DefaultMaxTokens), stream, store (default true), previous_response_id and
+// background. The prompt is the request's canonical prompt (openai.AppendPrompt, the bytes the gateway hashes:
+// tools, instructions, input); with previous_response_id it follows the stored conversation (the earlier
+// prompt and "assistant:" + its output + "\n"), so the prefix cache sees a growing conversation; the id must
+// name a stored, completed response. background (requires store; answers status "queued" at once while the
 // generation goes on; not with stream). The generation runs through the engine as a chat completion does, to
 // max_output_tokens, and ends with status "completed".
 func (b *Backend) createResponse(w http.ResponseWriter, r *http.Request) {
@@ -240,6 +229,10 @@ func (b *Backend) createResponse(w http.ResponseWriter, r *http.Request) {
 	if !b.checkModel(w, req.Model, writeError) {
 		return
 	}
+	if err := checkResponsesInput(req.Input); err != nil {
+		answerError(w, writeError, err)
+		return
+	}
 	var prompt []byte
 	if id := req.PreviousResponseID; id != nil {
 		found, completed := false, false
@@ -255,12 +248,10 @@ func (b *Backend) createResponse(w http.ResponseWriter, r *http.Request) {
 			writeInvalidRequest(w, http.StatusBadRequest, "Previous response with id '"+*id+"' is not completed.")
 			return
 		}
-	} else if req.Instructions != nil {
-		prompt = append(append(append(prompt, "system:"...), *req.Instructions...), '\n')
 	}
-	prompt, err := appendResponsesInput(prompt, req.Input)
+	prompt, err := openai.AppendPrompt(prompt, openai.Responses, body)
 	if err != nil {
-		answerError(w, writeError, err)
+		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	promptTokens := max(openai.EstimateTokens(len(prompt)), 1)

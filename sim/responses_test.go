@@ -96,7 +96,9 @@ func TestServeResponses(t *testing.T) {
 	}{
 		{"string input", `{"model":"sim-model","input":"hello there","max_output_tokens":4}`, "user:hello there\n", 4},
 		{"instructions and parts", `{"input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]}],` +
-			`"instructions":"be brief","max_output_tokens":2}`, "system:be brief\nuser:hi\n", 2},
+			`"instructions":"be brief","max_output_tokens":2}`, "instructions:be brief\nuser:hi\n", 2},
+		{"other items as raw JSON", `{"input":[{"role":"user","content":"a"},{"type":"function_call_output","call_id":"c1","output":"o"}],` +
+			`"max_output_tokens":1}`, "user:a\n" + `{"type":"function_call_output","call_id":"c1","output":"o"}` + "\n", 1},
 		{"messages", `{"input":[{"type":"message","role":"user","content":"a"},{"role":"assistant","content":"b"},` +
 			`{"role":"user","content":"c"}],"max_output_tokens":3,"store":false}`, "user:a\nassistant:b\nuser:c\n", 3},
 		{"default length", `{"input":"x"}`, "user:x\n", 256},
