@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,21 +29,27 @@ const maxBodyBytes = 64 << 20
 // engine loop and metrics registry.
 //
 // Endpoints: POST /v1/chat/completions and /v1/completions (streaming or not), GET /v1/models, GET /health,
-// GET /metrics, and GET/POST /sim/control (faults). Every response carries X-Sim-Backend: <Name>, and echoes
+// GET /metrics, and GET/POST /sim/control (faults); and beyond chat (see the package doc): /v1/embeddings,
+// /v2/embed, /rerank (also /v1/ and /v2/), /score (also /v1/), /v1/responses (with GET /v1/responses/{id} and
+// POST .../cancel), /v1/messages, /tokenize, /detokenize, /v1/audio/transcriptions and /v1/audio/translations. Every response carries X-Sim-Backend: <Name>, and echoes
 // X-Request-Id when the request has one.
 //
 // It is served with net/http rather than fasthttp, by measurement (bench/results/simulator-itl.md): net/http
 // cancels a request's context as soon as the client hangs up, even while its sequence is still queued and
 // nothing is being written, which fasthttp cannot notice until a write fails.
 //
-// A Backend is safe for concurrent use. It runs two goroutines of its own (the engine loop and the HTTP server)
-// plus net/http's per-connection ones, and Close stops all of them.
+// A Backend is safe for concurrent use. It runs two goroutines of its own (the engine loop and the HTTP server),
+// one per background response while it generates, plus net/http's per-connection ones, and Close stops all of
+// them.
 type Backend struct {
 	cfg     Config
 	eng     *engine
 	srv     *http.Server
 	url     string
 	nameHdr []string
+
+	responses *responseStore
+	bg        sync.WaitGroup // background responses' goroutines (see runBackground)
 
 	rngMu sync.Mutex
 	rng   *rand.Rand
@@ -95,6 +102,7 @@ func newBackend(cfg Config, clock timeSource) *Backend {
 		cfg:       cfg,
 		eng:       newEngine(cfg, clock),
 		nameHdr:   []string{cfg.Name},
+		responses: newResponseStore(),
 		rng:       rand.New(rand.NewPCG(cfg.Seed, name)),
 		serveDone: make(chan struct{}),
 	}
@@ -127,6 +135,7 @@ func (b *Backend) Close() error {
 			_ = b.srv.Close()
 		}
 		<-b.serveDone
+		b.bg.Wait() // the engine has killed their sequences
 		b.closeErr = b.serveErr
 	})
 	return b.closeErr
@@ -157,6 +166,26 @@ func (b *Backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		b.serveCompletion(w, r, openai.Chat)
 	case "/v1/completions":
 		b.serveCompletion(w, r, openai.Completions)
+	case "/v1/embeddings":
+		b.serveEmbeddings(w, r)
+	case "/v2/embed":
+		b.serveCohereEmbed(w, r)
+	case "/v1/responses":
+		b.serveResponses(w, r)
+	case "/v1/messages":
+		b.serveMessages(w, r)
+	case "/tokenize":
+		b.serveTokenize(w, r)
+	case "/detokenize":
+		b.serveDetokenize(w, r)
+	case "/rerank", "/v1/rerank", "/v2/rerank":
+		b.serveRerank(w, r)
+	case "/score", "/v1/score":
+		b.serveScore(w, r)
+	case "/v1/audio/transcriptions":
+		b.serveAudio(w, r, false)
+	case "/v1/audio/translations":
+		b.serveAudio(w, r, true)
 	case "/v1/models":
 		b.serveGet(w, r, b.serveModels)
 	case "/health":
@@ -166,6 +195,10 @@ func (b *Backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			promhttp.HandlerFor(b.eng.metrics().reg, promhttp.HandlerOpts{}).ServeHTTP(w, r)
 		})
 	default:
+		if strings.HasPrefix(r.URL.Path, "/v1/responses/") {
+			b.serveResponses(w, r)
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusNotFound)
 		_, _ = io.WriteString(w, `{"detail":"Not Found"}`+"\n")

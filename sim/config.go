@@ -57,6 +57,11 @@ type Config struct {
 	// FailRate is the share of completion requests answered with a 500 before any token, in [0, 1]. It is the
 	// baseline that POST /sim/control overrides and {} restores. Default 0.
 	FailRate float64
+	// EmbeddingDim is the length of the vectors /v1/embeddings and /v2/embed return (a request's "dimensions"
+	// may ask for fewer). Default 384, the size of small sentence-embedding models (all-MiniLM-L6-v2,
+	// bge-small); at most 16384.
+	EmbeddingDim int
+
 	// Seed seeds the generated text (with the canonical prompt, so one request gives the same text on every
 	// backend that shares the seed, on every run) and the fault draws. Default 1.
 	Seed uint64
@@ -75,9 +80,13 @@ func DefaultConfig() Config {
 		MaxBatchedTokens: 4096,
 		KVBlocks:         8192,
 		DefaultMaxTokens: 256,
+		EmbeddingDim:     384,
 		Seed:             1,
 	}
 }
+
+// maxEmbeddingDim bounds Config.EmbeddingDim: a vector of 16384 float32s is 64 KiB, already past any real model.
+const maxEmbeddingDim = 16384
 
 // DefaultListen is the CLI's -listen default.
 const DefaultListen = "127.0.0.1:8000"
@@ -114,6 +123,8 @@ var knobs = []knob{
 		func(c *Config) *int { return &c.KVBlocks }),
 	intKnob("default-max-tokens", "default_max_tokens", "completion length when a request sets no max_tokens (> 0)",
 		func(c *Config) *int { return &c.DefaultMaxTokens }),
+	boundedIntKnob("embedding-dim", "embedding_dim", "length of the vectors the embedding endpoints return",
+		func(c *Config) *int { return &c.EmbeddingDim }, maxEmbeddingDim),
 	durKnob("rtt", "rtt", "extra network delay before every response's first byte (a far region)",
 		func(c *Config) *time.Duration { return &c.RTT }, false),
 	floatKnob("fail-rate", "fail_rate", "share of requests answered 500 before any token, in [0,1]",
@@ -208,9 +219,14 @@ func durKnob(flagName, key, usage string, field func(*Config) *time.Duration, po
 }
 
 func intKnob(flagName, key, usage string, field func(*Config) *int) knob {
+	return boundedIntKnob(flagName, key, usage, field, 1<<30)
+}
+
+// boundedIntKnob checks 1 <= v <= max.
+func boundedIntKnob(flagName, key, usage string, field func(*Config) *int, max int) knob {
 	check := func(c *Config) error {
-		if v := *field(c); v <= 0 || v > 1<<30 {
-			return fmt.Errorf("%d must be in [1, %d]", v, 1<<30)
+		if v := *field(c); v <= 0 || v > max {
+			return fmt.Errorf("%d must be in [1, %d]", v, max)
 		}
 		return nil
 	}

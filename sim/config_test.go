@@ -24,6 +24,8 @@ func TestConfigValidate(t *testing.T) {
 		{"kv blocks", func(c *Config) { c.KVBlocks = 0 }, "kv_blocks"},
 		{"batched tokens", func(c *Config) { c.MaxBatchedTokens = -1 }, "max_batched_tokens"},
 		{"model", func(c *Config) { c.Model = "" }, "model"},
+		{"embedding dim too large", func(c *Config) { c.EmbeddingDim = maxEmbeddingDim + 1 }, "embedding_dim"},
+		{"embedding dim zero", func(c *Config) { c.EmbeddingDim = 0 }, "embedding_dim"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -23,7 +23,7 @@
 // # The wire
 //
 // POST /v1/chat/completions and /v1/completions (stream or not), GET /v1/models, /health, /metrics, and
-// GET/POST /sim/control. Every response has X-Sim-Backend: <name>, and X-Request-Id when the request had one
+// GET/POST /sim/control, and the endpoints listed under "Beyond chat". Every response has X-Sim-Backend: <name>, and X-Request-Id when the request had one
 // (it then also names the response: "chatcmpl-<id>"). A chat stream is, as vLLM sends it:
 //
 //	data: {"id":"chatcmpl-7","object":"chat.completion.chunk","created":1767225600,"model":"sim-model","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}
@@ -42,6 +42,30 @@
 // same Seed, on every run. Errors are vLLM's: {"error":{"message":..,"type":"BadRequestError","param":null,
 // "code":400}} (400 bad JSON, missing messages or prompt, max_tokens < 1, past the context; 404 unknown model;
 // 500 fail_rate; 503 down).
+//
+// # Beyond chat
+//
+// The other endpoints a vLLM or SGLang engine serves, each with 405 for a wrong method, 400 for a bad body, 404
+// for an unknown model and 503 while down. Generating endpoints run a sequence through the engine exactly as
+// chat does (same TTFT and ITL, same metrics, same deterministic words); pooling endpoints run a prefill-only
+// sequence per input, which shares the batch, fills the prefix cache and counts as finished_reason="stop"
+// without generating a token. Responses and Messages prompts are their canonical prompts (openai.AppendPrompt),
+// the bytes the gateway hashes, so prefix-aware routing sees the blocks the simulated cache holds.
+//
+//   - POST /v1/embeddings: input (string, strings, token ids, lists of ids), encoding_format float|base64,
+//     dimensions. Vectors of Config.EmbeddingDim (default 384): a feature-hashed bag of words, L2-normalised,
+//     so texts sharing words are close (see embedding). POST /v2/embed is Cohere's form of the same vectors.
+//   - POST /rerank, /v1/rerank, /v2/rerank (query, documents, top_n) and /score, /v1/score (text_1, text_2):
+//     a prefill per pair, scored by the share of the query's words the document holds.
+//   - POST /v1/responses (input, instructions, max_output_tokens, stream, store, previous_response_id,
+//     background), GET /v1/responses/{id}, POST /v1/responses/{id}/cancel: vLLM's Responses API, its stream
+//     the response.* events ending with response.completed (no [DONE]); up to 10,000 stored responses.
+//   - POST /v1/messages: Anthropic's Messages API with Anthropic's events and errors; a reply ends its turn
+//     (stop_reason "end_turn") after Config.DefaultMaxTokens tokens unless max_tokens comes first.
+//   - POST /tokenize, /detokenize: the simulator's tokenizer, 4 bytes a token (openai.BytesPerToken), each id
+//     holding its bytes (see appendTokenIDs), so the counts are the ones every endpoint reports.
+//   - POST /v1/audio/transcriptions, /v1/audio/translations: multipart uploads up to 25 MB, read as 16 kHz
+//     16-bit PCM: 50 prompt tokens and 2.5 words a second, words chosen by a hash of the file.
 //
 // A client that hangs up aborts its sequence at once, wherever it is (queued, prefilling, decoding): it leaves
 // vllm:num_requests_running or _waiting, frees its blocks and counts as finished_reason="abort". POST

@@ -39,7 +39,7 @@ const (
 // How a sequence ended, published in seq.end for its HTTP handler.
 const (
 	endNone   = iota
-	endLength // reached max_tokens
+	endLength // reached max_tokens (a stop sequence too); a pooling sequence: its prefill is done
 	endAbort  // the client left (set by the handler's own abort)
 	endKilled // the engine went down, restarted or closed: the handler drops the connection
 )
@@ -67,6 +67,12 @@ type seq struct {
 	lastAt         time.Time
 
 	stalled bool // drawn into the StallRate share of stalled requests (set before submit)
+	// pooling marks a prefill-only request (embeddings, rerank, score): it ends when its prompt is computed,
+	// generates no token and counts as finished_reason="stop", without a TTFT (set before submit).
+	pooling bool
+	// stop marks a sequence whose last token ends its turn (an EOS, as /v1/messages' end_turn) rather than
+	// reaching a length limit: it counts as finished_reason="stop" (set before submit).
+	stop bool
 
 	emitted atomic.Int32
 	end     atomic.Int32
@@ -291,6 +297,7 @@ func (e *engine) abort(s *seq) {
 	e.m.success[reasonAbort].Inc()
 	e.m.e2e.Observe(e.clock.Now().Sub(s.arrival).Seconds())
 	s.end.Store(endAbort)
+	s.wakeup() // for a follower other than the aborting handler (a background response's goroutine)
 	e.publish()
 }
 
@@ -500,6 +507,17 @@ func (e *engine) preempt(s *seq) {
 	e.m.preemptions.Inc()
 }
 
+// finish ends a running sequence that is done at now, counted under reason.
+func (e *engine) finish(s *seq, now time.Time, reason string) {
+	e.running = deleteSeq(e.running, s)
+	e.pool.release(s.blocks)
+	s.blocks = s.blocks[:0]
+	s.state = stateDone
+	e.m.success[reason].Inc()
+	e.m.e2e.Observe(now.Sub(s.arrival).Seconds())
+	s.end.Store(endLength)
+}
+
 // endStep completes the current step at stepEnd: computed tokens advance, finished prompt blocks enter the prefix
 // cache, and each sequence whose prompt is fully computed gets its next token.
 func (e *engine) endStep() {
@@ -521,6 +539,12 @@ func (e *engine) endStep() {
 		if s.computed < s.prompt+s.output {
 			continue // a chunk of a longer prefill
 		}
+		if s.pooling {
+			e.m.promptTokens.Add(float64(s.prompt))
+			e.finish(s, now, reasonStop)
+			s.wakeup()
+			continue
+		}
 		s.decoding = true
 		s.output++
 		generated++
@@ -533,13 +557,11 @@ func (e *engine) endStep() {
 		s.lastAt = now
 		s.emitted.Store(int32(s.output))
 		if s.output >= s.maxTokens {
-			e.running = deleteSeq(e.running, s)
-			e.pool.release(s.blocks)
-			s.blocks = s.blocks[:0]
-			s.state = stateDone
-			e.m.success[reasonLength].Inc()
-			e.m.e2e.Observe(now.Sub(s.arrival).Seconds())
-			s.end.Store(endLength)
+			reason := reasonLength
+			if s.stop {
+				reason = reasonStop
+			}
+			e.finish(s, now, reason)
 		}
 		s.wakeup()
 	}

@@ -23,6 +23,7 @@ func TestParseFleetGood(t *testing.T) {
   default_max_tokens: 64
   rtt: 0s
   fail_rate: 0.01
+  embedding_dim: 768
   seed: 7
   model: big
 - {name: euw-1, region: eu-west, listen: "127.0.0.1:8002", rtt: 40ms}
@@ -33,7 +34,8 @@ func TestParseFleetGood(t *testing.T) {
 	}
 	want0 := Config{Name: "use-1", Region: "us-east", Listen: "127.0.0.1:8001", Model: "big", PrefillTPS: 20000,
 		ITL: 12 * time.Millisecond, ITLPerSeq: 50 * time.Microsecond, Overhead: 8 * time.Millisecond,
-		MaxNumSeqs: 128, MaxBatchedTokens: 2048, KVBlocks: 4096, DefaultMaxTokens: 64, FailRate: 0.01, Seed: 7}
+		MaxNumSeqs: 128, MaxBatchedTokens: 2048, KVBlocks: 4096, DefaultMaxTokens: 64, FailRate: 0.01, EmbeddingDim: 768,
+		Seed: 7}
 	want1 := DefaultConfig()
 	want1.Name, want1.Region, want1.Listen, want1.RTT = "euw-1", "eu-west", "127.0.0.1:8002", 40*time.Millisecond
 	if len(cfgs) != 2 || cfgs[0] != want0 || cfgs[1] != want1 {
