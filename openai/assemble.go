@@ -38,7 +38,8 @@ func (e *StreamError) Error() string { return "openai: error in upstream stream:
 // The members the gateway knows keep their own rules. Choices are kept by index (n > 1); delta.content (text
 // for completions), delta.refusal and delta.reasoning_content (or vLLM's newer delta.reasoning) are concatenated
 // as escaped JSON, never decoded, so the text is byte for byte what the engine streamed; delta.role is taken
-// once; tool calls are merged by index (id, type and function name taken once, arguments concatenated).
+// once; tool calls are merged by index (id, type and function name taken once, arguments concatenated; their
+// other members, and their function's, merge as a delta's do).
 //
 // Every other member merges by where it sits, because the two kinds of place carry different things:
 //
@@ -98,6 +99,7 @@ type asmTool struct {
 	index         int
 	id, typ, name []byte // raw JSON strings
 	args          []byte // escaped string contents, concatenated
+	ext, fn       nref   // the members the gateway does not know of the call and of its function
 }
 
 // asmSpan is a member of the chunk being added: its raw key (aliasing the chunk) and where its value starts.
@@ -499,6 +501,7 @@ func (a *Assembler) addToolCalls(sc *scanner, c *asmChoice, v int) error {
 		if b[i] == '{' {
 			index := pos
 			id, typ, fn := noSpan, noSpan, noSpan
+			a.spans = a.spans[:0]
 			members(sc, i, 6, func(key []byte, v int) (int, error) {
 				end, _ := sc.skip(v, 6)
 				switch string(key) {
@@ -515,6 +518,8 @@ func (a *Assembler) addToolCalls(sc *scanner, c *asmChoice, v int) error {
 					typ = Span{v, end}
 				case "function":
 					fn = Span{v, end}
+				default:
+					a.spans = append(a.spans, asmSpan{key, v, end})
 				}
 				return end, nil
 			})
@@ -529,21 +534,38 @@ func (a *Assembler) addToolCalls(sc *scanner, c *asmChoice, v int) error {
 				a.cat(&t.typ, b[typ.Start:typ.End])
 			}
 			if fn.Start >= 0 && b[fn.Start] == '{' {
-				members(sc, fn.Start, 7, func(key []byte, v int) (int, error) {
-					end, _ := sc.skip(v, 7)
-					if b[v] != '"' {
-						return end, nil
-					}
+				_, err := members(sc, fn.Start, 7, func(key []byte, v int) (int, error) {
 					switch string(key) {
-					case "name":
-						if len(t.name) == 0 && end-v > 2 {
+					case "name", "arguments":
+						end, _ := sc.skip(v, 7)
+						switch {
+						case b[v] != '"':
+						case string(key) == "arguments":
+							a.cat(&t.args, b[v+1:end-1])
+						case len(t.name) == 0 && end-v > 2:
 							a.cat(&t.name, b[v:end])
 						}
-					case "arguments":
-						a.cat(&t.args, b[v+1:end-1])
+						return end, nil
 					}
-					return end, nil
+					m, err := a.member(a.root(&t.fn), key, escapes(key))
+					if err != nil {
+						return v, err
+					}
+					return a.merge(sc, m, v, 7, mergeDelta)
 				})
+				if err != nil {
+					return err
+				}
+			}
+			for k := range a.spans {
+				sp := &a.spans[k]
+				m, err := a.member(a.root(&t.ext), sp.key, escapes(sp.key))
+				if err == nil {
+					_, err = a.merge(sc, m, sp.v, 6, mergeDelta)
+				}
+				if err != nil {
+					return err
+				}
 			}
 		}
 		var more bool
@@ -869,7 +891,10 @@ func (a *Assembler) AppendBody(dst []byte) []byte {
 					dst = appendRawOrNull(dst, t.name)
 					dst = append(dst, `,"arguments":`...)
 					dst = appendStringOrNull(dst, t.args, true)
-					dst = append(dst, "}}"...)
+					dst = a.appendMembers(dst, t.fn, true)
+					dst = append(dst, '}')
+					dst = a.appendMembers(dst, t.ext, true)
+					dst = append(dst, '}')
 				}
 				dst = append(dst, ']')
 			}

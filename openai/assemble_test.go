@@ -129,7 +129,7 @@ func TestAssemblerAllocs(t *testing.T) {
 		{"unknown members", []string{
 			`{"id":"c","model":"m","service_tier":"default","x\u005fext":[1],"choices":[{"index":0,"delta":{"role":"assistant","audio":{"id":"a","transcript":"He"}},"token_ids":[1]}]}`,
 			`{"id":"c","model":"m","service_tier":"default","choices":[{"index":0,"delta":{"content":"x","audio":{"id":"a","transcript":"llo","data":"AA"}},"logprobs":{"content":[{"token":"x"}],"refusal":null},"token_ids":[2]}]}`,
-			`{"id":"c","model":"m","choices":[{"index":0,"delta":{"annotations":[{"type":"url_citation"}]},"finish_reason":"stop","stop_reason":null}],"kv_transfer_params":{"a":1}}`,
+			`{"id":"c","model":"m","choices":[{"index":0,"delta":{"annotations":[{"type":"url_citation"}],"tool_calls":[{"index":0,"id":"t","x_call":[1],"function":{"name":"f","arguments":"{}","x_fn":true}}]},"finish_reason":"stop","stop_reason":null}],"kv_transfer_params":{"a":1}}`,
 			`{"id":"c","model":"m","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3,"prompt_tokens_details":{"cached_tokens":0}}}`,
 		}},
 	} {
@@ -386,6 +386,14 @@ func TestAssemblerMergeRules(t *testing.T) {
 				`{"choices":[],"usage":{"completion_tokens":2,"total_tokens":5,"prompt_tokens_details":null}}`,
 			},
 			want: `{"id":null,"object":"chat.completion","created":null,"model":null,"choices":[],"system_fingerprint":null,"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5,"prompt_tokens_details":{"cached_tokens":2}}}`,
+		},
+		{
+			name: "tool calls: members of the call and of its function merge as a delta's",
+			chunks: []string{
+				`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","x_call":{"n":1},"function":{"name":"f","arguments":"{","strict":true}}]}}]}`,
+				`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"x_call":{"s":"a"},"function":{"arguments":"}","x_fn":"b"}}]}}]}`,
+			},
+			want: `{"id":null,"object":"chat.completion","created":null,"model":null,"choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{}","strict":true,"x_fn":"b"},"x_call":{"n":1,"s":"a"}}]},"logprobs":null,"finish_reason":null}],"system_fingerprint":null,"usage":null}`,
 		},
 		{
 			name: "a choice's message member in a chunk is not doubled",
