@@ -587,3 +587,31 @@ func FuzzAssemble(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkAssemblerAddUnknown adds an OpenAI chunk whose members the Assembler does not know (service_tier,
+// obfuscation), and a vLLM one carrying token_ids; compare with BenchmarkAssemblerAdd.
+func BenchmarkAssemblerAddUnknown(b *testing.B) {
+	for _, tc := range []struct{ name, chunk string }{
+		{"openai", `{"id":"chatcmpl-A1","object":"chat.completion.chunk","created":1718000001,"model":"gpt-4o-mini-2024-07-18","service_tier":"default","system_fingerprint":"fp_1",` +
+			`"choices":[{"index":0,"delta":{"content":" token"},"logprobs":null,"finish_reason":null}],"usage":null,"obfuscation":"Xq3z"}`},
+		{"vllm", `{"id":"chatcmpl-7f3a","object":"chat.completion.chunk","created":1718000000,"model":"llama-3.1-8b-instruct",` +
+			`"choices":[{"index":0,"delta":{"content":" token"},"logprobs":null,"finish_reason":null,"token_ids":[3186]}]}`},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			chunk := []byte(tc.chunk)
+			var a Assembler
+			a.Reset(Chat)
+			b.ReportAllocs()
+			b.SetBytes(int64(len(chunk)))
+			n := 0
+			for b.Loop() {
+				if n++; n%1000 == 0 {
+					a.Reset(Chat) // a 1,000-token answer, then the next stream
+				}
+				if err := a.Add(chunk); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
