@@ -247,14 +247,20 @@ func TestRequestID(t *testing.T) {
 }
 
 func TestRewriteModel(t *testing.T) {
-	for _, tc := range []struct{ in, want string }{
-		{`{"id":"x","model":"llama-3","choices":[]}`, `{"id":"x","model":"public","choices":[]}`},
-		{`{"model":"llama-3-70b","x":{"model":"llama-3"}}`, `{"model":"llama-3-70b","x":{"model":"public"}}`},
-		{`{"model":"other"}`, `{"model":"other"}`},
+	for _, tc := range []struct{ name, in, want string }{
+		{"compact", `{"id":"x","model":"llama-3","choices":[]}`, `{"id":"x","model":"public","choices":[]}`},
+		{"spaced", `{"id":"x", "model" : "llama-3"}`, `{"id":"x", "model" : "public"}`},
+		{"escaped", `{"m\u006fdel":"llama\u002d3"}`, `{"m\u006fdel":"public"}`},
+		{"deeper objects are content", `{"model":"llama-3-70b","x":{"model":"llama-3"}}`, `{"model":"llama-3-70b","x":{"model":"llama-3"}}`},
+		{"message content is content", `{"choices":[{"message":{"content":"\"model\":\"llama-3\""}}],"model":"llama-3"}`,
+			`{"choices":[{"message":{"content":"\"model\":\"llama-3\""}}],"model":"public"}`},
+		{"another model", `{"model":"other"}`, `{"model":"other"}`},
 	} {
-		if got := string(rewriteModel(nil, []byte(tc.in), "llama-3", "public")); got != tc.want {
-			t.Errorf("rewriteModel(%s) = %s, want %s", tc.in, got, tc.want)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			if got := string(rewriteModel(nil, []byte(tc.in), "llama-3", "public")); got != tc.want {
+				t.Errorf("rewriteModel(%s) = %s, want %s", tc.in, got, tc.want)
+			}
+		})
 	}
 }
 

@@ -22,8 +22,8 @@ import (
 // framing, down to raw bytes that are not HTTP at all. Whatever comes, the gateway answers its client within
 // its timeouts, leaves no goroutine behind, and stays alive (an unrecovered panic would end the test binary).
 
-// answer is one scripted engine answer.
-type answer struct {
+// engineAnswer is one scripted engine answer.
+type engineAnswer struct {
 	status  int
 	ctype   string
 	body    []byte
@@ -31,10 +31,10 @@ type answer struct {
 	stall   bool  // send the headers, then nothing until the connection is closed
 }
 
-// rawBackend is an engine on a raw TCP listener that answers every request with the current answer.
+// rawBackend is an engine on a raw TCP listener that answers every request with the current engineAnswer.
 type rawBackend struct {
 	ln    net.Listener
-	cur   atomic.Pointer[answer]
+	cur   atomic.Pointer[engineAnswer]
 	wg    sync.WaitGroup
 	mu    sync.Mutex
 	conns map[net.Conn]bool
@@ -46,7 +46,7 @@ func newRawBackend(t testing.TB) *rawBackend {
 		t.Fatal(err)
 	}
 	rb := &rawBackend{ln: ln, conns: map[net.Conn]bool{}}
-	rb.cur.Store(&answer{status: 200, ctype: "application/json", body: []byte(`{}`)})
+	rb.cur.Store(&engineAnswer{status: 200, ctype: "application/json", body: []byte(`{}`)})
 	rb.wg.Add(1)
 	go func() {
 		defer rb.wg.Done()
@@ -151,7 +151,7 @@ var hostileRoutes = []struct {
 	{"POST", "/v1/audio/transcriptions", "multipart/form-data; boundary=XX", "--XX\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nsim-model\r\n--XX\r\nContent-Disposition: form-data; name=\"stream\"\r\n\r\ntrue\r\n--XX--\r\n"},
 }
 
-// hostileHarness is a gateway in front of a rawBackend, with short timeouts so that every answer is bounded.
+// hostileHarness is a gateway in front of a rawBackend, with short timeouts so that every engineAnswer is bounded.
 type hostileHarness struct {
 	rb     *rawBackend
 	gw     *gateway
@@ -169,9 +169,9 @@ func newHostileHarness(t testing.TB) *hostileHarness {
 	return &hostileHarness{rb: rb, gw: gw, client: &http.Client{Transport: tr, Timeout: 15 * time.Second}}
 }
 
-// try sends route r with the engine answering a, and fails the test if the gateway does not answer in time
+// try sends route r with the engine answering a, and fails the test if the gateway does not engineAnswer in time
 // or answers something that is not HTTP.
-func (h *hostileHarness) try(t testing.TB, r int, a *answer) {
+func (h *hostileHarness) try(t testing.TB, r int, a *engineAnswer) {
 	h.rb.cur.Store(a)
 	rt := hostileRoutes[r%len(hostileRoutes)]
 	req, err := http.NewRequest(rt.method, h.gw.url+rt.path, bytes.NewReader([]byte(rt.body)))
@@ -185,22 +185,22 @@ func (h *hostileHarness) try(t testing.TB, r int, a *answer) {
 	}
 	resp, err := h.client.Do(req)
 	if err != nil {
-		t.Fatalf("%s %s with engine answer %d %q framing %d (%d bytes): no answer: %v", rt.method, rt.path, a.status, a.ctype, a.framing, len(a.body), err)
+		t.Fatalf("%s %s with engine engineAnswer %d %q framing %d (%d bytes): no engineAnswer: %v", rt.method, rt.path, a.status, a.ctype, a.framing, len(a.body), err)
 	}
 	_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, 8<<20))
 	_ = resp.Body.Close()
 	if err != nil && resp.Header.Get("Content-Type") != "text/event-stream" && resp.StatusCode != 200 {
-		// A relayed whole answer or an error must be read whole; a stream cut by the gateway on a broken
+		// A relayed whole engineAnswer or an error must be read whole; a stream cut by the gateway on a broken
 		// engine stream ends with an error event, not a broken body.
-		t.Fatalf("%s %s: answer %d broke: %v", rt.method, rt.path, resp.StatusCode, err)
+		t.Fatalf("%s %s: engineAnswer %d broke: %v", rt.method, rt.path, resp.StatusCode, err)
 	}
 }
 
 var hostileCTypes = []string{"", "application/json", "text/event-stream", "text/event-stream; charset=utf-8", "audio/mpeg", "text/html", "\x00\xff"}
 
-// randomAnswer makes an engine answer from a seeded PRNG: bodies that are nearly right are the ones that reach
+// randomAnswer makes an engine engineAnswer from a seeded PRNG: bodies that are nearly right are the ones that reach
 // the deepest code, so most are made of pieces of real answers, cut and spliced.
-func randomAnswer(r *rand.Rand) *answer {
+func randomAnswer(r *rand.Rand) *engineAnswer {
 	pieces := []string{
 		"data: ", "data: [DONE]\n\n", "\n\n", "\r\n", ":\n", "event: error\n", "event: response.completed\n",
 		`{"choices":[{"delta":{"content":"x"}}]}`, `{"choices":[{"text":"x","index":0}]}`,
@@ -221,12 +221,12 @@ func randomAnswer(r *rand.Rand) *answer {
 		b = append(b, bytes.Repeat([]byte("data: x"), r.IntN(1<<17))...) // a long line without an end
 	}
 	statuses := []int{200, 200, 200, 201, 204, 301, 400, 404, 422, 429, 500, 502, 503, 599, 100 + r.IntN(500)}
-	return &answer{status: statuses[r.IntN(len(statuses))], ctype: hostileCTypes[r.IntN(len(hostileCTypes))],
+	return &engineAnswer{status: statuses[r.IntN(len(statuses))], ctype: hostileCTypes[r.IntN(len(hostileCTypes))],
 		body: b, framing: uint8(r.IntN(4)), stall: r.IntN(25) == 0}
 }
 
 // TestHostileEngineAnswers sends every route through the gateway against a few hundred random engine answers
-// (a fixed seed: the same cases every run) and checks that each gets an answer, that the gateway still serves
+// (a fixed seed: the same cases every run) and checks that each gets an engineAnswer, that the gateway still serves
 // a good request after them, and that no goroutine is left behind.
 func TestHostileEngineAnswers(t *testing.T) {
 	if testing.Short() {
@@ -239,7 +239,7 @@ func TestHostileEngineAnswers(t *testing.T) {
 	for i := range n {
 		h.try(t, i, randomAnswer(r))
 	}
-	good := &answer{status: 200, ctype: "application/json", body: []byte(`{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.5]}],"model":"sim-model"}`)}
+	good := &engineAnswer{status: 200, ctype: "application/json", body: []byte(`{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.5]}],"model":"sim-model"}`)}
 	h.rb.cur.Store(good)
 	resp, body := rawPost(t, h.gw.url, "/v1/embeddings", []byte(`{"model":"sim-model","input":"x"}`), nil)
 	if resp.StatusCode != 200 || string(body) != string(good.body) {
@@ -268,7 +268,7 @@ func FuzzEngineAnswers(f *testing.F) {
 			h = newHostileHarness(t)
 		}
 		code := int(status)%500 + 100
-		h.try(t, int(route), &answer{status: code, ctype: hostileCTypes[int(ctype)%len(hostileCTypes)], body: body, framing: framing % 4})
+		h.try(t, int(route), &engineAnswer{status: code, ctype: hostileCTypes[int(ctype)%len(hostileCTypes)], body: body, framing: framing % 4})
 	})
 }
 

@@ -171,16 +171,17 @@ func (ex *exchange) step(emit func([]byte) error) (done bool, err error) {
 		ex.scratch = append(ex.scratch[:0], "data: "...)
 		ex.scratch = openai.AppendWithoutNullUsage(ex.scratch, data)
 		ex.scratch = append(ex.scratch, "\n\n"...)
-		raw = ex.scratch
+		raw, data = ex.scratch, ex.scratch[len("data: "):len(ex.scratch)-len("\n\n")]
 	}
 	return false, emit(ex.renamed(raw, data))
 }
 
 // renamed returns an event with the upstream model name changed back to the public one, when they differ.
+// data is a subslice of raw for a single-line data event (openai.Event); an event of several data lines (no
+// engine sends one) is relayed with the upstream name.
 func (ex *exchange) renamed(raw, data []byte) []byte {
-	_ = data
 	if up, pub := ex.cur.target.Model, ex.model.Name; up != "" && up != pub {
-		ex.modelBuf = rewriteModel(ex.modelBuf[:0], raw, up, pub)
+		ex.modelBuf = openai.AppendRenamedModel(ex.modelBuf[:0], raw, data, up, pub)
 		return ex.modelBuf
 	}
 	return raw
@@ -322,29 +323,9 @@ func (ex *exchange) record(code int, backend string) {
 	}
 }
 
-// rewriteModel appends raw to dst with its first `"model":"up"` member changed to `"model":"pub"`: a route that
-// maps a public model name to another upstream name gives the client back the name it asked for.
-func rewriteModel(dst, raw []byte, up, pub string) []byte {
-	i := indexModel(raw, up)
-	if i < 0 {
-		return append(dst, raw...)
-	}
-	dst = append(dst, raw[:i]...)
-	dst = append(append(append(dst, `"model":"`...), pub...), '"')
-	return append(dst, raw[i+len(`"model":"`)+len(up)+1:]...)
-}
-
-func indexModel(raw []byte, model string) int {
-	for off := 0; ; {
-		i := bytes.Index(raw[off:], []byte(`"model":"`))
-		if i < 0 {
-			return -1
-		}
-		i += off
-		rest := raw[i+len(`"model":"`):]
-		if len(rest) > len(model) && string(rest[:len(model)]) == model && rest[len(model)] == '"' {
-			return i
-		}
-		off = i + 1
-	}
+// rewriteModel appends body, a whole JSON answer, to dst with its model renamed from up to pub: a route that
+// maps a public model name to another upstream name gives the client back the name it asked for. Only the
+// answer's own model member changes (openai.AppendRenamedModel), never content that mentions a model.
+func rewriteModel(dst, body []byte, up, pub string) []byte {
+	return openai.AppendRenamedModel(dst, body, body, up, pub)
 }
