@@ -47,6 +47,7 @@ type attempt struct {
 	resp    fasthttp.Response
 	conn    *upConn // guarded by wd.mu
 	events  *openai.EventReader
+	whole   bytes.Reader // the body, when fasthttp read it whole before send returned
 	ci      openai.ChunkInfo
 	started time.Time     // set by prepare, on the handler goroutine, right before the send
 	predP90 time.Duration // routing's p90 TTFT prediction at dispatch, RTT included
@@ -83,6 +84,7 @@ func (a *attempt) free() {
 	a.req.Reset()
 	a.resp.Reset()
 	a.events.Reset(nil)
+	a.whole.Reset(nil)
 	a.wd, a.s = nil, nil
 	a.target = routing.Target{}
 	a.name = ""
@@ -145,7 +147,14 @@ func (a *attempt) send(streamed, intact bool) error {
 			return &upstreamError{kind: kindProtocol, backend: a.name,
 				err: errors.New("streamed request answered with content type " + string(ct))}
 		}
-		a.events.Reset(a.resp.BodyStream())
+		if rs := a.resp.BodyStream(); rs != nil {
+			a.events.Reset(rs)
+		} else {
+			// fasthttp hands a body it has already read whole (a short one with a Content-Length, or none at
+			// all) as bytes, not as a stream.
+			a.whole.Reset(a.resp.Body())
+			a.events.Reset(&a.whole)
+		}
 		a.sse = true
 	}
 	return nil

@@ -34,7 +34,7 @@ type gateway struct {
 	m   *metrics.Gateway
 }
 
-func startGateway(t *testing.T, snap *Snapshot, opts Options) *gateway {
+func startGateway(t testing.TB, snap *Snapshot, opts Options) *gateway {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	opts.Metrics = metrics.New(reg)
@@ -541,7 +541,7 @@ func waitFor(t *testing.T, limit time.Duration, cond func() bool) {
 	}
 }
 
-func counterValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
+func counterValue(t testing.TB, g prometheus.Gatherer, name string) float64 {
 	t.Helper()
 	fams, err := g.Gather()
 	if err != nil {
