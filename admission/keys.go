@@ -22,6 +22,9 @@ type KeyConfig struct {
 	// RequestsPerMinute and TokensPerMinute are the key's rate limits; 0 means unlimited.
 	RequestsPerMinute int64
 	TokensPerMinute   int64
+	// CacheOptIn lets the key's requests opt in to the response cache with "X-Switchyard-Cache: on"
+	// (proxy.ResponseCache); without it the header's "on" is ignored. Default false.
+	CacheOptIn bool
 }
 
 // Key is an authenticated API key: what the request path learns from Authenticate. It is immutable and safe
@@ -34,9 +37,17 @@ type Key struct {
 	// RequestsPerMinute and TokensPerMinute are the key's limits; 0 means unlimited.
 	RequestsPerMinute int64
 	TokensPerMinute   int64
+	// CacheOptIn is KeyConfig.CacheOptIn.
+	CacheOptIn bool
 
 	models []string // sorted; nil means all
+	hash   [sha256.Size]byte
 }
+
+// Hash returns the SHA-256 of the key's text: what tells two keys apart whatever their names, e.g. the response
+// cache's partition (proxy.ResponseCache). It is not a secret the way the key is (the policy file may hold it),
+// but it names a credential: keep it out of logs and metrics, where the key's Name belongs.
+func (k *Key) Hash() [sha256.Size]byte { return k.hash }
 
 // Allows reports whether the key may use the public model named model. It does not allocate.
 func (k *Key) Allows(model string) bool {
@@ -80,7 +91,8 @@ func NewKeys(cfgs []KeyConfig) (*Keys, error) {
 			continue
 		}
 		names[c.Name] = true
-		k := &Key{Name: c.Name, Class: c.Class, RequestsPerMinute: c.RequestsPerMinute, TokensPerMinute: c.TokensPerMinute}
+		k := &Key{Name: c.Name, Class: c.Class, RequestsPerMinute: c.RequestsPerMinute, TokensPerMinute: c.TokensPerMinute,
+			CacheOptIn: c.CacheOptIn, hash: c.Hash}
 		if len(c.Models) > 0 {
 			k.models = slices.Clone(c.Models)
 			slices.Sort(k.models)

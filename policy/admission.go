@@ -65,6 +65,7 @@ func (c *Config) keys() (*admission.Keys, error) {
 			Models:            k.Models,
 			RequestsPerMinute: int64(k.Limits.RequestsPerMinute),
 			TokensPerMinute:   int64(k.Limits.TokensPerMinute),
+			CacheOptIn:        k.CacheOptIn,
 		}
 	}
 	return admission.NewKeys(cfgs)

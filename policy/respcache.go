@@ -2,16 +2,19 @@ package policy
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 )
 
 // ResponseCache is a model's exact response cache (proxy.ResponseCache): an answer to a deterministic request is
-// kept under the hash of the public model name and the request's canonical body (the JSON without stream,
-// stream_options, user and model, keys sorted), and the same request is answered from it, as JSON or replayed
-// as an SSE stream, with "X-Switchyard-Cache: hit". Only chat and completions requests with temperature 0 (or
-// "X-Switchyard-Cache: on") use it; "X-Switchyard-Cache: off" never does. With redis the answers are shared by
-// the replicas (and bounded by Redis's own maxmemory); without, each replica keeps up to MaxBytes per model.
-// Writing the field (even {}) turns the cache on for the model.
+// kept under the hash of its partition (Scope), the public model name and the request's canonical body (the
+// JSON without stream, stream_options, user and model, keys sorted), and the same request in the same
+// partition is answered from it, as JSON or replayed as an SSE stream, with "X-Switchyard-Cache: hit". Only
+// chat and completions requests with temperature 0 (or "X-Switchyard-Cache: on" from a key with cache_opt_in,
+// or from any client when there are no api_keys) use it; "X-Switchyard-Cache: off" never does. With redis the
+// answers are shared by the replicas, partitioned the same way (and bounded by Redis's own maxmemory); without,
+// each replica keeps up to MaxBytes per model. Writing the field (even {}) turns the cache on for the model.
 type ResponseCache struct {
 	// TTL is how long an answer is kept. Default 5m; in [1s, 24h].
 	TTL time.Duration `yaml:"ttl"`
@@ -20,7 +23,23 @@ type ResponseCache struct {
 	// MaxBytes bounds the answers one replica keeps in memory for the model, least recently used evicted first
 	// (not used with redis). Default 64MiB; at least MaxEntryBytes, at most 16GiB.
 	MaxBytes ByteSize `yaml:"max_bytes"`
+	// Scope says who shares the answers: "key" (each API key its own: a key is never answered with, and never
+	// learns of, what another key asked) or "model" (every key of the model: a hit tells a key that another
+	// asked the same). Without api_keys every client shares either way. Default "key".
+	Scope string `yaml:"scope"`
 }
+
+// The response cache's scopes (ResponseCache.Scope).
+const (
+	ScopeKey   = "key"
+	ScopeModel = "model"
+)
+
+// cacheScopes lists the scopes, the default first, for error messages.
+var cacheScopes = []string{ScopeKey, ScopeModel}
+
+// Shared reports whether every API key of the model shares its answers (scope model).
+func (rc ResponseCache) Shared() bool { return rc.Scope == ScopeModel }
 
 // Response cache defaults.
 const (
@@ -46,6 +65,9 @@ func (r *report) defaultResponseCache(rc *ResponseCache, p string) {
 	if !r.set(p + ".max_bytes") {
 		rc.MaxBytes = max(defaultCacheMaxBytes, rc.MaxEntryBytes)
 	}
+	if !r.set(p + ".scope") {
+		rc.Scope = ScopeKey
+	}
 }
 
 // validateResponseCache checks a set response_cache of a model at p.
@@ -61,6 +83,13 @@ func (r *report) validateResponseCache(rc ResponseCache, p string) {
 	}
 	if rc.MaxBytes < rc.MaxEntryBytes || rc.MaxBytes > 16<<30 {
 		r.errorf(p+".max_bytes", fmt.Sprintf("must be at least max_entry_bytes (%d) and at most 16GiB", rc.MaxEntryBytes))
+	}
+	if !slices.Contains(cacheScopes, rc.Scope) {
+		msg := fmt.Sprintf("unknown scope %q (one of: %s)", rc.Scope, strings.Join(cacheScopes, ", "))
+		if s := suggest(rc.Scope, cacheScopes); s != "" {
+			msg += fmt.Sprintf("; did you mean %q?", s)
+		}
+		r.errorf(p+".scope", msg)
 	}
 }
 

@@ -177,9 +177,10 @@ type Model struct {
 	// generation APIs every engine of the built-in table speaks); the others depend on the model (a reranker,
 	// a speech model) and are enabled by name.
 	Endpoints []string `yaml:"endpoints"`
-	// ResponseCache keeps complete answers to deterministic requests (temperature 0, or a client that sends
-	// "X-Switchyard-Cache: on") and answers the same request again from it, without a backend. Shared by the
-	// replicas when redis is set. Default: off (see the ResponseCache type).
+	// ResponseCache keeps complete answers to deterministic requests (temperature 0, or a client allowed to
+	// send "X-Switchyard-Cache: on") and answers the same request of the same API key (or, with scope model, of
+	// any key) again from it, without a backend. Shared by the replicas when redis is set. Default: off (see the
+	// ResponseCache type).
 	ResponseCache ResponseCache `yaml:"response_cache"`
 }
 
@@ -265,6 +266,10 @@ type APIKey struct {
 	Models []string `yaml:"models"`
 	// Limits are the key's rate limits. Default: none.
 	Limits KeyLimits `yaml:"limits"`
+	// CacheOptIn lets the key's requests opt in to the response cache with "X-Switchyard-Cache: on", which
+	// caches sampled requests too (ResponseCache); for a key without it the header's "on" is ignored (no error),
+	// and only temperature-0 requests are cached. Default false.
+	CacheOptIn bool `yaml:"cache_opt_in"`
 }
 
 // KeyLimits are per-key rate limits (admission.LocalLimiter: token buckets refilled continuously, holding at

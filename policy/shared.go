@@ -56,7 +56,7 @@ func (sh Shared) apply(c *Config, s, prev *proxy.Snapshot) {
 			}
 		}
 		pm.Cache = &proxy.ResponseCache{Store: store, TTL: rc.TTL, MaxEntryBytes: int(rc.MaxEntryBytes),
-			Timeout: sh.CacheTimeout, OnError: sh.OnError}
+			Shared: rc.Shared(), Timeout: sh.CacheTimeout, OnError: sh.OnError}
 	}
 }
 

@@ -81,6 +81,7 @@ var supported = map[string]bool{
 	"models[].response_cache.ttl":             true,
 	"models[].response_cache.max_entry_bytes": true,
 	"models[].response_cache.max_bytes":       true,
+	"models[].response_cache.scope":           true,
 
 	"regions":            true,
 	"regions.*.failover": true,
@@ -100,6 +101,7 @@ var supported = map[string]bool{
 	"api_keys[].limits":                     true,
 	"api_keys[].limits.requests_per_minute": true,
 	"api_keys[].limits.tokens_per_minute":   true,
+	"api_keys[].cache_opt_in":               true,
 
 	"limits":                     true,
 	"limits.max_body_bytes":      true,

@@ -3,22 +3,35 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/switchyard/switchyard/admission"
 	"github.com/switchyard/switchyard/cache"
 	"github.com/switchyard/switchyard/openai"
 )
 
 // ResponseCache is a model's exact response cache (DESIGN.md section 7): a complete answer to a deterministic
-// request is kept for TTL under the hash of the public model name and the request's canonical body, and the
-// same request gets it again without reaching a backend, as a JSON body or replayed as an SSE stream, whichever
-// it asks for. Only chat and completions requests are cached, and only deterministic ones: temperature 0, or a
-// client that opts in with "X-Switchyard-Cache: on"; "X-Switchyard-Cache: off" never uses the cache. Responses
-// say "X-Switchyard-Cache: hit" or "miss" when the cache was consulted. Answers with tool calls are not kept.
+// request is kept for TTL under the hash of its partition, the public model name and the request's canonical
+// body, and the same request in the same partition gets it again without reaching a backend, as a JSON body or
+// replayed as an SSE stream, whichever it asks for. Only chat and completions requests are cached, and only
+// deterministic ones: temperature 0, or a client that opts in with "X-Switchyard-Cache: on" (honoured for an API
+// key with CacheOptIn, and for every client of a gateway without keys; ignored otherwise, as if absent);
+// "X-Switchyard-Cache: off" never uses the cache. Responses say "X-Switchyard-Cache: hit" or "miss" when the
+// cache was consulted. Answers with tool calls are not kept.
+//
+// Partitions (docs/config.md, models[].response_cache.scope): each API key is a partition of its own, told
+// apart by the key's hash (admission.Key.Hash), so a key is never answered from, and cannot learn of, an answer
+// kept for another: another key's entry is a plain miss, with the same headers and the same backend trip as
+// any miss. With Shared every key of the model is in one partition; so is every request of a gateway without
+// API keys. The store only ever sees the hex SHA-256 of the whole (responseKey): no key, key hash or key name
+// reaches Redis.
 //
 // A lookup is on the request path for at most Timeout (a Redis store; a memory store answers at once); a
 // failed or late lookup is a miss, reported through OnError. Storing happens after the answer, off its path.
@@ -29,6 +42,10 @@ type ResponseCache struct {
 	TTL time.Duration
 	// MaxEntryBytes is the largest answer kept (its JSON body).
 	MaxEntryBytes int
+	// Shared puts every API key of the model in one partition (scope: model): a key may be answered with what
+	// another key was answered, and so learns what was asked. False (scope: key) keeps each key's answers to
+	// itself. Without API keys there is one partition either way.
+	Shared bool
 	// Timeout bounds a lookup; default 5ms.
 	Timeout time.Duration
 	// OnError is told of failed lookups and stores ("response_cache"); nil ignores them. It must not block.
@@ -60,14 +77,20 @@ func (ex *exchange) lookupCache(h *fasthttp.RequestHeader) bool {
 	if bytes.EqualFold(opt, []byte("off")) {
 		return false
 	}
-	if !bytes.EqualFold(opt, []byte("on")) && !(ex.sum.HasTemperature && ex.sum.Temperature == 0) {
+	// "on" from a key without CacheOptIn is ignored, as if absent: such a key may not cache sampled answers.
+	optIn := bytes.EqualFold(opt, []byte("on")) && (ex.key == nil || ex.key.CacheOptIn)
+	if !optIn && !(ex.sum.HasTemperature && ex.sum.Temperature == 0) {
 		return false // sampled: another answer each time
 	}
 	canon, err := canonicalBody(ex.body)
 	if err != nil {
 		return false
 	}
-	ex.rc.key = cache.ResponseKey(ex.asked.Name, canon)
+	var part *admission.Key // the partition: the key's own, or nil for the one shared partition
+	if !rc.Shared {
+		part = ex.key
+	}
+	ex.rc.key = responseKey(part, ex.asked.Name, canon)
 	timeout := rc.Timeout
 	if timeout <= 0 {
 		timeout = 5 * time.Millisecond
@@ -84,6 +107,33 @@ func (ex *exchange) lookupCache(h *fasthttp.RequestHeader) bool {
 	}
 	ex.rc.store = true
 	return false
+}
+
+// responseKeyDomain starts every hashed cache key; a new layout of the hash changes it, so that replicas of
+// another version never read an entry as theirs.
+const responseKeyDomain = "switchyard/response-cache/v2\x00"
+
+// responseKey is the store key of a request in partition part (nil: the shared partition): the hex SHA-256 of
+// responseKeyDomain, the partition (a tag byte, then for a key its 32-byte hash), the public model name
+// (length-prefixed) and the canonical body. Fixed lengths and the length prefix keep the fields apart, so no
+// request of one partition has the key of a request of another. Only the hash leaves the process: the store
+// (Redis) learns neither the key nor its name.
+func responseKey(part *admission.Key, model string, canon []byte) string {
+	h := sha256.New()
+	h.Write([]byte(responseKeyDomain))
+	if part == nil {
+		h.Write([]byte{0})
+	} else {
+		kh := part.Hash()
+		h.Write([]byte{1})
+		h.Write(kh[:])
+	}
+	var n [4]byte
+	binary.BigEndian.PutUint32(n[:], uint32(len(model)))
+	h.Write(n[:])
+	h.Write([]byte(model))
+	h.Write(canon)
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // canonicalBody is the request as far as its answer depends on it: the JSON re-encoded with sorted keys and
