@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -266,4 +268,66 @@ func TestEngineEndpointsThroughGateway(t *testing.T) {
 			t.Errorf("%d %s\nwant %s", resp.StatusCode, got, want)
 		}
 	})
+}
+
+// TestNonStreamingAnswerKeepsUnknownFields: the gateway streams from the engine to measure it and assembles
+// the answer for a client that did not stream; every member the engine sent, at every level, arrives with its
+// value byte for byte (issue 13's ten unknown fields).
+func TestNonStreamingAnswerKeepsUnknownFields(t *testing.T) {
+	t.Parallel()
+	chunks := []string{
+		`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"sim-model","service_tier":"priority","kv_transfer_params":{"remote_block_ids":[1, 2],"do_remote_decode":false},"choices":[{"index":0,"delta":{"role":"assistant","content":"","annotations":[{"type":"url_citation","url":"https://x"}]},"logprobs":null,"finish_reason":null,"x_choice":{"a" : 1}}]}`,
+		`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"sim-model","prompt_logprobs":[null,{"42":{"logprob":-0.5}}],"choices":[{"index":0,"delta":{"content":"Hel","audio":{"id":"au_1","data":"AAA","transcript":"Hel"}},"logprobs":null,"finish_reason":null}]}`,
+		`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"sim-model","choices":[{"index":0,"delta":{"content":"lo","audio":{"data":"BBB","transcript":"lo","expires_at":99}},"logprobs":null,"finish_reason":"stop","stop_reason":128009}]}`,
+		`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"sim-model","system_fingerprint":"fp_9","x_top":[true,{"deep":"v"}],"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5,"prompt_tokens_details":{"cached_tokens":1,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0},"x_usage":7}}`,
+	}
+	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, c := range chunks {
+			_, _ = io.WriteString(w, "data: "+c+"\n\n")
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	}))
+	t.Cleanup(be.Close)
+	gw := startGateway(t, snapshotOf(&routing.RoundRobin{}, 0, be.URL), Options{})
+	resp, body := rawPost(t, gw.url, "/v1/chat/completions", []byte(`{"model":"sim-model","messages":[{"role":"user","content":"hi"}]}`), nil)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	var got map[string]json.RawMessage
+	if err := json.Unmarshal(body, &got); err != nil {
+		t.Fatalf("%v: %s", err, body)
+	}
+	var choices []map[string]json.RawMessage
+	_ = json.Unmarshal(got["choices"], &choices)
+	if len(choices) != 1 {
+		t.Fatalf("choices: %s", got["choices"])
+	}
+	var msg, usage map[string]json.RawMessage
+	_ = json.Unmarshal(choices[0]["message"], &msg)
+	_ = json.Unmarshal(got["usage"], &usage)
+	for _, tc := range []struct {
+		where string
+		m     map[string]json.RawMessage
+		key   string
+		want  string
+	}{
+		{"top", got, "service_tier", `"priority"`},
+		{"top", got, "kv_transfer_params", `{"remote_block_ids":[1, 2],"do_remote_decode":false}`},
+		{"top", got, "prompt_logprobs", `[null,{"42":{"logprob":-0.5}}]`},
+		{"top", got, "system_fingerprint", `"fp_9"`},
+		{"top", got, "x_top", `[true,{"deep":"v"}]`},
+		{"choice", choices[0], "x_choice", `{"a" : 1}`},
+		{"choice", choices[0], "stop_reason", `128009`},
+		{"message", msg, "annotations", `[{"type":"url_citation","url":"https://x"}]`},
+		{"message", msg, "audio", `{"id":"au_1","data":"AAABBB","transcript":"Hello","expires_at":99}`},
+		{"usage", usage, "prompt_tokens_details", `{"cached_tokens":1,"audio_tokens":0}`},
+		{"usage", usage, "completion_tokens_details", `{"reasoning_tokens":0}`},
+		{"usage", usage, "x_usage", `7`},
+		{"message", msg, "content", `"Hello"`},
+	} {
+		if v := string(tc.m[tc.key]); v != tc.want {
+			t.Errorf("%s.%s = %s, want %s", tc.where, tc.key, v, tc.want)
+		}
+	}
 }
