@@ -337,7 +337,13 @@ func (a *Assembler) addChoice(sc *scanner, v, pos int) (int, error) {
 		if err != nil {
 			return choiceEnd, err
 		}
-		a.mergeValue(m, b[sp.v:sp.end], mergeLast)
+		mode := mergeLast
+		if string(sp.key) == "token_ids" {
+			// vLLM's return_token_ids: each chunk carries its own tokens' ids, and the non-streaming answer has
+			// them all, in order.
+			mode = mergeAppend
+		}
+		a.mergeValue(m, b[sp.v:sp.end], mode)
 	}
 	if delta.Start >= 0 && b[delta.Start] == '{' {
 		if err := a.addDelta(sc, c, delta.Start); err != nil {

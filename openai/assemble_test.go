@@ -615,3 +615,23 @@ func BenchmarkAssemblerAddUnknown(b *testing.B) {
 		})
 	}
 }
+
+// TestAssembleTokenIDs: vLLM's per-chunk token_ids add up to the answer's, in order, even when two chunks
+// carry the same ids.
+func TestAssembleTokenIDs(t *testing.T) {
+	var a Assembler
+	a.Reset(Chat)
+	for _, c := range []string{
+		`{"id":"c","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"a"},"token_ids":[7]}]}`,
+		`{"id":"c","model":"m","choices":[{"index":0,"delta":{"content":"a"},"token_ids":[7]}]}`,
+		`{"id":"c","model":"m","choices":[{"index":0,"delta":{"content":"b"},"token_ids":[8, 9],"finish_reason":"stop"}]}`,
+	} {
+		if err := a.Add([]byte(c)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	body := string(a.AppendBody(nil))
+	if !strings.Contains(body, `"token_ids":[7,7,8, 9]`) && !strings.Contains(body, `"token_ids":[7,7,8,9]`) {
+		t.Errorf("token_ids not appended: %s", body)
+	}
+}
