@@ -49,6 +49,9 @@ type Gateway struct {
 	UpstreamErrors *prometheus.CounterVec
 	// ClientDisconnects counts requests whose client left before the end, by phase (waiting, streaming).
 	ClientDisconnects *prometheus.CounterVec
+	// UpstreamLimits counts upstream attempts ended because the engine's answer passed one of the gateway's
+	// bounds, by backend and limit (pre_first_token, event, answer, idle): each is a 502 or an SSE error event.
+	UpstreamLimits *prometheus.CounterVec
 	// Panics counts panics recovered on the request path, by stage (handler, relay, attempt, dispatch): each
 	// ended one request with an error and the process kept serving.
 	Panics *prometheus.CounterVec
@@ -152,6 +155,10 @@ func New(reg prometheus.Registerer) *Gateway {
 			Name: "switchyard_client_disconnects_total",
 			Help: "Requests whose client left before the end, by phase.",
 		}, []string{"phase"}),
+		UpstreamLimits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_upstream_limit_exceeded_total",
+			Help: "Upstream attempts ended because the answer passed a bound of the gateway, by backend and limit.",
+		}, []string{"backend", "limit"}),
 		Panics: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_panics_total",
 			Help: "Panics recovered on the request path, by stage; each ended one request with an error.",
@@ -237,7 +244,7 @@ func New(reg prometheus.Registerer) *Gateway {
 	}
 	reg.MustRegister(
 		m.TTFT, m.TPOT, m.Duration, m.Tokens, m.Requests, m.Inflight, m.QueueDepth, m.Retries, m.Overhead,
-		m.UpstreamErrors, m.ClientDisconnects, m.Panics, m.TTFTPredictionError, m.PrefixLookups, m.PrefixHits, m.Shed,
+		m.UpstreamErrors, m.ClientDisconnects, m.UpstreamLimits, m.Panics, m.TTFTPredictionError, m.PrefixLookups, m.PrefixHits, m.Shed,
 		m.Hedges, m.BreakerState, m.QueueWait, m.ConfigReloadSuccess, m.ConfigReloadTime,
 		m.QueueLength, m.ConcurrencyLimit, m.OutlierState, m.OutlierEjections, m.Degraded, m.BudgetDenied,
 		m.RegionSpills, m.RegionActiveTier, m.RegionShare, m.RedisErrors,

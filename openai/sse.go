@@ -68,6 +68,10 @@ func NewEventReader(r io.Reader, maxEventBytes int) *EventReader {
 	return &EventReader{r: r, max: maxEventBytes}
 }
 
+// Buffered returns the size of the reader's buffer, which grows with the largest event read since it was made:
+// a pool can drop a reader whose buffer grew past what it wants to keep.
+func (er *EventReader) Buffered() int { return cap(er.buf) }
+
 // Reset makes er read from r, forgetting any buffered data and error; it keeps its buffers.
 func (er *EventReader) Reset(r io.Reader) {
 	er.r = r

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"sync"
@@ -103,6 +104,9 @@ func (a *attempt) free() {
 	if cap(a.pending) > 1<<20 || cap(a.body) > 1<<20 {
 		a.pending, a.body = nil, nil
 	}
+	if a.events.Buffered() > 64<<10 { // one huge event must not pin its buffer in the pool
+		a.events = openai.NewEventReader(nil, maxEventBytes)
+	}
 	attempts.Put(a)
 }
 
@@ -192,6 +196,9 @@ func (a *attempt) readFirst(e openai.Endpoint) error {
 			}
 			return a.streamError(err)
 		}
+		if len(a.pending)+len(ev.Raw) > a.s.opts.MaxPreFirstTokenBytes {
+			return a.overLimit(limitPreFirstToken, kindProtocol)
+		}
 		a.pending = append(a.pending, ev.Raw...)
 		if ev.Comment {
 			continue
@@ -234,7 +241,8 @@ func (a *attempt) readWhole() error {
 		return a.streamError(err)
 	}
 	if buf.Len() > limit {
-		return &upstreamError{kind: kindProtocol, backend: a.name, err: errors.New("response larger than the gateway accepts")}
+		a.body = buf.Bytes()[:0] // keep the buffer for free's size check
+		return a.overLimit(limitAnswer, kindProtocol)
 	}
 	a.body = buf.Bytes()
 	a.gotFirst, a.complete = true, true
@@ -247,13 +255,37 @@ func (a *attempt) streamError(err error) error {
 		return why
 	}
 	kind := kindStream
+	timeout := errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, fasthttp.ErrTimeout)
 	if !a.gotFirst {
 		kind = kindProtocol // nothing reached the client: another backend may still answer
-		if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, fasthttp.ErrTimeout) {
+		if timeout {
 			kind = kindFirstByte
 		}
 	}
+	switch {
+	case errors.Is(err, openai.ErrEventTooLarge):
+		a.s.m.UpstreamLimits.WithLabelValues(a.name, limitEvent).Inc()
+	case timeout && a.gotFirst:
+		a.s.m.UpstreamLimits.WithLabelValues(a.name, limitIdle).Inc()
+	}
 	return &upstreamError{kind: kind, backend: a.name, err: err}
+}
+
+// The bounds on what an engine sends (the label of switchyard_upstream_limit_exceeded_total).
+const (
+	limitPreFirstToken = "pre_first_token" // bytes before the first token: Options.MaxPreFirstTokenBytes
+	limitEvent         = "event"           // one SSE event (line): maxEventBytes
+	limitAnswer        = "answer"          // an answer held whole or assembled: Options.MaxResponseBytes
+	limitIdle          = "idle"            // time between events once streaming: the backend's timeouts.idle
+)
+
+// errOverLimit is the cause of an attempt ended by one of the bounds above.
+var errOverLimit = errors.New("proxy: the answer passed a bound of the gateway")
+
+// overLimit counts and returns the failure of an attempt whose answer passed the bound limit.
+func (a *attempt) overLimit(limit string, kind upstreamKind) error {
+	a.s.m.UpstreamLimits.WithLabelValues(a.name, limit).Inc()
+	return &upstreamError{kind: kind, backend: a.name, err: fmt.Errorf("%w: %s", errOverLimit, limit)}
 }
 
 // idleDeadline moves the read deadline to the next idle bound (and never past the total bound) after an event.

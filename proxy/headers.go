@@ -20,9 +20,10 @@ const (
 // The client's Authorization is kept in dst for upstream.prepareRequest, which removes it unless the backend
 // forwards it (forward_authorization): dst must not be sent anywhere without going through prepareRequest.
 func copyRequestHeaders(dst *fasthttp.RequestHeader, src *fasthttp.RequestHeader) {
-	connection := src.Peek(fasthttp.HeaderConnection)
+	// Every Connection header counts: a second one's list names hop-by-hop headers as much as the first's.
+	connection := src.PeekAll(fasthttp.HeaderConnection)
 	for k, v := range src.All() {
-		if dropRequestHeader(k) || (len(connection) > 0 && headerListed(connection, k)) {
+		if dropRequestHeader(k) || listedIn(connection, k) {
 			if len(k) == 13 && bytes.EqualFold(k, []byte(fasthttp.HeaderAuthorization)) {
 				dst.SetBytesKV(k, v)
 			}
@@ -109,4 +110,14 @@ func validRequestID(id []byte) bool {
 		}
 	}
 	return true
+}
+
+// listedIn reports whether any of the Connection header values lists k.
+func listedIn(connection [][]byte, k []byte) bool {
+	for _, c := range connection {
+		if len(c) > 0 && headerListed(c, k) {
+			return true
+		}
+	}
+	return false
 }

@@ -65,6 +65,7 @@ func (ex *exchange) emit(b []byte) error { return ex.wd.write(b) }
 func (ex *exchange) startReplay() {
 	if ex.rc.store && ex.sum.Stream {
 		ex.asm.Reset(ex.endpoint) // a streamed answer is also assembled, for the response cache
+		ex.asm.Limit = ex.s.opts.MaxResponseBytes
 	}
 	ex.replayBuf.Reset(ex.cur.pending)
 	ex.replay.Reset(&ex.replayBuf)
@@ -155,6 +156,9 @@ func (ex *exchange) step(emit func([]byte) error) (done bool, err error) {
 			return false, nil // only the terminal event's response object is kept
 		}
 		if err := ex.asm.Add(data); err != nil {
+			if errors.Is(err, openai.ErrTooLarge) {
+				return false, a.overLimit(limitAnswer, kindStream)
+			}
 			return false, &upstreamError{kind: kindStream, backend: a.name, err: err}
 		}
 		return false, nil
@@ -190,6 +194,7 @@ func (ex *exchange) renamed(raw, data []byte) []byte {
 // assemble reads the whole answer into the non-streaming body a client that did not stream expects.
 func (ex *exchange) assemble() ([]byte, error) {
 	ex.asm.Reset(ex.endpoint)
+	ex.asm.Limit = ex.s.opts.MaxResponseBytes
 	ex.startReplay()
 	for {
 		done, err := ex.step(nil)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,9 +26,29 @@ import (
 // Options are the gateway's static settings: they take effect at start and need a restart to change. Every
 // zero field means its documented default.
 type Options struct {
-	// MaxBodyBytes bounds a client's request body; larger bodies get 413. Default 32 MiB.
+	// MaxBodyBytes bounds a client's request body; larger bodies get 413, refused from the Content-Length before
+	// any of the body is read. Default 32 MiB: a chat request with a long context (a million tokens of text is
+	// about 4 MB) and images inline as base64 (OpenAI takes images up to 20 MB, 27 MB as base64), or an audio
+	// upload of the 25 MB OpenAI accepts, each fits; larger bodies are not requests any engine serves.
 	MaxBodyBytes int
-	// MaxResponseBytes bounds a non-streamed upstream answer (embeddings). Default 64 MiB.
+	// MaxConns bounds the client connections the gateway holds at once; beyond it new connections are closed
+	// at once. Default 16384: far above what one replica serves (its streams are bounded by the fleet's seats),
+	// far below what exhausts its memory (a connection costs about 20 KiB idle).
+	MaxConns int
+	// MaxConnsPerIP bounds the connections from one client address. Default 0, no bound: behind an ingress or a
+	// NAT every client shares one address, and a bound would refuse them all together.
+	MaxConnsPerIP int
+	// WriteTimeout bounds how long a write to a client may block: a client that reads nothing for this long
+	// while the gateway has an answer for it is gone, and the answer (and its upstream attempt) ends. Each
+	// event of a stream gets a new bound, so a long stream read steadily is never cut. Default 30 s.
+	WriteTimeout time.Duration
+	// MaxPreFirstTokenBytes bounds what an engine may send before the first token (role chunks, comments,
+	// events without content): past it the attempt fails as a protocol error (502, another backend may be
+	// tried). Default 1 MiB: engines send a few hundred bytes before the first token.
+	MaxPreFirstTokenBytes int
+	// MaxResponseBytes bounds an upstream answer the gateway holds whole: one read whole (embeddings and
+	// pass-through routes) and one assembled from a stream for a client that did not stream. Past it the
+	// answer is a 502. Default 64 MiB.
 	MaxResponseBytes int
 	// HeaderTimeout bounds reading a client's request (headers and body), against slow clients. Default 30 s.
 	HeaderTimeout time.Duration
@@ -57,6 +78,15 @@ func (o *Options) setDefaults() {
 	}
 	if o.MaxResponseBytes <= 0 {
 		o.MaxResponseBytes = 64 << 20
+	}
+	if o.MaxConns <= 0 {
+		o.MaxConns = 16384
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = 30 * time.Second
+	}
+	if o.MaxPreFirstTokenBytes <= 0 {
+		o.MaxPreFirstTokenBytes = 1 << 20
 	}
 	if o.HeaderTimeout <= 0 {
 		o.HeaderTimeout = 30 * time.Second
@@ -152,13 +182,18 @@ func New(src Source, opts Options) (*Server, error) {
 	s.srv = &fasthttp.Server{
 		Handler:               s.handle,
 		ErrorHandler:          s.handleError,
+		HeaderReceived:        s.headerReceived,
 		Name:                  "switchyard",
 		MaxRequestBodySize:    opts.MaxBodyBytes,
 		ReadTimeout:           opts.HeaderTimeout,
 		IdleTimeout:           opts.IdleTimeout,
 		ReadBufferSize:        16 << 10, // also the bound on request header size
 		NoDefaultServerHeader: true,
-		// No WriteTimeout: it would cut long streams. A vanished client shows up as a failed write or peek.
+		Concurrency:           opts.MaxConns,
+		MaxConnsPerIP:         opts.MaxConnsPerIP,
+		// The write deadline fasthttp sets before it writes a response; a stream moves it forward at each
+		// event (watchdog.write), so it bounds a stalled client, never a long stream.
+		WriteTimeout:                  opts.WriteTimeout,
 		CloseOnShutdown:               true,
 		DisableHeaderNamesNormalizing: false,
 		Logger:                        fasthttpLogger{opts.Logger},
@@ -274,6 +309,37 @@ func truncate(b []byte, n int) []byte {
 	return append(b[:n:n], "..."...)
 }
 
+// headerReceived runs once a request's headers are in, before its body is read: a request the gateway will
+// refuse anyway (a key that does not authenticate, an endpoint it does not serve) gets a body bound of one
+// byte, so its body is never read into memory; handleError then answers it with the real reason. A body
+// longer than MaxBodyBytes is refused from its Content-Length by fasthttp itself.
+func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	if s.refuseEarly(h) != nil {
+		return fasthttp.RequestConfig{MaxRequestBodySize: 1}
+	}
+	return fasthttp.RequestConfig{}
+}
+
+// refuseEarly returns why a request will be refused, judging from its headers alone, or nil.
+func (s *Server) refuseEarly(h *fasthttp.RequestHeader) error {
+	if snap := s.src.Snapshot(); snap != nil && snap.Keys != nil {
+		if _, err := snap.Keys.Authenticate(h.Peek(fasthttp.HeaderAuthorization)); err != nil {
+			return err
+		}
+	}
+	path := h.RequestURI()
+	if i := bytes.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	if bytes.ContainsAny(path, "%.") || bytes.Contains(path, []byte("//")) || len(path) == 0 || path[0] != '/' {
+		return nil // fasthttp normalises such paths: let the handler judge the normalised one
+	}
+	if rt, _ := lookupRoute(h.Method(), path); rt == nil && !bytes.HasPrefix(path, pathModels) {
+		return &routeError{msg: "the gateway serves no endpoint " + string(truncate(path, maxEcho)) + " (see the endpoint table in README.md)"}
+	}
+	return nil
+}
+
 // handleError renders fasthttp's own request errors (body too large, bad request, timeouts) as OpenAI errors.
 func (s *Server) handleError(ctx *fasthttp.RequestCtx, err error) {
 	var ne net.Error
@@ -287,8 +353,11 @@ func (s *Server) handleError(ctx *fasthttp.RequestCtx, err error) {
 	ctx.Response.Header.SetBytesV(headerRequestID, appendRequestID(nil, nil))
 	ctx.Response.Header.Set(headerBackend, "none")
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		if why := s.refuseEarly(&ctx.Request.Header); why != nil {
+			err = why // the body was not read because the request is refused for this
+		}
 		writeError(ctx, err)
-		ctx.SetConnectionClose()
+		ctx.SetConnectionClose() // the unread body is still on the connection
 		return
 	}
 	s.plainError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "bad_request", "malformed HTTP request")
@@ -568,8 +637,22 @@ type fasthttpLogger struct{ l *slog.Logger }
 
 func (f fasthttpLogger) Printf(format string, args ...any) {
 	if f.l.Enabled(context.Background(), slog.LevelDebug) {
-		f.l.Debug(fmt.Sprintf(format, args...), "component", "fasthttp")
+		// fasthttp's messages may quote a whole raw request, credentials included.
+		f.l.Debug(redact(fmt.Sprintf(format, args...)), "component", "fasthttp")
 	}
+}
+
+// Credentials that a raw request or header dump may carry: the value of a credential header, and any bearer
+// token wherever it appears.
+var (
+	credentialHeader = regexp.MustCompile(`(?i)((?:proxy-)?authorization|api-key|x-api-key|cookie|set-cookie)(\s*[:=]\s*)[^\r\n\\"]*`)
+	bearerToken      = regexp.MustCompile(`(?i)(bearer)(\s+)[^\s"',;]+`)
+)
+
+// redact returns s with every credential replaced by [redacted].
+func redact(s string) string {
+	s = credentialHeader.ReplaceAllString(s, "$1$2[redacted]")
+	return bearerToken.ReplaceAllString(s, "$1$2[redacted]")
 }
 
 // breakerGauge is switchyard_breaker_state's value: 0 closed, 1 half-open, 2 open.

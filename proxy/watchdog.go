@@ -65,10 +65,8 @@ func (wd *watchdog) tick() {
 	case wd.client != nil && clientGone(wd.client):
 		wd.abortLocked(errClientGone)
 	case wd.w != nil && time.Since(wd.lastWrite) >= wd.interval:
-		if _, err := wd.w.Write(openai.Ping); err != nil {
+		if err := wd.writeLocked(openai.Ping); err != nil {
 			wd.abortLocked(errClientGone)
-		} else {
-			wd.lastWrite = time.Now()
 		}
 	}
 	wd.t.Reset(wd.interval)
@@ -167,9 +165,20 @@ func (wd *watchdog) write(b []byte) error {
 	if wd.w == nil {
 		return errClientGone
 	}
+	return wd.writeLocked(b)
+}
+
+// writeLocked writes b to the client within the write timeout (wd.mu held): a client that does not take it in
+// that time is gone, and the relay ends (its upstream attempt with it).
+func (wd *watchdog) writeLocked(b []byte) error {
+	now := time.Now()
+	if wd.client != nil {
+		_ = wd.client.SetWriteDeadline(now.Add(wd.s.opts.WriteTimeout))
+	}
 	if _, err := wd.w.Write(b); err != nil {
+		wd.w = nil // nothing more goes to a connection whose write failed or timed out
 		return errClientGone
 	}
-	wd.lastWrite = time.Now()
+	wd.lastWrite = now
 	return nil
 }
