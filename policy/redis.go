@@ -243,6 +243,7 @@ func (r Redis) Options() (*redis.UniversalOptions, error) {
 		o.PoolSize = defaultRedisPoolSize
 	}
 	o.MinIdleConns = min(2, o.PoolSize)
+	o.PipelinePoolSize = -1 // pipelines (the prefix hints) share the pool, so PoolSize bounds every connection
 	o.DisableIdentity = true
 	return &o, nil
 }

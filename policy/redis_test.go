@@ -55,7 +55,7 @@ func TestRedisForms(t *testing.T) {
 			if o.MaxRetries != -1 || !o.ContextTimeoutEnabled {
 				t.Errorf("options must not retry and must honour each call's deadline: %+v", o)
 			}
-			if o.PoolSize != tc.want.PoolSize || o.MinIdleConns != 2 || o.PoolTimeout != max(tc.want.Timeout, 10*time.Millisecond) ||
+			if o.PoolSize != tc.want.PoolSize || o.MinIdleConns != 2 || o.PipelinePoolSize >= 0 || o.PoolTimeout != max(tc.want.Timeout, 10*time.Millisecond) ||
 				o.DialTimeout != time.Second || o.ReadTimeout != time.Second || o.WriteTimeout != time.Second {
 				t.Errorf("options must bound the pool and every wait: pool %d, min idle %d, pool timeout %v, dial %v, read %v, write %v",
 					o.PoolSize, o.MinIdleConns, o.PoolTimeout, o.DialTimeout, o.ReadTimeout, o.WriteTimeout)
