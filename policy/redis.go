@@ -21,7 +21,8 @@ import (
 //
 // Redis is never on a request's critical path for longer than Timeout: past it (or on any Redis error) the
 // request is decided on local state, counted in switchyard_redis_errors_total, and the gateway reconnects by
-// itself.
+// itself. After BreakerFailures failures in a row it stops using Redis at all for BreakerCoolDown, then probes
+// (docs/config.md, "redis").
 type Redis struct {
 	// URL is redis://[[user]:password@]host:port/db or rediss://... (TLS). With mode cluster, more seed nodes go
 	// in addr query parameters (redis://h1:6379?addr=h2:6379); with mode sentinel the URL names a sentinel and
