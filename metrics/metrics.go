@@ -101,6 +101,9 @@ type Gateway struct {
 	// RedisErrors counts Redis operations that failed or timed out, by op (ratelimit, breakers, load,
 	// prefix_hints, response_cache); each fell back to this replica's local state.
 	RedisErrors *prometheus.CounterVec
+	// RedisBreakerState is the state of the breaker in front of Redis: 0 closed (Redis is used), 1 half-open
+	// (one probe is out), 2 open (every Redis operation falls back to local state at once).
+	RedisBreakerState prometheus.Gauge
 }
 
 // New creates the gateway's metrics and registers them, with the Go runtime and process collectors, on reg.
@@ -241,13 +244,17 @@ func New(reg prometheus.Registerer) *Gateway {
 			Name: "switchyard_redis_errors_total",
 			Help: "Redis operations that failed or timed out, by operation; each fell back to local state.",
 		}, []string{"op"}),
+		RedisBreakerState: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "switchyard_redis_breaker_state",
+			Help: "State of the breaker in front of Redis: 0 closed, 1 half-open (probing), 2 open (local state only).",
+		}),
 	}
 	reg.MustRegister(
 		m.TTFT, m.TPOT, m.Duration, m.Tokens, m.Requests, m.Inflight, m.QueueDepth, m.Retries, m.Overhead,
 		m.UpstreamErrors, m.ClientDisconnects, m.UpstreamLimits, m.Panics, m.TTFTPredictionError, m.PrefixLookups, m.PrefixHits, m.Shed,
 		m.Hedges, m.BreakerState, m.QueueWait, m.ConfigReloadSuccess, m.ConfigReloadTime,
 		m.QueueLength, m.ConcurrencyLimit, m.OutlierState, m.OutlierEjections, m.Degraded, m.BudgetDenied,
-		m.RegionSpills, m.RegionActiveTier, m.RegionShare, m.RedisErrors,
+		m.RegionSpills, m.RegionActiveTier, m.RegionShare, m.RedisErrors, m.RedisBreakerState,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

@@ -64,6 +64,7 @@ func TestNamesAndBuckets(t *testing.T) {
 		"switchyard_queue_length", "switchyard_backend_concurrency_limit", "switchyard_outlier_state",
 		"switchyard_outlier_ejections_total", "switchyard_degraded_total", "switchyard_budget_denied_total", "switchyard_redis_errors_total",
 		"switchyard_region_spill_total", "switchyard_region_active_tier", "switchyard_region_share",
+		"switchyard_redis_breaker_state",
 	} {
 		if _, ok := got[name]; !ok {
 			t.Errorf("metric %s is not exported", name)

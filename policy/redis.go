@@ -21,7 +21,8 @@ import (
 //
 // Redis is never on a request's critical path for longer than Timeout: past it (or on any Redis error) the
 // request is decided on local state, counted in switchyard_redis_errors_total, and the gateway reconnects by
-// itself.
+// itself. After BreakerFailures failures in a row it stops using Redis at all for BreakerCoolDown, then probes
+// (docs/config.md, "redis").
 type Redis struct {
 	// URL is redis://[[user]:password@]host:port/db or rediss://... (TLS). With mode cluster, more seed nodes go
 	// in addr query parameters (redis://h1:6379?addr=h2:6379); with mode sentinel the URL names a sentinel and
@@ -43,6 +44,27 @@ type Redis struct {
 	// about one interval; another replica's load counts for three intervals after its last report. Default
 	// 200ms; in [20ms, 1s].
 	SyncInterval time.Duration `yaml:"sync_interval"`
+	// PoolSize bounds the connections this replica opens to Redis (to each node in mode cluster); two are kept
+	// open while idle. An operation that finds every connection busy waits at most max(Timeout, 10ms) for one,
+	// then falls back to local state. Default 16; in [4, 1024]. The default is safe on any deployment: the
+	// background loops hold at most four at once, a request-path operation holds one for at most Timeout, so 12
+	// left for requests carry thousands of operations a second per replica before any waits, and 16 per replica
+	// keeps even 500 replicas under Redis's default limit of 10,000 clients. It is also what a Redis that
+	// accepts connections but never answers can cost: at most this many connections at once.
+	PoolSize int `yaml:"pool_size"`
+	// BreakerFailures is how many failed Redis operations in a row (timeouts or connection errors, no success
+	// between them, each within 10s of the first) open the gateway's Redis breaker: while it is open no
+	// operation touches the network (each falls back to local state at once), after BreakerCoolDown one probe
+	// is let through, and its success closes the breaker. An answer from Redis, even an error reply, is a
+	// success: the breaker guards against a Redis that does not answer. Default 5; in [1, 1000]. The default is
+	// safe on any deployment: a healthy Redis does not miss five operations in a row, and an opening only
+	// means local state for one cool-down, which is what every failed operation falls back to anyway.
+	BreakerFailures int `yaml:"breaker_failures"`
+	// BreakerCoolDown is how long the Redis breaker stays open before it lets one probe through. Default 1s;
+	// in [100ms, 1m]. The default is safe on any deployment: a dead or silent Redis then costs at most one
+	// operation's wait (and at most one new connection) per second, and a Redis that is back is used again
+	// within about a second, as quickly as the shared breakers and load hints refresh anyway.
+	BreakerCoolDown time.Duration `yaml:"breaker_cool_down"`
 }
 
 // Redis modes, as the policy spells them.
@@ -57,6 +79,9 @@ const (
 	defaultRedisPrefix   = "switchyard:"
 	defaultRedisTimeout  = 5 * time.Millisecond
 	defaultRedisInterval = 200 * time.Millisecond
+	defaultRedisPoolSize = 16
+	defaultRedisFailures = 5
+	defaultRedisCoolDown = time.Second
 )
 
 // Enabled reports whether the policy shares state through Redis (a URL is set).
@@ -72,7 +97,7 @@ func (r *Redis) decodeNode(d *decoder, n *yaml.Node, path string) {
 		return
 	}
 	if n.Kind != yaml.MappingNode {
-		d.add(n.Line, path, "expected a URL (redis://host:port/db) or a mapping {url, mode, key_prefix, timeout, sync_interval}, got "+kindName(n))
+		d.add(n.Line, path, "expected a URL (redis://host:port/db) or a mapping {url, mode, key_prefix, timeout, sync_interval, pool_size, breaker_failures, breaker_cool_down}, got "+kindName(n))
 		return
 	}
 	d.structure(n, reflect.ValueOf(r).Elem(), path, "redis", 1)
@@ -95,12 +120,21 @@ func (rep *report) defaultRedis(r *Redis) {
 	if !rep.set("redis.sync_interval") {
 		r.SyncInterval = defaultRedisInterval
 	}
+	if !rep.set("redis.pool_size") {
+		r.PoolSize = defaultRedisPoolSize
+	}
+	if !rep.set("redis.breaker_failures") {
+		r.BreakerFailures = defaultRedisFailures
+	}
+	if !rep.set("redis.breaker_cool_down") {
+		r.BreakerCoolDown = defaultRedisCoolDown
+	}
 }
 
 // validateRedis checks the redis section. It never prints the URL: it may carry a password.
 func (rep *report) validateRedis(r Redis) {
 	if !r.Enabled() {
-		for _, f := range []string{"mode", "key_prefix", "timeout", "sync_interval"} {
+		for _, f := range []string{"mode", "key_prefix", "timeout", "sync_interval", "pool_size", "breaker_failures", "breaker_cool_down"} {
 			if rep.set("redis." + f) {
 				rep.errorf("redis.url", "required when other redis settings are given")
 				break
@@ -132,6 +166,15 @@ func (rep *report) validateRedis(r Redis) {
 	if r.SyncInterval < 20*time.Millisecond || r.SyncInterval > time.Second {
 		rep.errorf("redis.sync_interval", "must be in [20ms, 1s]")
 	}
+	if r.PoolSize < 4 || r.PoolSize > 1024 {
+		rep.errorf("redis.pool_size", "must be in [4, 1024]: the background sharing holds up to four connections")
+	}
+	if r.BreakerFailures < 1 || r.BreakerFailures > 1000 {
+		rep.errorf("redis.breaker_failures", "must be in [1, 1000]")
+	}
+	if r.BreakerCoolDown < 100*time.Millisecond || r.BreakerCoolDown > time.Minute {
+		rep.errorf("redis.breaker_cool_down", "must be in [100ms, 1m]")
+	}
 }
 
 // errRedisURL is the one message for a URL that does not parse: the parser's own errors may quote the URL.
@@ -139,8 +182,9 @@ var errRedisURL = errors.New("expected redis://[[user]:password@]host:port/db or
 
 // Options returns the go-redis options for r: a single-node, Cluster or Sentinel client as Mode says, with the
 // gateway's timeouts: no retries (a failed operation falls back to local state at once), the request-path
-// budget enforced through each call's context, and one-second socket timeouts for the background loops. Its
-// errors never quote the URL.
+// budget enforced through each call's context, one-second dial and socket timeouts for the background loops,
+// and a pool of PoolSize connections (16 when unset) that no operation waits on for longer than max(Timeout,
+// 10ms). Its errors never quote the URL.
 func (r Redis) Options() (*redis.UniversalOptions, error) {
 	u, err := url.Parse(r.URL.Value())
 	if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
@@ -195,7 +239,12 @@ func (r Redis) Options() (*redis.UniversalOptions, error) {
 	o.WriteTimeout = time.Second
 	o.ContextTimeoutEnabled = true // each request-path call carries its own deadline (Timeout)
 	o.PoolTimeout = max(r.Timeout, 10*time.Millisecond)
-	o.MinIdleConns = 2
+	o.PoolSize = r.PoolSize
+	if o.PoolSize <= 0 {
+		o.PoolSize = defaultRedisPoolSize
+	}
+	o.MinIdleConns = min(2, o.PoolSize)
+	o.PipelinePoolSize = -1 // pipelines (the prefix hints) share the pool, so PoolSize bounds every connection
 	o.DisableIdentity = true
 	return &o, nil
 }

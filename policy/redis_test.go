@@ -21,16 +21,17 @@ func TestRedisForms(t *testing.T) {
 		{name: "absent", yaml: "", want: Redis{}},
 		{name: "empty string", yaml: `redis: ""`, want: Redis{}},
 		{name: "string", yaml: "redis: redis://127.0.0.1:6379/2",
-			want:  Redis{URL: "redis://127.0.0.1:6379/2", Mode: "single", KeyPrefix: "switchyard:", Timeout: 5 * time.Millisecond, SyncInterval: 200 * time.Millisecond},
+			want:  Redis{URL: "redis://127.0.0.1:6379/2", Mode: "single", KeyPrefix: "switchyard:", Timeout: 5 * time.Millisecond, SyncInterval: 200 * time.Millisecond, PoolSize: 16, BreakerFailures: 5, BreakerCoolDown: time.Second},
 			addrs: []string{"127.0.0.1:6379"}},
-		{name: "mapping", yaml: "redis: {url: 'redis://:pw@r:6380/0', key_prefix: 'fleet-a:', timeout: 20ms, sync_interval: 100ms}",
-			want:  Redis{URL: "redis://:pw@r:6380/0", Mode: "single", KeyPrefix: "fleet-a:", Timeout: 20 * time.Millisecond, SyncInterval: 100 * time.Millisecond},
+		{name: "mapping", yaml: "redis: {url: 'redis://:pw@r:6380/0', key_prefix: 'fleet-a:', timeout: 20ms, sync_interval: 100ms, pool_size: 8, breaker_failures: 3, breaker_cool_down: 2s}",
+			want: Redis{URL: "redis://:pw@r:6380/0", Mode: "single", KeyPrefix: "fleet-a:", Timeout: 20 * time.Millisecond, SyncInterval: 100 * time.Millisecond,
+				PoolSize: 8, BreakerFailures: 3, BreakerCoolDown: 2 * time.Second},
 			addrs: []string{"r:6380"}},
 		{name: "cluster", yaml: "redis: {url: 'redis://a:7000?addr=b:7001&addr=c:7002', mode: cluster}",
-			want:  Redis{URL: "redis://a:7000?addr=b:7001&addr=c:7002", Mode: "cluster", KeyPrefix: "switchyard:", Timeout: 5 * time.Millisecond, SyncInterval: 200 * time.Millisecond},
+			want:  Redis{URL: "redis://a:7000?addr=b:7001&addr=c:7002", Mode: "cluster", KeyPrefix: "switchyard:", Timeout: 5 * time.Millisecond, SyncInterval: 200 * time.Millisecond, PoolSize: 16, BreakerFailures: 5, BreakerCoolDown: time.Second},
 			addrs: []string{"a:7000", "b:7001", "c:7002"}, cluster: true},
 		{name: "sentinel", yaml: "redis: {url: 'redis://s1:26379/1?master_name=mymaster&addr=s2:26379', mode: sentinel}",
-			want:  Redis{URL: "redis://s1:26379/1?master_name=mymaster&addr=s2:26379", Mode: "sentinel", KeyPrefix: "switchyard:", Timeout: 5 * time.Millisecond, SyncInterval: 200 * time.Millisecond},
+			want:  Redis{URL: "redis://s1:26379/1?master_name=mymaster&addr=s2:26379", Mode: "sentinel", KeyPrefix: "switchyard:", Timeout: 5 * time.Millisecond, SyncInterval: 200 * time.Millisecond, PoolSize: 16, BreakerFailures: 5, BreakerCoolDown: time.Second},
 			addrs: []string{"s1:26379", "s2:26379"}, master: "mymaster"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -54,6 +55,11 @@ func TestRedisForms(t *testing.T) {
 			if o.MaxRetries != -1 || !o.ContextTimeoutEnabled {
 				t.Errorf("options must not retry and must honour each call's deadline: %+v", o)
 			}
+			if o.PoolSize != tc.want.PoolSize || o.MinIdleConns != 2 || o.PipelinePoolSize >= 0 || o.PoolTimeout != max(tc.want.Timeout, 10*time.Millisecond) ||
+				o.DialTimeout != time.Second || o.ReadTimeout != time.Second || o.WriteTimeout != time.Second {
+				t.Errorf("options must bound the pool and every wait: pool %d, min idle %d, pool timeout %v, dial %v, read %v, write %v",
+					o.PoolSize, o.MinIdleConns, o.PoolTimeout, o.DialTimeout, o.ReadTimeout, o.WriteTimeout)
+			}
 		})
 	}
 }
@@ -73,6 +79,12 @@ func TestRedisErrors(t *testing.T) {
 		{"redis: {url: 'redis://h:1', timeout: 0s}", "f.yaml:1: redis.timeout: must be in (0, 1s]"},
 		{"redis: {url: 'redis://h:1', sync_interval: 5ms}", "f.yaml:1: redis.sync_interval: must be in [20ms, 1s]"},
 		{"redis: {url: 'redis://h:1', ttl: 5s}", `f.yaml:1: redis.ttl: unknown field`},
+		{"redis: {url: 'redis://h:1', pool_size: 2}", "f.yaml:1: redis.pool_size: must be in [4, 1024]"},
+		{"redis: {url: 'redis://h:1', pool_size: 0}", "f.yaml:1: redis.pool_size: must be in [4, 1024]"},
+		{"redis: {url: 'redis://h:1', breaker_failures: 0}", "f.yaml:1: redis.breaker_failures: must be in [1, 1000]"},
+		{"redis: {url: 'redis://h:1', breaker_cool_down: 10ms}", "f.yaml:1: redis.breaker_cool_down: must be in [100ms, 1m]"},
+		{"redis: {url: 'redis://h:1', breaker_cool_down: 2m}", "f.yaml:1: redis.breaker_cool_down: must be in [100ms, 1m]"},
+		{"redis: {breaker_failures: 3}", "f.yaml:1: redis.url: required when other redis settings are given"},
 	} {
 		_, err := Parse("f.yaml", []byte(tc.yaml+"\n"+redisBase))
 		if err == nil || !strings.HasPrefix(err.Error(), tc.want) {

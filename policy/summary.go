@@ -19,8 +19,9 @@ func (c *Config) WriteSummary(w io.Writer) error {
 	fmt.Fprintf(&b, "%s: valid (sha256 %s)\n", c.File, short(c.Hash))
 	fmt.Fprintf(&b, "gateway   listen %s  admin %s  region %s", c.Listen, c.AdminListen, c.Region)
 	if c.Redis.Enabled() {
-		fmt.Fprintf(&b, "  redis [redacted] (%s, prefix %q, timeout %v, sync every %v)", c.Redis.Mode, c.Redis.KeyPrefix,
-			c.Redis.Timeout, c.Redis.SyncInterval)
+		fmt.Fprintf(&b, "  redis [redacted] (%s, prefix %q, timeout %v, sync every %v, pool %d, breaker %d failures/%v)",
+			c.Redis.Mode, c.Redis.KeyPrefix, c.Redis.Timeout, c.Redis.SyncInterval, c.Redis.PoolSize,
+			c.Redis.BreakerFailures, c.Redis.BreakerCoolDown)
 	}
 	b.WriteString("\n")
 

@@ -11,15 +11,18 @@ import (
 // ignored. Landing a feature is flipping its line to true; TestSupportedTableCoversSchema keeps the table in step
 // with the schema types and TestNotSupportedYet proves every false line is enforced.
 var supported = map[string]bool{
-	"listen":              true,
-	"admin_listen":        true,
-	"region":              true,
-	"redis":               true,
-	"redis.url":           true,
-	"redis.mode":          true,
-	"redis.key_prefix":    true,
-	"redis.timeout":       true,
-	"redis.sync_interval": true,
+	"listen":                  true,
+	"admin_listen":            true,
+	"region":                  true,
+	"redis":                   true,
+	"redis.url":               true,
+	"redis.mode":              true,
+	"redis.key_prefix":        true,
+	"redis.timeout":           true,
+	"redis.sync_interval":     true,
+	"redis.pool_size":         true,
+	"redis.breaker_failures":  true,
+	"redis.breaker_cool_down": true,
 
 	"engines":                          true,
 	"engines.*.metrics_path":           true,

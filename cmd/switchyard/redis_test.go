@@ -72,3 +72,47 @@ func counter(t *testing.T, c prometheus.Counter) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// TestRedisBreakerLog: the gauge follows every transition; the log says at warn when the breaker opens and
+// closes, and the failed probes of a long outage at most once per interval, with their count.
+func TestRedisBreakerLog(t *testing.T) {
+	m := metrics.New(prometheus.NewRegistry())
+	var out bytes.Buffer
+	clk := newFakeClock()
+	l := &breakerLog{m: m, log: slog.New(slog.NewTextHandler(&out, nil)), every: 10 * time.Second, failures: 5,
+		coolDown: time.Second, now: clk.now}
+	gauge := func() float64 {
+		var d dto.Metric
+		if err := m.RedisBreakerState.Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		return d.GetGauge().GetValue()
+	}
+	l.transition(breakerClosed, breakerOpen, errTimeout)
+	if gauge() != 2 {
+		t.Fatalf("gauge %v when open", gauge())
+	}
+	for range 30 { // 30 s of failed probes
+		clk.add(time.Second)
+		l.transition(breakerOpen, breakerHalfOpen, nil)
+		if gauge() != 1 {
+			t.Fatalf("gauge %v when half-open", gauge())
+		}
+		l.transition(breakerHalfOpen, breakerOpen, errTimeout)
+	}
+	l.transition(breakerOpen, breakerHalfOpen, nil)
+	l.transition(breakerHalfOpen, breakerClosed, nil)
+	if gauge() != 0 {
+		t.Fatalf("gauge %v when closed", gauge())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 5 || !strings.Contains(lines[0], "redis breaker opened") || !strings.Contains(lines[4], "redis breaker closed") ||
+		!strings.Contains(lines[4], "failed_probes=30") {
+		t.Fatalf("want the opening, three probe summaries and the closing, got:\n%s", out.String())
+	}
+	for _, line := range lines {
+		if !strings.Contains(line, "level=WARN") {
+			t.Errorf("not at warn: %s", line)
+		}
+	}
+}

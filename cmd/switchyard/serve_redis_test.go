@@ -107,7 +107,9 @@ func policyFor(sims []*sim.Backend, strategy, redis, extra string) string {
 }
 
 func redisValue(t testing.TB, addr string) string {
-	return fmt.Sprintf("{url: 'redis://%s/0', key_prefix: '%s', timeout: 250ms, sync_interval: 50ms}", addr, redistest.Prefix(t))
+	// A short breaker cool-down: a test that restarts Redis finds it used again within a fraction of a second.
+	return fmt.Sprintf("{url: 'redis://%s/0', key_prefix: '%s', timeout: 250ms, sync_interval: 50ms, breaker_cool_down: 200ms}",
+		addr, redistest.Prefix(t))
 }
 
 func keyLine(name, secret string, rpm int) string {
@@ -410,6 +412,7 @@ func TestRedisOutageUnderLoad(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond)
 	duringOutage := ok.Load() - before
 	srv.Restart(t)
+	restarted := time.Now()
 	t.Logf("redis-server down for %v", time.Since(killed).Round(time.Millisecond))
 	time.Sleep(time.Second)
 	close(stop)
@@ -422,6 +425,17 @@ func TestRedisOutageUnderLoad(t *testing.T) {
 	if errs == 0 {
 		t.Error("the outage was not counted in switchyard_redis_errors_total")
 	}
+	// Sharing is back once each replica's Redis breaker has closed: within a cool-down of go-redis dialing
+	// again, which it retries once a second after a run of failed dials.
+	for _, r := range reps {
+		for deadline := time.Now().Add(5 * time.Second); metricValue(t, r, "switchyard_redis_breaker_state") != 0; {
+			if time.Now().After(deadline) {
+				t.Fatalf("the Redis breaker was still open %v after the restart", time.Since(restarted).Round(time.Millisecond))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	t.Logf("both Redis breakers closed %v after the restart", time.Since(restarted).Round(time.Millisecond))
 	// Sharing is back: 5 per minute across both replicas.
 	admitted := 0
 	for i := range 10 {
