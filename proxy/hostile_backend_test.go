@@ -273,4 +273,3 @@ func FuzzEngineAnswers(f *testing.F) {
 		h.try(t, int(route), &engineAnswer{status: code, ctype: hostileCTypes[int(ctype)%len(hostileCTypes)], body: body, framing: framing % 4})
 	})
 }
-

@@ -191,7 +191,9 @@ func TestStalledClientIsLetGo(t *testing.T) {
 	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 	// Read nothing. The gateway must give up on this client and free the engine.
 	waitFor(t, 10*time.Second, func() bool { return snap.Backends[0].Inflight() == 1 })
-	waitFor(t, 20*time.Second, func() bool { return snap.Backends[0].Inflight() == 0 && simGauge(t, be.URL(), "vllm:num_requests_running") == 0 })
+	waitFor(t, 20*time.Second, func() bool {
+		return snap.Backends[0].Inflight() == 0 && simGauge(t, be.URL(), "vllm:num_requests_running") == 0
+	})
 	if n := counterValue(t, gw.reg, "switchyard_client_disconnects_total"); n != 1 {
 		t.Errorf("%v client disconnects counted, want 1", n)
 	}
@@ -277,4 +279,3 @@ func TestEverySecondConnectionListIsStripped(t *testing.T) {
 		t.Errorf("upstream headers: %v", h)
 	}
 }
-
