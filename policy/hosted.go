@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"net/url"
 	"os"
@@ -86,14 +88,20 @@ func (r *report) caFile(c *Config, p string, b *Backend) {
 	if !filepath.IsAbs(f) {
 		f = filepath.Join(filepath.Dir(c.File), f)
 	}
+	// The messages name the file as the policy writes it (relative to the policy's own directory), so they
+	// read the same whatever directory the gateway was started from.
 	data, err := os.ReadFile(f)
 	if err != nil {
-		r.errorf(p, fmt.Sprintf("cannot read the CA bundle: %v", err))
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		r.errorf(p, fmt.Sprintf("cannot read the CA bundle %s: %v", b.CAFile, err))
 		return
 	}
 	ca, err := routing.NewCABundle(data)
 	if err != nil {
-		r.errorf(p, fmt.Sprintf("%s: %v", f, err))
+		r.errorf(p, fmt.Sprintf("%s: %v", b.CAFile, err))
 		return
 	}
 	b.ca = ca
