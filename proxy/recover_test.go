@@ -21,9 +21,9 @@ import (
 type panicOnce struct{ n atomic.Int32 }
 
 func (p *panicOnce) Pick(_ *routing.Request, ts []routing.Target) (routing.Target, error) {
-	if p.n.Add(1) == 1 {
-		var m map[string]int
-		m["boom"]++ // a nil-map write: a real runtime panic, as a bug in a strategy would cause
+	if n := p.n.Add(1); n == 1 {
+		var picked []routing.Target
+		_ = picked[n] // an index out of range: a real runtime panic, as a bug in a strategy would cause
 	}
 	if len(ts) == 0 {
 		return routing.Target{}, routing.ErrNoBackend
