@@ -271,6 +271,21 @@ func chatBody(size int) []byte {
 	return b.Bytes()
 }
 
+// manyKeysBody is a chat request with forty top-level members, most of them vLLM's extra sampling parameters,
+// some with the lengths of members Parse reads (so that they are folded and compared).
+func manyKeysBody() []byte {
+	return []byte(`{"model":"llama-3.1-8b-instruct","messages":[{"role":"user","content":"Hi"}],"stream":true,` +
+		`"stream_options":{"include_usage":true,"continuous_usage_stats":false},"max_completion_tokens":256,"n":1,` +
+		`"temperature":0.7,"top_p":0.9,"top_k":40,"min_p":0.05,"seed":7,"stop":["\n\n"],"stop_token_ids":[2],` +
+		`"presence_penalty":0,"frequency_penalty":0,"repetition_penalty":1.1,"length_penalty":1,"logprobs":false,` +
+		`"top_logprobs":0,"logit_bias":{},"user":"u-1","priority":0,"ignore_eos":false,"min_tokens":0,` +
+		`"skip_special_tokens":true,"spaces_between_special_tokens":true,"include_stop_str_in_output":false,` +
+		`"echo":false,"add_generation_prompt":true,"continue_final_message":false,"add_special_tokens":false,` +
+		`"tool_choice":"none","parallel_tool_calls":false,"response_format":{"type":"text"},"request_id":"r-1",` +
+		`"cache_salt":"s","truncate_prompt_tokens":null,"prompt_logprobs":null,"allowed_token_ids":null,` +
+		`"bad_words":[],"chat_template_kwargs":{"enable_thinking":false},"metadata":{"tenant":"t"}}`)
+}
+
 func TestParseAllocs(t *testing.T) {
 	for _, size := range []int{8 << 10, 1 << 20} {
 		body := chatBody(size)
@@ -292,6 +307,7 @@ func TestParseAllocs(t *testing.T) {
 		{Embeddings, `{"model":"m","input":[1,2,3]}`},
 		{Responses, `{"model":"m","input":[{"content":[{"type":"input_text","text":"a\nb"}],"role":"user"},{"type":"function_call","arguments":"{}"}],"instructions":"i\n","tools":[{}],"previous_response_id":"r\u0031"}`},
 		{Messages, `{"model":"m","max_tokens":5,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"text","text":"x"},{"type":"image"}]}],"tools":[]}`},
+		{Chat, string(manyKeysBody())},
 	} {
 		body := []byte(tc.body)
 		var s Summary
