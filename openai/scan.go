@@ -559,10 +559,24 @@ var fieldLens = func() uint32 {
 	return m
 }()
 
+// fieldFirst has bit c set for each byte c that can begin a key equal to a field name under case folding: the
+// names' first letters in both cases, and 0xc5, the first byte of U+017F (a folded 's').
+var fieldFirst = func() (set [4]uint64) {
+	for _, name := range fieldNames[1:] {
+		for _, c := range []byte{name[0], name[0] - ('a' - 'A')} {
+			set[c>>6] |= 1 << (c & 63)
+		}
+		if name[0] == 's' {
+			set[0xc5>>6] |= 1 << (0xc5 & 63)
+		}
+	}
+	return set
+}()
+
 // foldField returns the field whose name equals key under the case folding encoding/json applies to member names
 // (bytes.EqualFold: Unicode simple folding), and whether key is spelled exactly as the name; fieldNone when key
-// is no field's name. key is a decoded key (keyName). It does not allocate, and rejects most keys on their length
-// alone.
+// is no field's name. key is a decoded key (keyName). It does not allocate, and rejects most keys on their first
+// byte and length alone.
 //
 // The names are lower-case ASCII, so a key equals one under folding when each of its bytes is the name's byte or
 // its upper-case form, or it holds one of the only two non-ASCII runes whose fold orbit contains an ASCII letter:
@@ -570,25 +584,35 @@ var fieldLens = func() uint32 {
 // the whole of Unicode.
 func foldField(key []byte) (field, bool) {
 	n := len(key)
-	if n >= 32 || fieldLens&(1<<n) == 0 {
+	if n == 0 || n >= 32 || fieldLens&(1<<n) == 0 || fieldFirst[key[0]>>6]&(1<<(key[0]&63)) == 0 {
 		return fieldNone, false
 	}
+	folded := false
+	for _, c := range key {
+		if c-'A' < 26 || c >= utf8.RuneSelf {
+			folded = true
+			break
+		}
+	}
+	if !folded { // the common case: lower-case ASCII, a field only if spelled exactly
+		f := fieldByName(key)
+		return f, f != fieldNone
+	}
 	var buf [maxFieldLen]byte
-	m, exact := 0, true
+	m := 0
 	for i := 0; i < n; {
 		c := key[i]
 		switch {
 		case c < utf8.RuneSelf:
-			if 'A' <= c && c <= 'Z' {
+			if c-'A' < 26 {
 				c += 'a' - 'A'
-				exact = false
 			}
 			i++
 		case c == 0xe2 && i+3 <= n && key[i+1] == 0x84 && key[i+2] == 0xaa: // U+212A
-			c, exact = 'k', false
+			c = 'k'
 			i += 3
 		case c == 0xc5 && i+2 <= n && key[i+1] == 0xbf: // U+017F
-			c, exact = 's', false
+			c = 's'
 			i += 2
 		default:
 			return fieldNone, false
@@ -599,38 +623,40 @@ func foldField(key []byte) (field, bool) {
 		buf[m] = c
 		m++
 	}
-	var f field
-	switch string(buf[:m]) {
+	return fieldByName(buf[:m]), false
+}
+
+// fieldByName returns the field named name exactly, or fieldNone.
+func fieldByName(name []byte) field {
+	switch string(name) {
 	case "model":
-		f = fieldModel
+		return fieldModel
 	case "stream":
-		f = fieldStream
+		return fieldStream
 	case "stream_options":
-		f = fieldStreamOptions
+		return fieldStreamOptions
 	case "max_tokens":
-		f = fieldMaxTokens
+		return fieldMaxTokens
 	case "max_completion_tokens":
-		f = fieldMaxCompletionTokens
+		return fieldMaxCompletionTokens
 	case "max_output_tokens":
-		f = fieldMaxOutputTokens
+		return fieldMaxOutputTokens
 	case "n":
-		f = fieldN
+		return fieldN
 	case "best_of":
-		f = fieldBestOf
+		return fieldBestOf
 	case "user":
-		f = fieldUser
+		return fieldUser
 	case "priority":
-		f = fieldPriority
+		return fieldPriority
 	case "previous_response_id":
-		f = fieldPreviousResponseID
+		return fieldPreviousResponseID
 	case "background":
-		f = fieldBackground
+		return fieldBackground
 	case "include_usage":
-		f = fieldIncludeUsage
-	default:
-		return fieldNone, false
+		return fieldIncludeUsage
 	}
-	return f, exact
+	return fieldNone
 }
 
 // fieldSet records the fields met in one object.
