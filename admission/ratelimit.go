@@ -13,19 +13,35 @@ import (
 // RateWindow is the period of per-key limits: requests_per_minute and tokens_per_minute.
 const RateWindow = time.Minute
 
-// DefaultCompletionTokens is the completion length EstimateTokens assumes for a request without max_tokens. The
-// reservation is corrected by Settle once the response's usage is known, so it only decides how far a key can
-// overdraw its token budget for a moment.
+// DefaultCompletionTokens is the completion length per sequence EstimateTokens assumes for a request that sets
+// no output limit. Settle corrects the reservation once the response's usage is known, so it only decides how far
+// a key can overdraw its token budget for a moment.
 const DefaultCompletionTokens = 512
 
-// EstimateTokens returns the tokens to reserve for a request at admission: its estimated prompt tokens plus
-// max_tokens, or plus DefaultCompletionTokens when max_tokens is unset (0). This is the reservation model of
-// ops.md B4.2: reserve at admission, reconcile with the real usage at the end.
-func EstimateTokens(promptTokens, maxTokens int) int64 {
+// maxEstimate bounds EstimateTokens: far above any token limit (a request estimated at it is refused as
+// ErrTokensExceedLimit), and exact in the float arithmetic of the Redis limiter's script.
+const maxEstimate = 1 << 40
+
+// EstimateTokens returns the tokens to reserve for a request at admission (the reservation model of ops.md
+// B4.2: reserve at admission, reconcile with the real usage at the end): its estimated prompt tokens plus what
+// the engine may generate, sequences times maxTokens, the output limit per sequence (openai.Summary's MaxTokens
+// and Sequences(); docs/security.md gives them per endpoint). sequences below 1 count as 1; the result is at
+// most maxEstimate.
+//
+// A request that sets no limit (maxTokens 0) gets the engine's default, which the gateway does not know (vLLM's
+// is the rest of the context window): it reserves DefaultCompletionTokens per sequence, and what bounds it is
+// the real usage Settle charges. An overrun leaves the key in debt, which it repays before it is admitted again,
+// so a key spends beyond its limit only what its requests in flight generate past their reservations, and only
+// until they end.
+func EstimateTokens(promptTokens, maxTokens, sequences int) int64 {
 	if maxTokens <= 0 {
 		maxTokens = DefaultCompletionTokens
 	}
-	return int64(max(promptTokens, 0)) + int64(maxTokens)
+	prompt, per, seqs := int64(max(promptTokens, 0)), int64(maxTokens), int64(max(sequences, 1))
+	if prompt >= maxEstimate || per > (maxEstimate-prompt)/seqs {
+		return maxEstimate
+	}
+	return prompt + per*seqs
 }
 
 // RateLimiter applies per-key request and token limits. LocalLimiter is the in-process implementation; a

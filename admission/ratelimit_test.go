@@ -292,10 +292,22 @@ func TestRetryAfterSeconds(t *testing.T) {
 }
 
 func TestEstimateTokens(t *testing.T) {
-	if got := EstimateTokens(100, 50); got != 150 {
-		t.Errorf("EstimateTokens(100, 50) = %d", got)
-	}
-	if got := EstimateTokens(100, 0); got != 100+DefaultCompletionTokens {
-		t.Errorf("EstimateTokens(100, 0) = %d", got)
+	for _, tc := range []struct {
+		prompt, max, seqs int
+		want              int64
+	}{
+		{100, 50, 1, 150},
+		{100, 0, 1, 100 + DefaultCompletionTokens},
+		{10, 4000, 1, 4010},                        // max_completion_tokens 4000 over max_tokens 1
+		{10, 100, 3, 310},                          // n: 3
+		{10, 0, 2, 10 + 2*DefaultCompletionTokens}, // no limit: the default per sequence
+		{10, 50, 0, 60},                            // no sequence count: one
+		{-5, 50, 1, 50},                            // no prompt estimate
+		{0, 1<<31 - 1, 128 * 100_000, maxEstimate}, // saturates instead of overflowing
+		{maxEstimate + 1, 1, 1, maxEstimate},
+	} {
+		if got := EstimateTokens(tc.prompt, tc.max, tc.seqs); got != tc.want {
+			t.Errorf("EstimateTokens(%d, %d, %d) = %d, want %d", tc.prompt, tc.max, tc.seqs, got, tc.want)
+		}
 	}
 }

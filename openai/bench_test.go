@@ -25,6 +25,20 @@ func BenchmarkParse(b *testing.B) {
 	}
 }
 
+// BenchmarkParseManyKeys parses a small chat body with the many top-level sampling parameters vLLM clients send:
+// the cost of matching each key against the members Parse reads.
+func BenchmarkParseManyKeys(b *testing.B) {
+	body := manyKeysBody()
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	var s Summary
+	for b.Loop() {
+		if err := s.Parse(Chat, body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkAppendPromptReference is the encoding/json baseline for BenchmarkParse.
 func BenchmarkAppendPromptReference(b *testing.B) {
 	for _, size := range []int{8 << 10, 1 << 20} {

@@ -1,5 +1,7 @@
 package openai
 
+import "cmp"
+
 // Generic is what the gateway reads of a JSON request body for an endpoint it passes through without a
 // summary of its own (rerank, score, /v2/embed, tokenize, detokenize, and the like): the model it names and
 // whether the client asked for a stream. The body is validated as JSON (strictly, as Summary.Parse does) in the
@@ -16,9 +18,12 @@ type Generic struct {
 	modelBuf []byte
 }
 
-// ParseGeneric fills g from body, which must be one JSON object. Duplicate keys: the last one wins, as in
-// Summary.Parse. The error is a *RequestError: code invalid_json for a body that is not well-formed, no code
-// for a model that is not a non-empty string.
+// ParseGeneric fills g from body, which must be one JSON object. The members it reads, "model" and "stream",
+// follow Summary.Parse's rule for the members the gateway acts on (docs/security.md): a second occurrence of one
+// at the top level, or a key equal to one under case folding ("MODEL", "Stream"), is refused, so that the engine
+// reads the model the gateway checked and renamed. Other repeated keys are left to the engine. The error is a
+// *RequestError: code invalid_json for a body that is not well-formed, no code for an ambiguous member or a
+// model that is not a non-empty string. It does not allocate on a body it accepts.
 func (g *Generic) ParseGeneric(body []byte) error {
 	*g = Generic{ModelSpan: noSpan, modelBuf: g.modelBuf[:0]}
 	sc := scanner{b: body, strict: true, maxDepth: MaxDepth}
@@ -36,22 +41,50 @@ func (g *Generic) ParseGeneric(body []byte) error {
 		}
 		return &RequestError{Message: "the request body must be a JSON object"}
 	}
+	bad, err := g.members(&sc, i)
+	if err != nil {
+		return &RequestError{Message: "We could not parse the JSON body of your request: " + err.Error(), Code: "invalid_json"}
+	}
+	if bad != nil {
+		return bad
+	}
+	return nil
+}
+
+// members reads the top-level object at body[i] and what follows it. It returns the first fault of a member
+// (the body is still validated to its end, so that a syntax error anywhere wins) or a syntax error.
+func (g *Generic) members(sc *scanner, i int) (*RequestError, error) {
+	body := sc.b
 	var bad *RequestError
-	end, err := members(&sc, i, 1, func(key []byte, v int) (int, error) {
-		end, err := sc.skip(v, 1)
-		if err != nil {
-			return end, err
+	var fields fieldSet
+	var keyBuf [maxKeyLen]byte
+	i, empty, err := sc.open(i, 1)
+	for more := !empty; err == nil && more; {
+		raw, flags, v, kerr := sc.key(i)
+		if kerr != nil {
+			return nil, kerr
+		}
+		if v = sc.ws(v); v >= len(body) {
+			return nil, sc.errAt(v, "")
+		}
+		end, verr := sc.skip(v, 1)
+		if verr != nil {
+			return nil, verr
+		}
+		key := keyName(raw, flags, &keyBuf)
+		if f, msg := fields.add(key, false); msg != "" && (f == fieldModel || f == fieldStream) && bad == nil {
+			bad = &RequestError{Param: fieldNames[f], Message: msg}
 		}
 		switch string(key) {
 		case "model":
-			g.ModelSpan, g.Model, bad = Span{v, end}, nil, nil
+			g.ModelSpan, g.Model = Span{v, end}, nil
 			switch {
 			case body[v] == 'n':
 				g.ModelSpan = noSpan
 			case body[v] != '"':
-				bad = &RequestError{Param: "model", Message: "model must be a string"}
+				bad = cmp.Or(bad, &RequestError{Param: "model", Message: "model must be a string"})
 			case end-v == 2:
-				bad = &RequestError{Param: "model", Message: "model must not be empty"}
+				bad = cmp.Or(bad, &RequestError{Param: "model", Message: "model must not be empty"})
 			default:
 				_, flags, _ := sc.str(v)
 				if flags == 0 {
@@ -64,18 +97,12 @@ func (g *Generic) ParseGeneric(body []byte) error {
 		case "stream":
 			g.Stream = body[v] == 't'
 		}
-		return end, nil
-	})
+		i, more, err = sc.next(end, '}')
+	}
 	if err == nil {
-		err = sc.end(end)
+		err = sc.end(i)
 	}
-	if err != nil {
-		return &RequestError{Message: "We could not parse the JSON body of your request: " + err.Error(), Code: "invalid_json"}
-	}
-	if bad != nil {
-		return bad
-	}
-	return nil
+	return bad, err
 }
 
 // AppendReplaced appends body to dst with the bytes in sp replaced by the JSON string value (quoted and

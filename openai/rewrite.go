@@ -7,8 +7,9 @@ package openai
 // has include_usage (a Responses stream_options is left as sent). Everything else is copied byte for byte, so
 // the upstream sees the client's request as sent.
 //
-// s must be the result of a successful s.Parse of this very body. Where a key is repeated, the last occurrence
-// is the one rewritten, the one every JSON decoder we forward to (Python's, Go's) honours. An absent "stream" or
+// s must be the result of a successful s.Parse of this very body. Parse refuses a body that repeats "model",
+// "stream" or "stream_options" or spells one in another case, so the one occurrence rewritten is the one every
+// JSON decoder we forward to (Python's, Go's) reads (docs/security.md). An absent "stream" or
 // "stream_options" is inserted right after the body's opening brace (or after "stream"). The result aliases
 // nothing: it is dst, grown as needed; it does not allocate when dst has room.
 func AppendUpstreamBody(dst, body []byte, s *Summary, model []byte, streamUsage bool) []byte {

@@ -28,7 +28,7 @@ func TestAppendUpstreamBody(t *testing.T) {
 		{0, "include_usage false", `{"model":"a","stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":true},` + msgs + `}`, "m2", true, `{"model":"m2","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},` + msgs + `}`},
 		{0, "options without include_usage", `{"model":"a","stream_options":{"continuous_usage_stats":true},"stream":true,` + msgs + `}`, "", true, `{"model":"a","stream_options":{"include_usage":true,"continuous_usage_stats":true},"stream":true,` + msgs + `}`},
 		{0, "empty options", `{"model":"a","stream_options":{ },` + msgs + `}`, "", true, `{"stream":true,"model":"a","stream_options":{"include_usage":true },` + msgs + `}`},
-		{0, "repeated keys: the last is rewritten", `{"model":"a","model":"b","stream":false,"stream":false,` + msgs + `}`, "c", true, `{"model":"a","model":"c","stream":false,"stream":true,"stream_options":{"include_usage":true},` + msgs + `}`},
+		{0, "other repeated keys are copied", `{"model":"a","seed":1,"stream":false,"seed":2,` + msgs + `}`, "c", true, `{"model":"c","seed":1,"stream":true,"stream_options":{"include_usage":true},"seed":2,` + msgs + `}`},
 		{Responses, "responses: stream inserted, no stream_options", `{"model":"a",` + input + `}`, "b", true, `{"stream":true,"model":"b",` + input + `}`},
 		{Responses, "responses: stream false", `{"model":"a","stream":false,` + input + `}`, "", true, `{"model":"a","stream":true,` + input + `}`},
 		{Responses, "responses: stream_options kept", `{"model":"a","stream":null,"stream_options":{"include_obfuscation":false},` + input + `}`, "", true, `{"model":"a","stream":true,"stream_options":{"include_obfuscation":false},` + input + `}`},

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -513,4 +514,167 @@ func parseInt(num []byte, max int) (n int, ok bool) {
 		n = n*10 + int(c-'0')
 	}
 	return n, n <= max
+}
+
+// A field is a request member the gateway acts on: it routes by it, admits by it, rewrites it or reserves tokens
+// by it. Summary.Parse and ParseGeneric refuse a body in which one of them is ambiguous, because the decoders
+// upstream do not agree on which occurrence or which spelling counts (docs/security.md, "Request fields").
+type field uint8
+
+const (
+	fieldNone field = iota
+	fieldModel
+	fieldStream
+	fieldStreamOptions
+	fieldMaxTokens
+	fieldMaxCompletionTokens
+	fieldMaxOutputTokens
+	fieldN
+	fieldBestOf
+	fieldUser
+	fieldPriority
+	fieldPreviousResponseID
+	fieldBackground
+	fieldIncludeUsage // a member of stream_options, not of the top level
+	numFields
+)
+
+// fieldNames spells each field as the APIs do.
+var fieldNames = [numFields]string{"", "model", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+	"max_output_tokens", "n", "best_of", "user", "priority", "previous_response_id", "background", "include_usage"}
+
+// maxFieldLen is the longest name in fieldNames.
+const maxFieldLen = len("max_completion_tokens")
+
+// fieldLens has bit n set when a key of n bytes can be equal to a field name under case folding: the name's
+// length, up to 2 more for each 'k' (the Kelvin sign U+212A is 3 bytes) and 1 more for each 's' (U+017F, 2 bytes).
+var fieldLens = func() uint32 {
+	var m uint32
+	for _, name := range fieldNames[1:] {
+		extra := 2*strings.Count(name, "k") + strings.Count(name, "s")
+		for n := len(name); n <= len(name)+extra; n++ {
+			m |= 1 << n
+		}
+	}
+	return m
+}()
+
+// fieldFirst has bit c set for each byte c that can begin a key equal to a field name under case folding: the
+// names' first letters in both cases, and 0xc5, the first byte of U+017F (a folded 's').
+var fieldFirst = func() (set [4]uint64) {
+	for _, name := range fieldNames[1:] {
+		for _, c := range []byte{name[0], name[0] - ('a' - 'A')} {
+			set[c>>6] |= 1 << (c & 63)
+		}
+		if name[0] == 's' {
+			set[0xc5>>6] |= 1 << (0xc5 & 63)
+		}
+	}
+	return set
+}()
+
+// foldField returns the field whose name equals key under the case folding encoding/json applies to member names
+// (bytes.EqualFold: Unicode simple folding), and whether key is spelled exactly as the name; fieldNone when key
+// is no field's name. key is a decoded key (keyName). It does not allocate, and rejects most keys on their first
+// byte and length alone.
+//
+// The names are lower-case ASCII, so a key equals one under folding when each of its bytes is the name's byte or
+// its upper-case form, or it holds one of the only two non-ASCII runes whose fold orbit contains an ASCII letter:
+// U+212A KELVIN SIGN (K, k) and U+017F LATIN SMALL LETTER LONG S (S, s); TestFoldOrbits checks that claim against
+// the whole of Unicode.
+func foldField(key []byte) (field, bool) {
+	n := len(key)
+	if n == 0 || n >= 32 || fieldLens&(1<<n) == 0 || fieldFirst[key[0]>>6]&(1<<(key[0]&63)) == 0 {
+		return fieldNone, false
+	}
+	folded := false
+	for _, c := range key {
+		if c-'A' < 26 || c >= utf8.RuneSelf {
+			folded = true
+			break
+		}
+	}
+	if !folded { // the common case: lower-case ASCII, a field only if spelled exactly
+		f := fieldByName(key)
+		return f, f != fieldNone
+	}
+	var buf [maxFieldLen]byte
+	m := 0
+	for i := 0; i < n; {
+		c := key[i]
+		switch {
+		case c < utf8.RuneSelf:
+			if c-'A' < 26 {
+				c += 'a' - 'A'
+			}
+			i++
+		case c == 0xe2 && i+3 <= n && key[i+1] == 0x84 && key[i+2] == 0xaa: // U+212A
+			c = 'k'
+			i += 3
+		case c == 0xc5 && i+2 <= n && key[i+1] == 0xbf: // U+017F
+			c = 's'
+			i += 2
+		default:
+			return fieldNone, false
+		}
+		if m == len(buf) {
+			return fieldNone, false
+		}
+		buf[m] = c
+		m++
+	}
+	return fieldByName(buf[:m]), false
+}
+
+// fieldByName returns the field named name exactly, or fieldNone.
+func fieldByName(name []byte) field {
+	switch string(name) {
+	case "model":
+		return fieldModel
+	case "stream":
+		return fieldStream
+	case "stream_options":
+		return fieldStreamOptions
+	case "max_tokens":
+		return fieldMaxTokens
+	case "max_completion_tokens":
+		return fieldMaxCompletionTokens
+	case "max_output_tokens":
+		return fieldMaxOutputTokens
+	case "n":
+		return fieldN
+	case "best_of":
+		return fieldBestOf
+	case "user":
+		return fieldUser
+	case "priority":
+		return fieldPriority
+	case "previous_response_id":
+		return fieldPreviousResponseID
+	case "background":
+		return fieldBackground
+	case "include_usage":
+		return fieldIncludeUsage
+	}
+	return fieldNone
+}
+
+// fieldSet records the fields met in one object.
+type fieldSet uint16
+
+// add records the field of key, a member of the object being scanned (stream_options when nested, else the top
+// level), and returns it with the message to refuse the body with when key makes it ambiguous: a second
+// occurrence of the field, or a spelling in another case. Keys of no field, and keys naming a field of the other
+// level, return fieldNone and "".
+func (fs *fieldSet) add(key []byte, nested bool) (field, string) {
+	f, exact := foldField(key)
+	if f == fieldNone || (f == fieldIncludeUsage) != nested {
+		return fieldNone, ""
+	}
+	if exact && *fs&(1<<f) == 0 {
+		*fs |= 1 << f
+		return f, ""
+	}
+	*fs |= 1 << f
+	return f, fmt.Sprintf("duplicate or case-variant key %q for %q", string(key), fieldNames[f])
 }

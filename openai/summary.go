@@ -55,13 +55,20 @@ type Summary struct {
 	// IncludeUsage is "stream_options.include_usage" (false when absent or null). Always false for Responses
 	// (whose stream_options has other members and whose streams always end with usage) and Messages.
 	IncludeUsage bool
-	// MaxTokens is the output-token limit: for chat, completions and embeddings "max_tokens", else
-	// "max_completion_tokens"; for Responses "max_output_tokens"; for Messages "max_tokens" (which Anthropic
-	// requires: Parse refuses its absence). 0 when absent or null.
+	// MaxTokens is the most output tokens the engine may generate per sequence, as the client bounds them: for
+	// chat, completions and embeddings the larger of "max_tokens" and "max_completion_tokens" (vLLM's chat
+	// endpoint lets max_completion_tokens win, its completions endpoint reads max_tokens alone, other engines
+	// read max_tokens alone: the larger is what any of them generates at most; docs/security.md); for Responses
+	// "max_output_tokens"; for Messages "max_tokens" (which Anthropic requires: Parse refuses its absence). 0
+	// when absent or null: the engine's own default applies.
 	MaxTokens int
 	// N is "n", the number of choices; 1 when absent or null, and always 1 for Responses and Messages, which have
 	// no "n".
 	N int
+	// BestOf is "best_of" of a completions request, the number of completions generated per prompt of which
+	// the best N are returned (OpenAI's legacy completions and vLLM's V0 engine honour it; V1 refuses it above
+	// 1); 0 when absent or null, and for the other endpoints.
+	BestOf int
 	// Temperature is "temperature"; HasTemperature says whether it was present (and not null).
 	Temperature    float64
 	HasTemperature bool
@@ -92,7 +99,17 @@ type Summary struct {
 
 // Parse fills s from body, a request for endpoint e. The whole body's JSON syntax is validated in the same pass,
 // so a body that Parse accepts is well formed (and valid UTF-8) everywhere, not just in the members it reads.
-// Duplicate keys: the last one wins, as in encoding/json and Python. Keys are matched exactly (case-sensitively).
+//
+// Keys are matched exactly (case-sensitively), after decoding their escapes. The members the gateway acts on
+// (model, stream, stream_options and its include_usage, max_tokens, max_completion_tokens, max_output_tokens, n,
+// best_of, user, priority, previous_response_id, background) must be unambiguous, for every endpoint: a second
+// occurrence of one at the top level (in stream_options for include_usage), or a key equal to one under the
+// Unicode case folding encoding/json matches names with ("MODEL", "Model", "M\u004fDEL", "ſtream"), is refused
+// with a *RequestError naming it. The decoders upstream disagree on such a body (Python's json reads keys exactly
+// and keeps the last; Go's encoding/json, and Ollama with it, matches names case-insensitively), so the value the
+// gateway checked need not be the one the engine serves (docs/security.md). Every decoder reads a body Parse
+// accepts alike. Other repeated keys keep those decoders' rule: the last one wins.
+//
 // Required: "model" everywhere; "messages" for chat and Messages, "prompt" for completions, "input" for
 // embeddings and Responses; "max_tokens" for Messages. Members of another endpoint's API are not read.
 //
@@ -136,6 +153,20 @@ func (s *Summary) Parse(e Endpoint, body []byte) error {
 	return nil
 }
 
+// Sequences returns how many sequences the engine generates for the request, each of up to MaxTokens tokens:
+// for chat N; for completions N, or BestOf when larger, for each prompt of the batch (Prompts); 1 for the other
+// endpoints (Responses and Messages have one output; embeddings generate none, and keep the reservation of one)
+// and for a Summary the gateway filled itself for a pass-through route (Endpoint 0).
+func (s *Summary) Sequences() int {
+	switch s.Endpoint {
+	case Chat:
+		return s.N
+	case Completions:
+		return max(s.N, s.BestOf) * s.Prompts
+	}
+	return 1
+}
+
 // parser walks a request body once, building the canonical prompt in out and, when s is set (strict mode, for
 // Summary.Parse), validating and recording the parameters the gateway needs. Without s (AppendPrompt) it
 // mirrors AppendPromptReference: it accepts whatever encoding/json would decode, and reads only the prompt.
@@ -158,6 +189,7 @@ type parser struct {
 
 	maxTokens, maxCompletionTokens int
 	hasMaxTokens                   bool
+	fields                         fieldSet // the fields met at the top level
 	keyBuf                         [maxKeyLen]byte
 }
 
@@ -213,9 +245,13 @@ func (p *parser) run() error {
 	}
 	if p.s != nil {
 		p.checkRequired()
-		p.s.MaxTokens = p.maxCompletionTokens
-		if p.hasMaxTokens {
+		switch p.e {
+		case Responses:
+			p.s.MaxTokens = p.maxCompletionTokens // max_output_tokens
+		case Messages:
 			p.s.MaxTokens = p.maxTokens
+		default:
+			p.s.MaxTokens = max(p.maxTokens, p.maxCompletionTokens)
 		}
 	}
 	return p.semErr
@@ -272,6 +308,11 @@ func (p *parser) object(i int) (int, error) {
 			return v, p.errAt(v, "")
 		}
 		key := keyName(raw, flags, &p.keyBuf)
+		if p.s != nil {
+			if f, msg := p.fields.add(key, false); msg != "" {
+				p.fail(fieldNames[f], "%s", msg)
+			}
+		}
 		var end int
 		switch {
 		case p.e == Chat && string(key) == "messages":
@@ -353,7 +394,7 @@ func (p *parser) param(key []byte, v int) (int, error) {
 			p.fail("stream_options", "stream_options must be an object")
 		}
 	case "max_tokens", "max_completion_tokens", "max_output_tokens":
-		// Each endpoint reads its own names: max_tokens and max_completion_tokens (max_tokens wins) for chat,
+		// Each endpoint reads its own names: max_tokens and max_completion_tokens (run takes the larger) for chat,
 		// completions and embeddings; max_tokens for Messages; max_output_tokens for Responses.
 		var name string
 		switch {
@@ -421,6 +462,15 @@ func (p *parser) param(key []byte, v int) (int, error) {
 			p.fail("n", "n must be an integer from 1 to %d", MaxN)
 		}
 		s.N = n
+	case "best_of":
+		if p.e != Completions || null {
+			break
+		}
+		n, ok := parseInt(val, MaxN)
+		if !ok || n < 1 {
+			p.fail("best_of", "best_of must be an integer from 1 to %d", MaxN)
+		}
+		s.BestOf = n
 	case "temperature":
 		s.HasTemperature = !null
 		s.Temperature = 0
@@ -448,11 +498,16 @@ func (p *parser) streamOptions(v int) {
 	if empty {
 		return
 	}
+	var fields fieldSet
 	for {
 		raw, flags, j, _ := sc.key(i)
 		j = sc.ws(j)
 		end, _ := sc.skip(j, 2)
-		if string(keyName(raw, flags, &p.keyBuf)) == "include_usage" {
+		key := keyName(raw, flags, &p.keyBuf)
+		if _, msg := fields.add(key, true); msg != "" {
+			p.fail("stream_options.include_usage", "%s", msg)
+		}
+		if string(key) == "include_usage" {
 			s.IncludeUsageSpan = Span{j, end}
 			s.IncludeUsage = b[j] == 't'
 			if b[j] != 't' && b[j] != 'f' && b[j] != 'n' {

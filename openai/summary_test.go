@@ -4,9 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 func TestParse(t *testing.T) {
@@ -19,17 +23,23 @@ func TestParse(t *testing.T) {
 		{"chat minimal", Chat, `{"model":"m","messages":[{"role":"user","content":"Hi"}]}`,
 			Summary{Model: []byte("m"), N: 1, Prompts: 1, Prompt: []byte("user:Hi\n"), PromptTokens: 2}},
 		{"chat all params", Chat, `{"model":"gpt","stream":true,"stream_options":{"include_usage":true},"max_tokens":7,"max_completion_tokens":9,"n":3,"temperature":0.25,"messages":[{"role":"user","content":"x"}]}`,
-			Summary{Model: []byte("gpt"), Stream: true, IncludeUsage: true, MaxTokens: 7, N: 3, Temperature: 0.25, HasTemperature: true, Prompts: 1, Prompt: []byte("user:x\n"), PromptTokens: 2}},
+			Summary{Model: []byte("gpt"), Stream: true, IncludeUsage: true, MaxTokens: 9, N: 3, Temperature: 0.25, HasTemperature: true, Prompts: 1, Prompt: []byte("user:x\n"), PromptTokens: 2}},
 		{"max_completion_tokens alone", Chat, `{"model":"m","max_completion_tokens":9,"messages":[{"role":"user","content":"x"}]}`,
 			Summary{Model: []byte("m"), MaxTokens: 9, N: 1, Prompts: 1, Prompt: []byte("user:x\n"), PromptTokens: 2}},
-		{"max_tokens wins wherever it is", Chat, `{"model":"m","max_completion_tokens":9,"max_tokens":4,"messages":[{"role":"user","content":"x"}]}`,
-			Summary{Model: []byte("m"), MaxTokens: 4, N: 1, Prompts: 1, Prompt: []byte("user:x\n"), PromptTokens: 2}},
-		{"null max_tokens falls back", Chat, `{"model":"m","max_tokens":4,"max_tokens":null,"max_completion_tokens":9,"messages":[{"role":"user","content":"x"}]}`,
+		{"max_completion_tokens 4000 over max_tokens 1", Chat, `{"model":"m","max_completion_tokens":4000,"max_tokens":1,"messages":[{"role":"user","content":"x"}]}`,
+			Summary{Model: []byte("m"), MaxTokens: 4000, N: 1, Prompts: 1, Prompt: []byte("user:x\n"), PromptTokens: 2}},
+		{"the larger of the two, whichever it is", Chat, `{"model":"m","max_tokens":9,"max_completion_tokens":4,"messages":[{"role":"user","content":"x"}]}`,
 			Summary{Model: []byte("m"), MaxTokens: 9, N: 1, Prompts: 1, Prompt: []byte("user:x\n"), PromptTokens: 2}},
+		{"null max_tokens is absent", Chat, `{"model":"m","max_tokens":null,"max_completion_tokens":9,"messages":[{"role":"user","content":"x"}]}`,
+			Summary{Model: []byte("m"), MaxTokens: 9, N: 1, Prompts: 1, Prompt: []byte("user:x\n"), PromptTokens: 2}},
+		{"completions read max_completion_tokens too", Completions, `{"model":"m","prompt":"x","max_completion_tokens":4000,"max_tokens":1,"best_of":3,"n":2}`,
+			Summary{Model: []byte("m"), MaxTokens: 4000, N: 2, BestOf: 3, Prompts: 1, Prompt: []byte("x"), PromptTokens: 1}},
 		{"nulls are absent", Chat, `{"model":"m","stream":null,"stream_options":null,"max_tokens":null,"n":null,"temperature":null,"tools":null,"messages":[{"role":"user","content":null}]}`,
 			Summary{Model: []byte("m"), N: 1, Prompts: 1, Prompt: []byte("user:\n"), PromptTokens: 2}},
-		{"duplicate keys: last wins", Chat, `{"model":"a","stream":true,"model":"b","stream":false,"messages":[{"role":"user","content":"x"}]}`,
-			Summary{Model: []byte("b"), N: 1, Prompts: 1, Prompt: []byte("user:x\n"), PromptTokens: 2}},
+		{"other duplicate keys: last wins", Chat, `{"model":"a","seed":1,"temperature":1,"temperature":0.5,"Temperature":2,"MESSAGES":[],"messages":[{"role":"user","content":"y"}],"messages":[{"role":"user","content":"x"}]}`,
+			Summary{Model: []byte("a"), N: 1, Temperature: 0.5, HasTemperature: true, Prompts: 1, Prompt: []byte("user:x\n"), PromptTokens: 2}},
+		{"a case variant inside another member is no field", Chat, `{"model":"a","metadata":{"MODEL":"b","model":"c"},"response_format":{"Stream":1},"messages":[{"role":"user","content":"x"}]}`,
+			Summary{Model: []byte("a"), N: 1, Prompts: 1, Prompt: []byte("user:x\n"), PromptTokens: 2}},
 		{"escaped model and keys", Chat, `{"m\u006fdel":"a\/b\u00e9","messages":[{"role":"user","content":"x"}]}`,
 			Summary{Model: []byte("a/bé"), N: 1, Prompts: 1, Prompt: []byte("user:x\n"), PromptTokens: 2}},
 		{"tools after messages go first", Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[1]}`,
@@ -80,7 +90,8 @@ func equalSummary(a, b Summary) bool {
 	return string(a.Model) == string(b.Model) && string(a.Prompt) == string(b.Prompt) && a.Stream == b.Stream &&
 		string(a.PreviousResponseID) == string(b.PreviousResponseID) && a.Background == b.Background &&
 		a.IncludeUsage == b.IncludeUsage && a.MaxTokens == b.MaxTokens && a.N == b.N && a.Temperature == b.Temperature &&
-		a.HasTemperature == b.HasTemperature && a.PromptTokens == b.PromptTokens && a.Prompts == b.Prompts
+		a.HasTemperature == b.HasTemperature && a.PromptTokens == b.PromptTokens && a.Prompts == b.Prompts &&
+		a.BestOf == b.BestOf
 }
 
 func TestParseSpans(t *testing.T) {
@@ -226,6 +237,143 @@ func TestParseErrors(t *testing.T) {
 	}
 }
 
+// TestParseAmbiguousFields: a member the gateway acts on that is repeated, or spelled in another case (as
+// encoding/json's case-insensitive matching would still read it), is refused whatever its position and value.
+func TestParseAmbiguousFields(t *testing.T) {
+	const msgs = `"messages":[{"role":"user","content":"x"}]`
+	tests := []struct {
+		name string
+		e    Endpoint
+		body string
+		msg  string // the message, exactly
+	}{
+		{"model case variant", Chat, `{"model":"pub-a","MODEL":"other",` + msgs + `}`, `duplicate or case-variant key "MODEL" for "model"`},
+		{"model case variant first", Chat, `{"Model":"other","model":"pub-a",` + msgs + `}`, `duplicate or case-variant key "Model" for "model"`},
+		{"model case variant alone", Chat, `{"mOdEl":"other",` + msgs + `}`, `duplicate or case-variant key "mOdEl" for "model"`},
+		{"duplicate model", Chat, `{"model":"other","model":"pub-a",` + msgs + `}`, `duplicate or case-variant key "model" for "model"`},
+		{"duplicate model, escaped", Chat, `{"model":"pub-a","m\u006fdel":"other",` + msgs + `}`, `duplicate or case-variant key "model" for "model"`},
+		{"case variant, escaped", Chat, `{"model":"pub-a","\u004dODEL":"other",` + msgs + `}`, `duplicate or case-variant key "MODEL" for "model"`},
+		{"null duplicate", Chat, `{"model":"pub-a","model":null,` + msgs + `}`, `duplicate or case-variant key "model" for "model"`},
+		{"stray Stream", Chat, `{"model":"m","Stream":true,` + msgs + `}`, `duplicate or case-variant key "Stream" for "stream"`},
+		{"long s", Chat, `{"model":"m","ſtream":true,` + msgs + `}`, `duplicate or case-variant key "ſtream" for "stream"`},
+		{"long s, escaped", Chat, `{"model":"m","\u017ftream":true,` + msgs + `}`, `duplicate or case-variant key "ſtream" for "stream"`},
+		{"Kelvin sign in another key", Chat, `{"model":"m","max_\u212aens":1,"max_tokens":1,` + msgs + `}`, ""},
+		{"Kelvin sign in max_tokens", Chat, `{"model":"m","max_to` + "\u212a" + `ens":4000,"max_tokens":1,` + msgs + `}`, "duplicate or case-variant key \"max_to\u212aens\" for \"max_tokens\""},
+		{"duplicate max_tokens", Chat, `{"model":"m","max_tokens":1,"max_tokens":4000,` + msgs + `}`, `duplicate or case-variant key "max_tokens" for "max_tokens"`},
+		{"MAX_COMPLETION_TOKENS", Chat, `{"model":"m","max_tokens":1,"MAX_COMPLETION_TOKENS":4000,` + msgs + `}`, `duplicate or case-variant key "MAX_COMPLETION_TOKENS" for "max_completion_tokens"`},
+		{"N", Chat, `{"model":"m","n":1,"N":128,` + msgs + `}`, `duplicate or case-variant key "N" for "n"`},
+		{"stream_options twice", Chat, `{"model":"m","stream":true,"stream_options":{},"stream_options":{"include_usage":true},` + msgs + `}`, `duplicate or case-variant key "stream_options" for "stream_options"`},
+		{"include_usage twice", Chat, `{"model":"m","stream":true,"stream_options":{"include_usage":false,"include_usage":true},` + msgs + `}`, `duplicate or case-variant key "include_usage" for "include_usage"`},
+		{"Include_Usage", Chat, `{"model":"m","stream":true,"stream_options":{"include_usage":true,"Include_Usage":false},` + msgs + `}`, `duplicate or case-variant key "Include_Usage" for "include_usage"`},
+		{"USER", Chat, `{"model":"m","user":"a","USER":"b",` + msgs + `}`, `duplicate or case-variant key "USER" for "user"`},
+		{"Priority", Chat, `{"model":"m","Priority":-100,` + msgs + `}`, `duplicate or case-variant key "Priority" for "priority"`},
+		{"best_of twice", Completions, `{"model":"m","prompt":"x","best_of":1,"best_of":20}`, `duplicate or case-variant key "best_of" for "best_of"`},
+		{"Max_Output_Tokens", Responses, `{"model":"m","input":"x","max_output_tokens":1,"Max_Output_Tokens":4000}`, `duplicate or case-variant key "Max_Output_Tokens" for "max_output_tokens"`},
+		{"previous_response_id twice", Responses, `{"model":"m","input":"x","previous_response_id":"a","previous_response_id":"b"}`, `duplicate or case-variant key "previous_response_id" for "previous_response_id"`},
+		{"BACKGROUND", Responses, `{"model":"m","input":"x","BACKGROUND":true}`, `duplicate or case-variant key "BACKGROUND" for "background"`},
+		{"messages endpoint too", Messages, `{"model":"c","max_tokens":5,"Model":"d",` + msgs + `}`, `duplicate or case-variant key "Model" for "model"`},
+		{"a field of another endpoint too", Messages, `{"model":"c","max_tokens":5,"n":1,"n":2,` + msgs + `}`, `duplicate or case-variant key "n" for "n"`},
+	}
+	var s Summary
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := s.Parse(tc.e, []byte(tc.body))
+			if tc.msg == "" {
+				if err != nil {
+					t.Fatalf("Parse(%s): %v", tc.body, err)
+				}
+				return
+			}
+			var re *RequestError
+			if !errors.As(err, &re) {
+				t.Fatalf("Parse(%s) = %v, want a *RequestError", tc.body, err)
+			}
+			param := strings.Trim(tc.msg[strings.LastIndex(tc.msg, " for ")+5:], `"`)
+			if param == "include_usage" {
+				param = "stream_options.include_usage"
+			}
+			if re.Param != param || re.Message != tc.msg || re.Code != "" {
+				t.Errorf("got param %q message %q code %q, want %q %q", re.Param, re.Message, re.Code, param, tc.msg)
+			}
+		})
+	}
+	// A syntax error anywhere still takes precedence.
+	err := s.Parse(Chat, []byte(`{"model":"a","MODEL":"b",`+msgs+`,}`))
+	if re, ok := err.(*RequestError); !ok || re.Code != "invalid_json" {
+		t.Errorf("ambiguous and malformed: %v, want invalid_json", err)
+	}
+}
+
+// TestFoldOrbits checks foldField's premise against the whole of Unicode: the only non-ASCII runes that
+// bytes.EqualFold (encoding/json's matching) equates with an ASCII letter are U+212A (k) and U+017F (s). EqualFold
+// compares non-ASCII runes by their unicode.SimpleFold orbits, so a rune whose orbit holds no ASCII rune equals no
+// ASCII letter.
+func TestFoldOrbits(t *testing.T) {
+	for r := rune(utf8.RuneSelf); r <= unicode.MaxRune; r++ {
+		for o := unicode.SimpleFold(r); o != r; o = unicode.SimpleFold(o) {
+			if o >= utf8.RuneSelf {
+				continue
+			}
+			if !(r == 0x212a && o|0x20 == 'k' || r == 0x17f && o|0x20 == 's') {
+				t.Errorf("%U folds to %c, and foldField does not know it", r, o)
+			}
+		}
+	}
+	for _, tc := range []struct{ r, c string }{{"\u212a", "k"}, {"\u212a", "K"}, {"\u017f", "s"}, {"\u017f", "S"}} {
+		if !bytes.EqualFold([]byte(tc.r), []byte(tc.c)) {
+			t.Errorf("EqualFold(%q, %q) is false", tc.r, tc.c)
+		}
+	}
+}
+
+// TestFoldField compares foldField with bytes.EqualFold on every field name in many spellings.
+func TestFoldField(t *testing.T) {
+	for f := fieldModel; f < numFields; f++ {
+		name := fieldNames[f]
+		variants := []string{name, strings.ToUpper(name), strings.ReplaceAll(name, "k", "\u212a"), strings.ReplaceAll(name, "s", "\u017f"),
+			strings.ReplaceAll(strings.ReplaceAll(name, "s", "\u017f"), "k", "\u212a"), name + "x", name[1:], "x" + name[1:], strings.ToUpper(name[:1]) + name[1:]}
+		for _, v := range variants {
+			got, exact := foldField([]byte(v))
+			want := bytes.EqualFold([]byte(v), []byte(name))
+			if (got == f) != want || exact != (v == name && want) {
+				t.Errorf("foldField(%q) = %v %v, EqualFold with %q %v", v, got, exact, name, want)
+			}
+		}
+	}
+	for _, k := range []string{"", "messages", "temperature", "tools", "top_p", "seed", "stop", "x", "modem", "mode\u212a"} {
+		if f, _ := foldField([]byte(k)); f != fieldNone {
+			t.Errorf("foldField(%q) = %v", k, f)
+		}
+	}
+}
+
+func TestSequences(t *testing.T) {
+	for _, tc := range []struct {
+		e    Endpoint
+		body string
+		want int
+	}{
+		{Chat, `{"model":"m","n":3,"messages":[{"role":"user","content":"x"}]}`, 3},
+		{Completions, `{"model":"m","prompt":["a","b"],"n":2}`, 4},
+		{Completions, `{"model":"m","prompt":["a","b","c"],"n":2,"best_of":5}`, 15},
+		{Completions, `{"model":"m","prompt":"a","best_of":null}`, 1},
+		{Embeddings, `{"model":"m","input":["a","b"]}`, 1},
+		{Responses, `{"model":"m","input":"x","n":4}`, 1},
+		{Messages, `{"model":"m","max_tokens":3,"n":4,"messages":[{"role":"user","content":"x"}]}`, 1},
+	} {
+		var s Summary
+		if err := s.Parse(tc.e, []byte(tc.body)); err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Sequences(); got != tc.want {
+			t.Errorf("%s: Sequences() = %d, want %d", tc.body, got, tc.want)
+		}
+	}
+	if got := (&Summary{N: 1, Prompts: 1}).Sequences(); got != 1 {
+		t.Errorf("pass-through summary: Sequences() = %d", got)
+	}
+}
+
 // TestParseDeepNesting checks that a pathologically nested body is refused quickly, without exhausting the stack.
 func TestParseDeepNesting(t *testing.T) {
 	for _, open := range []string{"[", `{"a":`} {
@@ -271,6 +419,21 @@ func chatBody(size int) []byte {
 	return b.Bytes()
 }
 
+// manyKeysBody is a chat request with forty top-level members, most of them vLLM's extra sampling parameters,
+// some with the lengths of members Parse reads (so that they are folded and compared).
+func manyKeysBody() []byte {
+	return []byte(`{"model":"llama-3.1-8b-instruct","messages":[{"role":"user","content":"Hi"}],"stream":true,` +
+		`"stream_options":{"include_usage":true,"continuous_usage_stats":false},"max_completion_tokens":256,"n":1,` +
+		`"temperature":0.7,"top_p":0.9,"top_k":40,"min_p":0.05,"seed":7,"stop":["\n\n"],"stop_token_ids":[2],` +
+		`"presence_penalty":0,"frequency_penalty":0,"repetition_penalty":1.1,"length_penalty":1,"logprobs":false,` +
+		`"top_logprobs":0,"logit_bias":{},"user":"u-1","priority":0,"ignore_eos":false,"min_tokens":0,` +
+		`"skip_special_tokens":true,"spaces_between_special_tokens":true,"include_stop_str_in_output":false,` +
+		`"echo":false,"add_generation_prompt":true,"continue_final_message":false,"add_special_tokens":false,` +
+		`"tool_choice":"none","parallel_tool_calls":false,"response_format":{"type":"text"},"request_id":"r-1",` +
+		`"cache_salt":"s","truncate_prompt_tokens":null,"prompt_logprobs":null,"allowed_token_ids":null,` +
+		`"bad_words":[],"chat_template_kwargs":{"enable_thinking":false},"metadata":{"tenant":"t"}}`)
+}
+
 func TestParseAllocs(t *testing.T) {
 	for _, size := range []int{8 << 10, 1 << 20} {
 		body := chatBody(size)
@@ -292,6 +455,7 @@ func TestParseAllocs(t *testing.T) {
 		{Embeddings, `{"model":"m","input":[1,2,3]}`},
 		{Responses, `{"model":"m","input":[{"content":[{"type":"input_text","text":"a\nb"}],"role":"user"},{"type":"function_call","arguments":"{}"}],"instructions":"i\n","tools":[{}],"previous_response_id":"r\u0031"}`},
 		{Messages, `{"model":"m","max_tokens":5,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"text","text":"x"},{"type":"image"}]}],"tools":[]}`},
+		{Chat, string(manyKeysBody())},
 	} {
 		body := []byte(tc.body)
 		var s Summary
@@ -380,9 +544,9 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("%q: accepted without max_tokens", body)
 			}
 		default:
-			var ok bool
-			if mt, ok = m["max_tokens"].(json.Number); !ok {
-				mt, _ = m["max_completion_tokens"].(json.Number)
+			mt, _ = m["max_tokens"].(json.Number)
+			if mct, _ := m["max_completion_tokens"].(json.Number); len(mct) > len(mt) || len(mct) == len(mt) && mct > mt {
+				mt = mct // the larger (both are integers without leading zeros)
 			}
 		}
 		if v, _ := mt.Int64(); int(v) != s.MaxTokens {
@@ -420,4 +584,169 @@ func TestRequestErrorString(t *testing.T) {
 	if Chat.String() != "/v1/chat/completions" || Endpoint(7).String() != "Endpoint(7)" {
 		t.Errorf("String: %v %v", Chat, Endpoint(7))
 	}
+}
+
+// goFields is how a Go engine decodes the fields of a request the gateway acts on: encoding/json into a struct,
+// which matches member names case-insensitively (bytes.EqualFold) and keeps the last match.
+type goFields struct {
+	Model               json.RawMessage `json:"model"`
+	Stream              json.RawMessage `json:"stream"`
+	StreamOptions       json.RawMessage `json:"stream_options"`
+	MaxTokens           json.RawMessage `json:"max_tokens"`
+	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
+	MaxOutputTokens     json.RawMessage `json:"max_output_tokens"`
+	N                   json.RawMessage `json:"n"`
+	BestOf              json.RawMessage `json:"best_of"`
+	User                json.RawMessage `json:"user"`
+	Priority            json.RawMessage `json:"priority"`
+	PreviousResponseID  json.RawMessage `json:"previous_response_id"`
+	Background          json.RawMessage `json:"background"`
+}
+
+// readings returns the raw values of the fields of body as a Go engine reads them (goFields) and as a Python
+// engine does (json.loads: a dict, keys matched exactly, the last one kept; a Go map decodes alike), keyed by
+// field name, "stream_options.include_usage" for the nested one. Absent fields are missing.
+func readings(t *testing.T, body []byte) (goRead, pyRead map[string]string) {
+	t.Helper()
+	var g goFields
+	if err := json.Unmarshal(body, &g); err != nil {
+		t.Fatalf("%q: encoding/json: %v", body, err)
+	}
+	var nested struct {
+		IncludeUsage json.RawMessage `json:"include_usage"`
+	}
+	if len(g.StreamOptions) > 0 && g.StreamOptions[0] == '{' {
+		if err := json.Unmarshal(g.StreamOptions, &nested); err != nil {
+			t.Fatal(err)
+		}
+	}
+	goRead = map[string]string{}
+	for name, v := range map[string]json.RawMessage{"model": g.Model, "stream": g.Stream, "stream_options": g.StreamOptions,
+		"max_tokens": g.MaxTokens, "max_completion_tokens": g.MaxCompletionTokens, "max_output_tokens": g.MaxOutputTokens,
+		"n": g.N, "best_of": g.BestOf, "user": g.User, "priority": g.Priority, "previous_response_id": g.PreviousResponseID,
+		"background": g.Background, "stream_options.include_usage": nested.IncludeUsage} {
+		if v != nil {
+			goRead[name] = string(v)
+		}
+	}
+	var dict map[string]json.RawMessage
+	if err := json.Unmarshal(body, &dict); err != nil {
+		t.Fatal(err)
+	}
+	pyRead = map[string]string{}
+	for f := fieldModel; f < fieldIncludeUsage; f++ {
+		if v, ok := dict[fieldNames[f]]; ok {
+			pyRead[fieldNames[f]] = string(v)
+		}
+	}
+	if so := dict["stream_options"]; len(so) > 0 && so[0] == '{' {
+		var inner map[string]json.RawMessage
+		if err := json.Unmarshal(so, &inner); err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := inner["include_usage"]; ok {
+			pyRead["stream_options.include_usage"] = string(v)
+		}
+	}
+	return goRead, pyRead
+}
+
+// FuzzParseAgreesWithDecoders is the differential test of the field rule (docs/security.md): for every body
+// Parse accepts, a Go engine and a Python engine read the same value of every field the gateway acts on, the
+// gateway reads that value too, and the body AppendUpstreamBody sends on still reads alike in both, with the
+// routed model and the stream flag the gateway set.
+func FuzzParseAgreesWithDecoders(f *testing.F) {
+	for _, tc := range promptSeeds {
+		f.Add(uint8(tc.e-1), []byte(tc.body))
+	}
+	const msgs = `"messages":[{"role":"user","content":"x"}]`
+	for _, b := range []string{
+		`{"model":"pub-a","MODEL":"other",` + msgs + `}`,
+		`{"model":"pub-a","model":"other",` + msgs + `}`,
+		`{"model":"m","Stream":true,` + msgs + `}`,
+		`{"model":"m","max_completion_tokens":4000,"max_tokens":1,"n":2,` + msgs + `}`,
+		`{"m\u006fdel":"m","\u017ftream":false,"max_to\u212aens":3,` + msgs + `}`,
+		`{"model":"m","stream":true,"stream_options":{"include_usage":false,"Include_usage":true},` + msgs + `}`,
+		`{"model":"m","max_\u212aens":1,"mode":"x","models":"y","stream_option":{},` + msgs + `}`,
+	} {
+		f.Add(uint8(Chat-1), []byte(b))
+	}
+	f.Add(uint8(Completions-1), []byte(`{"model":"m","prompt":["a","b"],"best_of":3,"n":2,"max_tokens":5,"BEST_OF":1}`))
+	f.Add(uint8(Responses-1), []byte(`{"model":"m","input":"x","max_output_tokens":9,"background":true,"previous_response_id":"r","Previous_Response_Id":"s"}`))
+	f.Add(uint8(Messages-1), []byte(`{"model":"c","max_tokens":5,"Max_Tokens":99,`+msgs+`}`))
+	f.Fuzz(func(t *testing.T, e uint8, body []byte) {
+		ep := Endpoint(e%uint8(lastEndpoint) + 1)
+		var s Summary
+		if s.Parse(ep, body) != nil {
+			return
+		}
+		goRead, pyRead := readings(t, body)
+		if !reflect.DeepEqual(goRead, pyRead) {
+			t.Fatalf("%q: accepted, but Go reads %v and Python %v", body, goRead, pyRead)
+		}
+		num := func(name string, absent int) int {
+			v, ok := goRead[name]
+			if !ok || v == "null" {
+				return absent
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				t.Fatalf("%q: %s is %s", body, name, v)
+			}
+			return n
+		}
+		var model string
+		if err := json.Unmarshal([]byte(goRead["model"]), &model); err != nil || model != string(s.Model) {
+			t.Fatalf("%q: the gateway reads model %q, the engines %s", body, s.Model, goRead["model"])
+		}
+		if (goRead["stream"] == "true") != s.Stream {
+			t.Fatalf("%q: the gateway reads stream %v, the engines %s", body, s.Stream, goRead["stream"])
+		}
+		var maxTokens, n, bestOf int
+		switch ep {
+		case Responses:
+			maxTokens, n = num("max_output_tokens", 0), 1
+		case Messages:
+			maxTokens, n = num("max_tokens", 0), 1
+		default:
+			maxTokens, n = max(num("max_tokens", 0), num("max_completion_tokens", 0)), num("n", 1)
+		}
+		if ep == Completions {
+			bestOf = num("best_of", 0)
+		}
+		if maxTokens != s.MaxTokens || n != s.N || bestOf != s.BestOf {
+			t.Fatalf("%q: the gateway reads max tokens %d, n %d, best_of %d; the engines %d %d %d", body,
+				s.MaxTokens, s.N, s.BestOf, maxTokens, n, bestOf)
+		}
+		if iu := goRead["stream_options.include_usage"] == "true" && ep < Responses; iu != s.IncludeUsage {
+			t.Fatalf("%q: the gateway reads include_usage %v", body, s.IncludeUsage)
+		}
+		if ep == Responses {
+			var id string
+			if v, ok := goRead["previous_response_id"]; ok && v != "null" {
+				json.Unmarshal([]byte(v), &id)
+			}
+			if id != string(s.PreviousResponseID) || (goRead["background"] == "true") != s.Background {
+				t.Fatalf("%q: the gateway reads previous_response_id %q background %v", body, s.PreviousResponseID, s.Background)
+			}
+		}
+
+		// What goes upstream is what was checked, with the gateway's edits, and as unambiguous.
+		out := AppendUpstreamBody(nil, body, &s, []byte("routed-model"), true)
+		goOut, pyOut := readings(t, out)
+		if !reflect.DeepEqual(goOut, pyOut) {
+			t.Fatalf("%q -> %q: Go reads %v and Python %v", body, out, goOut, pyOut)
+		}
+		if goOut["model"] != `"routed-model"` || goOut["stream"] != "true" {
+			t.Fatalf("%q -> %q: model %s stream %s upstream", body, out, goOut["model"], goOut["stream"])
+		}
+		if ep < Responses && goOut["stream_options.include_usage"] != "true" {
+			t.Fatalf("%q -> %q: include_usage %s upstream", body, out, goOut["stream_options.include_usage"])
+		}
+		for name, v := range goRead {
+			if name != "model" && name != "stream" && !strings.HasPrefix(name, "stream_options") && goOut[name] != v {
+				t.Fatalf("%q -> %q: %s went from %s to %s", body, out, name, v, goOut[name])
+			}
+		}
+	})
 }

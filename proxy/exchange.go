@@ -189,7 +189,7 @@ func (ex *exchange) admit(h *fasthttp.RequestHeader) error {
 	ex.key = key
 	ex.class = snap.Priorities.Class(key, h.Peek(snap.Priorities.Header))
 	if snap.Limiter != nil && key != nil {
-		ex.quota = snap.Limiter.Take(key, admission.EstimateTokens(ex.sum.PromptTokens, ex.sum.MaxTokens))
+		ex.quota = snap.Limiter.Take(key, admission.EstimateTokens(ex.sum.PromptTokens, ex.sum.MaxTokens, ex.sum.Sequences()))
 		ex.quoted = true
 		if ex.quota.Err != nil {
 			return shedError{ex.quota.Err, ex.quota.RetryAfter}
