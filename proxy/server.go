@@ -350,7 +350,7 @@ func (s *Server) handleError(ctx *fasthttp.RequestCtx, err error) {
 		_ = ctx.Conn().Close()
 		return
 	}
-	ctx.Response.Header.SetBytesV(headerRequestID, appendRequestID(nil, nil))
+	ctx.Response.Header.SetBytesV(headerRequestID, appendRequestID(nil, ctx.Request.Header.Peek(headerRequestID)))
 	ctx.Response.Header.Set(headerBackend, "none")
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 		if why := s.refuseEarly(&ctx.Request.Header); why != nil {
