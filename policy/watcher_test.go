@@ -24,7 +24,7 @@ import (
 // policyText returns a valid policy with the named backends (each serving m) and m's strategy.
 func policyText(strategy string, backends ...string) string {
 	var b strings.Builder
-	b.WriteString("backends:\n")
+	b.WriteString("auth: none\nbackends:\n")
 	for i, name := range backends {
 		fmt.Fprintf(&b, "  - {name: %s, url: 'http://127.0.0.1:%d', models: [m]}\n", name, 7001+i)
 	}
@@ -190,7 +190,7 @@ func TestWatcherKeepsOldSnapshotOnInvalidEdit(t *testing.T) {
 	if !errors.As(f.w.LastError(), &es) {
 		t.Fatalf("LastError = %v, want Errors", f.w.LastError())
 	}
-	want := f.path + ":6: models[1].strategy: unknown strategy" // slog quotes the rest
+	want := f.path + ":7: models[1].strategy: unknown strategy" // slog quotes the rest
 	if !strings.Contains(f.logs.String(), want) {
 		t.Errorf("the log does not carry the error %q:\n%s", want, f.logs.String())
 	}
