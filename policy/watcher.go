@@ -29,7 +29,10 @@ const debounce = 250 * time.Millisecond
 //
 // A reload (a file event, or Reload on SIGHUP) reads, decodes, validates and compiles the file, then swaps the
 // snapshot atomically. An invalid file changes nothing: the old snapshot stays, every error is logged, and
-// switchyard_config_reload_success drops to 0 until a valid file loads. Static fields (listen, admin_listen,
+// switchyard_config_reload_success drops to 0 until a valid file loads. So does a file that loosens
+// authentication (turns it off, removes a key, widens a key's models, raises or removes its limits or priority)
+// without acknowledging it in its reload section (auth.go); tightening always applies, and the log of every
+// applied reload says what changed in authentication. Static fields (listen, admin_listen,
 // redis, limits.max_body_bytes, limits.header_read_timeout) keep the values the process started with; a reload
 // that changes them logs a warning that they need a restart.
 //
@@ -101,8 +104,9 @@ func (w *Watcher) LastError() error {
 }
 
 // Reload reads the file again and, if it is valid, swaps in its policy. It returns the reason when the file is
-// invalid (nothing changed then). A file whose bytes are those in force is not compiled again. The command calls
-// it on SIGHUP; Run calls it on file events.
+// invalid, or loosens authentication without acknowledging it (checkAuthReload, auth.go); nothing changed then.
+// A file whose bytes are those in force is not compiled again. The command calls it on SIGHUP; Run calls it on
+// file events.
 func (w *Watcher) Reload() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -123,7 +127,13 @@ func (w *Watcher) Reload() error {
 		w.failed(err)
 		return err
 	}
-	w.keepStatic(c, w.cfg.Load())
+	old := w.cfg.Load()
+	changes := authChanges(old, c)
+	if err := checkAuthReload(old, c, changes); err != nil {
+		w.failed(err)
+		return err
+	}
+	w.keepStatic(c, old)
 	s, err := c.Compile(w.reg, cur, w.m)
 	if err != nil {
 		w.failed(err)
@@ -133,7 +143,8 @@ func (w *Watcher) Reload() error {
 	w.cfg.Store(c)
 	w.snap.Store(s)
 	w.succeeded(true)
-	w.log.Info("config reloaded", "file", w.path, "hash", short(s.Hash), "backends", len(s.Backends), "models", len(s.Models))
+	w.log.Info("config reloaded", "file", w.path, "hash", short(s.Hash), "backends", len(s.Backends), "models", len(s.Models),
+		"auth", authSummary(changes))
 	return nil
 }
 
