@@ -109,7 +109,9 @@ type authChange struct {
 }
 
 // authChanges lists how c changes authentication from old, in the new file's order: the auth mode, then each key
-// of c (added, or its key, priority, models and limits changed), then the keys c removes.
+// of c (added, or its key, priority, models, cache_opt_in and limits changed), then the keys c removes. A change
+// loosens when it gives some caller more than before: authentication off, a key removed (what a file cut short
+// looks like), more models, a higher class, the cache opt-in, higher or no limits.
 func authChanges(old, c *Config) []authChange {
 	var out []authChange
 	switch {
@@ -142,6 +144,9 @@ func authChanges(old, c *Config) []authChange {
 		if !slices.Equal(sortedSet(k.Models), sortedSet(o.Models)) {
 			out = append(out, authChange{p + ".models", fmt.Sprintf("key %s: models %s -> %s", k.Name, modelList(o.Models), modelList(k.Models)),
 				widens(o.Models, k.Models)})
+		}
+		if k.CacheOptIn != o.CacheOptIn {
+			out = append(out, authChange{p + ".cache_opt_in", fmt.Sprintf("key %s: cache_opt_in %v -> %v", k.Name, o.CacheOptIn, k.CacheOptIn), k.CacheOptIn})
 		}
 		for _, l := range []struct {
 			name     string

@@ -306,11 +306,12 @@ const (
 )
 
 // Reload holds the acknowledgements a reload needs to loosen authentication: turning it off (auth: none),
-// removing a key, widening a key's models, raising or removing its limits, raising its priority. Such a reload is
-// refused unless the new file names the policy it loosens, so that a half-written file cannot do it, and an
-// acknowledgement cannot outlive the change it was written for: once the reload applies, the policy in force is
-// the new file, whose hash the file cannot contain. Tightening (adding keys, narrowing models, lowering limits)
-// never needs one.
+// removing a key, widening a key's models, raising or removing its limits, raising its priority, turning on its
+// cache_opt_in. Such a reload is refused unless the new file names the policy it loosens, so that a half-written
+// file cannot do it, and an acknowledgement cannot outlive the change it was written for: once the reload
+// applies, the policy in force is the new file, whose hash the file cannot contain. Tightening (adding keys,
+// narrowing models, lowering limits) never needs one. Only reloads look at it: at start there is nothing to
+// loosen.
 type Reload struct {
 	// AllowAuthChangesFrom is the SHA-256 of the policy file in force (hex, 12 to 64 digits: the short form logs,
 	// switchyard check and /debug/config print, or all of sha256sum's output) whose authentication this file may

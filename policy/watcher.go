@@ -32,7 +32,7 @@ const debounce = 250 * time.Millisecond
 // file, then swaps the snapshot atomically. An invalid file changes nothing: the old snapshot stays, every error
 // is logged, and switchyard_config_reload_success drops to 0 until a valid file loads. So does a file that
 // loosens authentication (turns it off, removes a key, widens a key's models, raises or removes its limits or
-// priority) without acknowledging it in its reload section (auth.go); tightening always applies, and the log of
+// priority, turns on its cache opt-in) without acknowledging it in its reload section (auth.go); tightening always applies, and the log of
 // every applied reload says what changed in authentication. Static fields (listen, admin_listen,
 // redis, limits.max_body_bytes, limits.header_read_timeout) keep the values the process started with; a reload
 // that changes them logs a warning that they need a restart.
