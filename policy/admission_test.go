@@ -110,7 +110,7 @@ func TestProtectionValidation(t *testing.T) {
 			`f.yaml:6: models[0].degrade_to: degrade_to forms a cycle: m -> small -> m`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Parse("f.yaml", []byte(tc.src))
+			_, err := Parse("f.yaml", []byte(openAuth(tc.src)))
 			got := ""
 			if err != nil {
 				got = err.Error()
@@ -244,7 +244,7 @@ func TestPriorityHeaderLowersOnly(t *testing.T) {
 		}
 		return key
 	}
-	_, open, err := loadBytes(t, protectionBase+"priorities: {default: standard}\n")
+	_, open, err := loadBytes(t, openAuth(protectionBase+"priorities: {default: standard}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +272,7 @@ func TestPriorityHeaderLowersOnly(t *testing.T) {
 }
 
 func TestCompileWithoutKeys(t *testing.T) {
-	_, s, err := loadBytes(t, protectionBase)
+	_, s, err := loadBytes(t, openAuth(protectionBase))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,7 +367,7 @@ func TestReloadKeepsRateLimitBuckets(t *testing.T) {
 // force as prev.
 func TestWatcherReloadKeepsRateLimitBuckets(t *testing.T) {
 	t.Setenv("SWITCHYARD_TEST_WATCH_KEY", "sk-watch")
-	text := policyText("round_robin", "a") + "api_keys:\n  - {name: k, key: '${SWITCHYARD_TEST_WATCH_KEY}', limits: {requests_per_minute: 1}}\n"
+	text := strings.Replace(policyText("round_robin", "a"), "auth: none\n", "", 1) + "api_keys:\n  - {name: k, key: '${SWITCHYARD_TEST_WATCH_KEY}', limits: {requests_per_minute: 1}}\n"
 	f := newFixture(t, text, false)
 	s1 := f.w.Snapshot()
 	k1, err := s1.Keys.Authenticate(bearer("sk-watch"))
@@ -427,14 +427,14 @@ func TestSummaryShowsProtection(t *testing.T) {
 
 // TestSheddingOff: limits.shedding false compiles to no shedder (every request goes straight to a backend).
 func TestSheddingOff(t *testing.T) {
-	_, s, err := loadBytes(t, protectionBase+"limits: {shedding: false}\n")
+	_, s, err := loadBytes(t, openAuth(protectionBase+"limits: {shedding: false}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if s.Shedder != nil {
 		t.Error("limits.shedding false still compiled a shedder")
 	}
-	_, s, err = loadBytes(t, protectionBase+"limits: {shedding: true}\n")
+	_, s, err = loadBytes(t, openAuth(protectionBase+"limits: {shedding: true}\n"))
 	if err != nil || s.Shedder == nil {
 		t.Errorf("limits.shedding true: shedder %v, err %v", s.Shedder, err)
 	}
@@ -442,7 +442,7 @@ func TestSheddingOff(t *testing.T) {
 
 // TestSheddingNotABool: a wrong type for limits.shedding is reported with its line.
 func TestSheddingNotABool(t *testing.T) {
-	_, _, err := loadBytes(t, protectionBase+"limits:\n  shedding: maybe\n")
+	_, _, err := loadBytes(t, openAuth(protectionBase+"limits:\n  shedding: maybe\n"))
 	if err == nil || !strings.Contains(err.Error(), ":8: limits.shedding: expected true or false") {
 		t.Errorf("err = %v", err)
 	}

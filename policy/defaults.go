@@ -58,6 +58,7 @@ func (r *report) applyDefaults(c *Config) {
 	str(&c.Listen, defaultListen)
 	str(&c.AdminListen, defaultAdminListen)
 	str(&c.Region, defaultRegion)
+	str(&c.Auth, AuthAPIKeys)
 	r.defaultRedis(&c.Redis)
 	r.responseCaches(c, false) // respcache.go
 

@@ -222,7 +222,7 @@ func TestReloadEndToEnd(t *testing.T) {
 	}
 	policy := func(strategy string, backends ...string) []byte {
 		var b strings.Builder
-		b.WriteString("listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nlimits: {drain_timeout: 5s}\nbackends:\n")
+		b.WriteString("listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nauth: none\nlimits: {drain_timeout: 5s}\nbackends:\n")
 		for _, n := range backends {
 			fmt.Fprintf(&b, "  - {name: %s, url: '%s', models: [sim-model]}\n", n, url[n])
 		}

@@ -13,7 +13,7 @@ import (
 
 // engineFile is a minimal policy with one backend of engine, preceded by engines (a YAML fragment).
 func engineFile(engines, engine string) string {
-	return engines + "\nbackends: [{name: b, url: 'http://127.0.0.1:1', engine: " + engine + ", models: [m]}]\nmodels: [{name: m}]\n"
+	return engines + "\nbackends: [{name: b, url: 'http://127.0.0.1:1', engine: " + engine + ", models: [m]}]\nmodels: [{name: m}]\nauth: none\n"
 }
 
 func TestEngineTable(t *testing.T) {
@@ -106,6 +106,7 @@ func TestOperatorEngineFromYAML(t *testing.T) {
       kv_usage: {name: acme_kv_pct, scale: percent}
 backends: [{name: a, url: '` + srv.URL + `', engine: acme, models: [m]}]
 models: [{name: m}]
+auth: none
 `
 	reg := routing.NewRegistry()
 	c, err := Parse("acme.yaml", []byte(src))

@@ -36,6 +36,7 @@ func TestHostedBackendCompiles(t *testing.T) {
     models: [gpt-4o]
     forward_authorization: true
 models: [{name: gpt-4o}]
+auth: none
 `
 	if err := os.WriteFile(file, []byte(src), 0o600); err != nil {
 		t.Fatal(err)

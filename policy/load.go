@@ -33,6 +33,7 @@ func parse(file string, data []byte, lookup func(string) (string, bool)) (*Confi
 	if len(r.errs) > 0 {
 		return nil, r.errs.sorted()
 	}
+	c.lines = r.authLines(data)
 	return c, nil
 }
 

@@ -98,6 +98,12 @@ var invalidCases = []string{
 	"degrade_cycle",           // degrade_to loops, to itself, to an unknown model
 	"region_no_target",        // allowed_regions or the failover order leave a model without a target
 	"bad_endpoints",           // unknown or duplicate endpoint groups
+	// auth (auth.go)
+	"no_keys",                    // neither keys nor auth: none
+	"auth_api_keys_without_keys", // auth: api_keys with no key
+	"auth_none_with_keys",        // auth: none and keys
+	"bad_auth",                   // an unknown auth mode, with a suggestion
+	"bad_reload",                 // reload not last; a hash too short; an unknown field
 }
 
 func TestInvalidFiles(t *testing.T) {
@@ -130,7 +136,7 @@ func TestInvalidCasesListEveryFile(t *testing.T) {
 func TestErrorsAreSortedByLine(t *testing.T) {
 	// Validation finds the model's problems after the decoder found the backend's, though they come first in
 	// the file.
-	src := "models:\n  - name: m\n    strategy: nope\nbackends:\n  - name: b\n    url: http://h:1\n    models: [m]\n    weight: x\n"
+	src := "models:\n  - name: m\n    strategy: nope\nbackends:\n  - name: b\n    url: http://h:1\n    models: [m]\n    weight: x\nauth: none\n"
 	_, err := Parse("f.yaml", []byte(src))
 	want := "f.yaml:3: models[0].strategy: unknown strategy \"nope\" (one of: adaptive, cache_aware, least_request, prefix_hash, random, round_robin)\n" +
 		"f.yaml:8: backends[0].weight: expected a finite number, got \"x\""
@@ -239,12 +245,12 @@ func TestFullFile(t *testing.T) {
 }
 
 func TestDefaults(t *testing.T) {
-	c, err := Parse("min.yaml", []byte("backends: [{name: b, url: 'http://h:1', models: [m]}]\nmodels: [{name: m}]\n"))
+	c, err := Parse("min.yaml", []byte("auth: none\nbackends: [{name: b, url: 'http://h:1', models: [m]}]\nmodels: [{name: m}]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := &Config{
-		Listen: "127.0.0.1:8080", AdminListen: "127.0.0.1:9090", Region: "local",
+		Listen: "127.0.0.1:8080", AdminListen: "127.0.0.1:9090", Region: "local", Auth: AuthNone,
 		Backends: []Backend{{Name: "b", URL: "http://h:1", Region: "local", Engine: "vllm", Models: []string{"m"}, Weight: 1, Tier: "dedicated",
 			Timeouts: Timeouts{Connect: 5 * time.Second, FirstByte: time.Minute, Idle: time.Minute, Total: 30 * time.Minute}}},
 		Models: []Model{{Name: "m", Targets: []Target{{"b", "m"}}, Strategy: DefaultStrategy, Retries: 2}},
@@ -255,6 +261,7 @@ func TestDefaults(t *testing.T) {
 			QueueSize: 1024, QueueTimeout: 10 * time.Second},
 		File: "min.yaml", Hash: c.Hash,
 	}
+	c.lines = authLines{} // where the file set auth: not a default
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("defaults:\n got %+v\nwant %+v", c, want)
 	}
@@ -282,6 +289,7 @@ limits:
   #limits
 #top
 #key
+auth: none
 `
 
 func TestNotSupportedYet(t *testing.T) {
@@ -380,7 +388,7 @@ func TestStrategiesAreTheSchemas(t *testing.T) {
 		t.Fatalf("DefaultStrategy = %q, want adaptive", DefaultStrategy)
 	}
 	for _, name := range documented {
-		src := fmt.Sprintf("backends: [{name: b, url: 'http://h:1', models: [m]}]\nmodels: [{name: m, strategy: %s}]\n", name)
+		src := fmt.Sprintf("backends: [{name: b, url: 'http://h:1', models: [m]}]\nmodels: [{name: m, strategy: %s}]\nauth: none\n", name)
 		_, s, err := loadBytes(t, src)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
@@ -389,6 +397,15 @@ func TestStrategiesAreTheSchemas(t *testing.T) {
 			t.Fatalf("%s compiled to %q %T", name, s.Models["m"].StrategyName, s.Models["m"].Strategy)
 		}
 	}
+}
+
+// openAuth returns src, a test policy, with auth: none appended when it lists no api_keys: the policy serves
+// without authentication, on purpose. At the end, so that the lines of src keep their numbers.
+func openAuth(src string) string {
+	if strings.Contains(src, "api_keys") || strings.Contains(src, "\nauth:") || strings.HasPrefix(src, "auth:") {
+		return src
+	}
+	return src + "auth: none\n"
 }
 
 // loadBytes parses and compiles src with a fresh registry.
@@ -404,7 +421,7 @@ func loadBytes(t *testing.T, src string) (*Config, *proxy.Snapshot, error) {
 
 func TestListenPortZeroTwice(t *testing.T) {
 	// Tests run gateways on free ports: port 0 for both servers is not a conflict.
-	src := "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nbackends: [{name: b, url: 'http://h:1', models: [m]}]\nmodels: [{name: m}]\n"
+	src := "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nauth: none\nbackends: [{name: b, url: 'http://h:1', models: [m]}]\nmodels: [{name: m}]\n"
 	if _, err := Parse("f.yaml", []byte(src)); err != nil {
 		t.Fatal(err)
 	}
@@ -456,7 +473,7 @@ func TestSecretsAreNeverPrinted(t *testing.T) {
 	t.Setenv("SWITCHYARD_TEST_SECRET_REDIS", "redis://:"+secret+"@")
 
 	valid := "backends:\n  - {name: b, url: 'http://h:1', models: [m], api_key: '${SWITCHYARD_TEST_SECRET}'," +
-		" headers: {api-key: '${SWITCHYARD_TEST_SECRET}'}, query: {key: '${SWITCHYARD_TEST_SECRET}'}}\nmodels: [{name: m}]\n"
+		" headers: {api-key: '${SWITCHYARD_TEST_SECRET}'}, query: {key: '${SWITCHYARD_TEST_SECRET}'}}\nmodels: [{name: m}]\nauth: none\n"
 	c, err := Parse("f.yaml", []byte(valid))
 	if err != nil {
 		t.Fatal(err)
@@ -561,7 +578,7 @@ func TestSelfReferencesAreErrors(t *testing.T) {
 
 func TestCompileKeepsBackendsAndCreated(t *testing.T) {
 	reg := routing.NewRegistry()
-	src := "backends:\n  - {name: a, url: 'http://a:1', models: [m]}\n  - {name: b, url: 'http://b:1', models: [m]}\nmodels: [{name: m, strategy: round_robin}, {name: n, strategy: round_robin, targets: [{backend: a, model: m}]}]\n"
+	src := "auth: none\nbackends:\n  - {name: a, url: 'http://a:1', models: [m]}\n  - {name: b, url: 'http://b:1', models: [m]}\nmodels: [{name: m, strategy: round_robin}, {name: n, strategy: round_robin, targets: [{backend: a, model: m}]}]\n"
 	c1, err := Parse("f.yaml", []byte(src))
 	if err != nil {
 		t.Fatal(err)

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-const redisBase = "backends: [{name: b, url: 'http://h:1', models: [m]}]\nmodels: [{name: m}]\n"
+const redisBase = "backends: [{name: b, url: 'http://h:1', models: [m]}]\nmodels: [{name: m}]\nauth: none\n"
 
 func TestRedisForms(t *testing.T) {
 	for _, tc := range []struct {

@@ -22,6 +22,7 @@ models:
     strategy: round_robin
     #model
 #regions
+auth: none
 `
 
 func compileRegions(t *testing.T, model, regions string, prev *proxy.Snapshot) *proxy.Snapshot {
@@ -120,7 +121,7 @@ func TestFailoverTooLong(t *testing.T) {
 			fo = append(fo, fmt.Sprint("r", i))
 		}
 	}
-	fmt.Fprintf(&b, "models: [{name: m}]\nregions:\n  r0: {failover: [%s]}\n", strings.Join(fo, ", "))
+	fmt.Fprintf(&b, "models: [{name: m}]\nregions:\n  r0: {failover: [%s]}\nauth: none\n", strings.Join(fo, ", "))
 	_, err := Parse("f.yaml", []byte(b.String()))
 	want := fmt.Sprintf("f.yaml:%d: regions.r0.failover: %d regions: at most %d", routing.MaxFailover+7, routing.MaxFailover+1, routing.MaxFailover)
 	if err == nil || err.Error() != want {

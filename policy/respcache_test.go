@@ -13,7 +13,7 @@ import (
 const cacheBase = "backends: [{name: b, url: 'http://h:1', models: [m, n]}]\n"
 
 func TestResponseCacheSettings(t *testing.T) {
-	c, err := Parse("f.yaml", []byte(cacheBase+"models:\n  - {name: m, response_cache: {}}\n  - {name: n, response_cache: {ttl: 30s, max_entry_bytes: 4KiB, max_bytes: 1MiB}}\n"))
+	c, err := Parse("f.yaml", []byte(openAuth(cacheBase+"models:\n  - {name: m, response_cache: {}}\n  - {name: n, response_cache: {ttl: 30s, max_entry_bytes: 4KiB, max_bytes: 1MiB}}\n")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +30,7 @@ func TestResponseCacheSettings(t *testing.T) {
 		{"{scope: modle}", `f.yaml:3: models[0].response_cache.scope: unknown scope "modle" (one of: key, model); did you mean "model"?`},
 		{"{scope: ''}", `f.yaml:3: models[0].response_cache.scope: unknown scope "" (one of: key, model)`},
 	} {
-		_, err := Parse("f.yaml", []byte(cacheBase+"models:\n  - {name: m, response_cache: "+tc.yaml+"}\n"))
+		_, err := Parse("f.yaml", []byte(openAuth(cacheBase+"models:\n  - {name: m, response_cache: "+tc.yaml+"}\n")))
 		if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
 			t.Errorf("%s:\n got %v\nwant %s...", tc.yaml, err, tc.want)
 		}
@@ -40,7 +40,7 @@ func TestResponseCacheSettings(t *testing.T) {
 // TestResponseCacheCompiled: a model with response_cache gets a memory store (without redis), kept across a
 // reload while its bound stays; a model without gets none.
 func TestResponseCacheCompiled(t *testing.T) {
-	src := cacheBase + "models:\n  - {name: m, response_cache: {max_bytes: 2MiB}}\n  - {name: n}\n"
+	src := cacheBase + "models:\n  - {name: m, response_cache: {max_bytes: 2MiB}}\n  - {name: n}\nauth: none\n"
 	path := filepath.Join(t.TempDir(), "p.yaml")
 	writeFile(t, path, src)
 	c, s, err := Load(path, routing.NewRegistry())

@@ -41,16 +41,28 @@ type Config struct {
 	Regions map[string]Region `yaml:"regions"`
 	// Priorities configures how a request gets its priority class, and each class's SLO factor.
 	Priorities Priorities `yaml:"priorities"`
-	// APIKeys, when present, makes the gateway require "Authorization: Bearer <key>" on every request and lists
-	// the keys it accepts, each with its class, models and rate limits. Absent or empty: no authentication.
+	// Auth is how clients authenticate: AuthAPIKeys (every request needs "Authorization: Bearer <key>" with one
+	// of APIKeys) or AuthNone (no authentication: any caller may use every model and claim any priority class).
+	// Default AuthAPIKeys. Running open needs auth: none written in the file, so that a file cut short before its
+	// api_keys (a write caught half way) is an error rather than a gateway without authentication; auth: none
+	// with keys is an error too.
+	Auth string `yaml:"auth"`
+	// APIKeys are the keys the gateway accepts under auth: api_keys (at least one then; none with auth: none),
+	// each with its class, models and rate limits.
 	APIKeys []APIKey `yaml:"api_keys"`
 	// Limits bounds requests and the gateway's own resources.
 	Limits Limits `yaml:"limits"`
+	// Reload acknowledges, for the reload that reads this file, the changes to authentication that a reload
+	// otherwise refuses (see the Reload type and authchange.go). It must be the file's last top-level field.
+	// Default: none; ignored when the gateway starts.
+	Reload Reload `yaml:"reload"`
 
 	// File is the path the policy was loaded from, as given.
 	File string `yaml:"-"`
 	// Hash is the hex SHA-256 of the file's bytes; it identifies the policy in /debug/config and in logs.
 	Hash string `yaml:"-"`
+
+	lines authLines // where the file set auth, api_keys and reload, for a refused reload's errors (authchange.go)
 }
 
 // Backend is one upstream inference server.
@@ -283,6 +295,28 @@ type KeyLimits struct {
 	// plus max_tokens (512 when unset) at admission and is refunded what it did not use when it ends. Default 0
 	// (unlimited); 0 or at least 512, so that a request without max_tokens can pass.
 	TokensPerMinute int `yaml:"tokens_per_minute"`
+}
+
+// The values of Config.Auth.
+const (
+	// AuthAPIKeys requires one of the policy's api_keys on every request.
+	AuthAPIKeys = "api_keys"
+	// AuthNone serves without authentication.
+	AuthNone = "none"
+)
+
+// Reload holds the acknowledgements a reload needs to loosen authentication: turning it off (auth: none),
+// removing a key, widening a key's models, raising or removing its limits, raising its priority, turning on its
+// cache_opt_in. Such a reload is refused unless the new file names the policy it loosens, so that a half-written
+// file cannot do it, and an acknowledgement cannot outlive the change it was written for: once the reload
+// applies, the policy in force is the new file, whose hash the file cannot contain. Tightening (adding keys,
+// narrowing models, lowering limits) never needs one. Only reloads look at it: at start there is nothing to
+// loosen.
+type Reload struct {
+	// AllowAuthChangesFrom is the SHA-256 of the policy file in force (hex, 12 to 64 digits: the short form logs,
+	// switchyard check and /debug/config print, or all of sha256sum's output) whose authentication this file may
+	// loosen. The log of a refused reload prints the line to write. Default: none.
+	AllowAuthChangesFrom string `yaml:"allow_auth_changes_from"`
 }
 
 // Limits bounds requests and the gateway's own resources.

@@ -134,8 +134,8 @@ func (c *Config) WriteSummary(w io.Writer) error {
 
 // writeKeys lists the API keys by name, with their class, models and limits; never the key or its hash.
 func (c *Config) writeKeys(b *strings.Builder) {
-	if len(c.APIKeys) == 0 {
-		b.WriteString("api keys  none: no authentication\n")
+	if c.Auth == AuthNone {
+		b.WriteString("api keys  none (auth: none): no authentication; any caller may claim any priority\n")
 		return
 	}
 	fmt.Fprintf(b, "api keys  %d: requests need Authorization: Bearer <key>\n", len(c.APIKeys))

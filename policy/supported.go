@@ -96,6 +96,7 @@ var supported = map[string]bool{
 	"priorities.classes[].name":       true,
 	"priorities.classes[].slo_factor": true,
 
+	"auth":                                  true,
 	"api_keys":                              true,
 	"api_keys[].name":                       true,
 	"api_keys[].key":                        true,
@@ -118,6 +119,9 @@ var supported = map[string]bool{
 	"limits.queue_size":          true,
 	"limits.queue_timeout":       true,
 	"limits.shedding":            true,
+
+	"reload":                         true,
+	"reload.allow_auth_changes_from": true,
 }
 
 // checkSupported reports every field the file set, to a non-empty value, whose behaviour has not landed yet: the

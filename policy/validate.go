@@ -42,8 +42,10 @@ func (r *report) validate(c *Config) {
 	r.validateRegions(c, regions)
 	r.validateRouted(c, regions) // regions.go
 	r.validatePriorities(c)
+	r.validateAuth(c) // auth.go
 	r.validateKeys(c)
 	r.validateLimits(c)
+	r.validateReload(c)
 }
 
 func (r *report) validateTop(c *Config) {

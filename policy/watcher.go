@@ -19,27 +19,32 @@ import (
 	"github.com/switchyard/switchyard/routing"
 )
 
-// debounce is how long the watcher waits after the last file event before it reloads: editors and Kubernetes
-// produce bursts of events (write, chmod, rename; a ..data symlink swap) for one change.
+// debounce is how long the policy file must stay the same, without events, before the watcher reloads it:
+// editors and Kubernetes produce bursts of events (write, chmod, rename; a ..data symlink swap) for one change,
+// and a file written in place is incomplete until its writer is done.
 const debounce = 250 * time.Millisecond
 
 // Watcher owns the current policy and replaces it when the file changes. It satisfies proxy.Source: the request
 // path calls Snapshot once per request and keeps that snapshot to its end, so a reload never changes a request
 // half way.
 //
-// A reload (a file event, or Reload on SIGHUP) reads, decodes, validates and compiles the file, then swaps the
-// snapshot atomically. An invalid file changes nothing: the old snapshot stays, every error is logged, and
-// switchyard_config_reload_success drops to 0 until a valid file loads. Static fields (listen, admin_listen,
+// A reload (a file that has changed and settled, or Reload on SIGHUP) reads, decodes, validates and compiles the
+// file, then swaps the snapshot atomically. An invalid file changes nothing: the old snapshot stays, every error
+// is logged, and switchyard_config_reload_success drops to 0 until a valid file loads. So does a file that
+// loosens authentication (turns it off, removes a key, widens a key's models, raises or removes its limits or
+// priority, turns on its cache opt-in) without acknowledging it in its reload section (auth.go); tightening always applies, and the log of
+// every applied reload says what changed in authentication. Static fields (listen, admin_listen,
 // redis, limits.max_body_bytes, limits.header_read_timeout) keep the values the process started with; a reload
 // that changes them logs a warning that they need a restart.
 //
 // Concurrency: Snapshot, Config and LastError are lock-free and safe from any goroutine; reloads are serialised.
 // Run's goroutine is the caller's, and it stops when its context is done.
 type Watcher struct {
-	path string
-	reg  *routing.Registry
-	m    *metrics.Gateway
-	log  *slog.Logger
+	path     string
+	debounce time.Duration // debounce, unless a test shortens it
+	reg      *routing.Registry
+	m        *metrics.Gateway
+	log      *slog.Logger
 
 	shared  Shared     // shared.go: what snapshots share with the other replicas
 	mu      sync.Mutex // serialises reloads
@@ -58,7 +63,7 @@ func NewWatcher(path string, reg *routing.Registry, m *metrics.Gateway, log *slo
 	if log == nil {
 		log = slog.Default()
 	}
-	w := &Watcher{path: path, reg: reg, m: m, log: log}
+	w := &Watcher{path: path, debounce: debounce, reg: reg, m: m, log: log}
 	for _, o := range opts {
 		o(w)
 	}
@@ -101,17 +106,25 @@ func (w *Watcher) LastError() error {
 }
 
 // Reload reads the file again and, if it is valid, swaps in its policy. It returns the reason when the file is
-// invalid (nothing changed then). A file whose bytes are those in force is not compiled again. The command calls
-// it on SIGHUP; Run calls it on file events.
+// invalid, or loosens authentication without acknowledging it (checkAuthReload, auth.go); nothing changed then.
+// A file whose bytes are those in force is not compiled again. The command calls it on SIGHUP, an operator's
+// word that the file is complete; Run reloads only a file that has stopped changing (see Run).
 func (w *Watcher) Reload() error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	data, err := os.ReadFile(w.path)
 	if err != nil {
 		err = fmt.Errorf("policy: %w", err)
+		w.mu.Lock()
+		defer w.mu.Unlock()
 		w.failed(err)
 		return err
 	}
+	return w.reload(data)
+}
+
+// reload applies data, the bytes of the policy file.
+func (w *Watcher) reload(data []byte) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	cur := w.snap.Load()
 	if hash(data) == cur.Hash {
 		w.succeeded(false)
@@ -123,7 +136,13 @@ func (w *Watcher) Reload() error {
 		w.failed(err)
 		return err
 	}
-	w.keepStatic(c, w.cfg.Load())
+	old := w.cfg.Load()
+	changes := authChanges(old, c)
+	if err := checkAuthReload(old, c, changes); err != nil {
+		w.failed(err)
+		return err
+	}
+	w.keepStatic(c, old)
 	s, err := c.Compile(w.reg, cur, w.m)
 	if err != nil {
 		w.failed(err)
@@ -133,7 +152,8 @@ func (w *Watcher) Reload() error {
 	w.cfg.Store(c)
 	w.snap.Store(s)
 	w.succeeded(true)
-	w.log.Info("config reloaded", "file", w.path, "hash", short(s.Hash), "backends", len(s.Backends), "models", len(s.Models))
+	w.log.Info("config reloaded", "file", w.path, "hash", short(s.Hash), "backends", len(s.Backends), "models", len(s.Models),
+		"auth", authSummary(changes))
 	return nil
 }
 
@@ -192,10 +212,16 @@ func (w *Watcher) failed(err error) {
 	w.log.Error("config load failed; the previous policy stays in force", "file", w.path, "error", err.Error())
 }
 
-// Run follows the policy file until ctx is done, reloading it shortly (debounce) after it changes. It watches the
-// file's directory, not the file: editors replace files by renaming, and Kubernetes updates a mounted ConfigMap
-// by swapping the ..data symlink the file points through, after which a watch on the file itself goes silent.
-// It returns nil when ctx is done, or an error if the directory cannot be watched.
+// Run follows the policy file until ctx is done, reloading it once it has changed and then stopped changing. It
+// watches the file's directory, not the file: editors replace files by renaming, and Kubernetes updates a mounted
+// ConfigMap by swapping the ..data symlink the file points through, after which a watch on the file itself goes
+// silent. It returns nil when ctx is done, or an error if the directory cannot be watched.
+//
+// A file is applied only when it is the same (size, modification time and SHA-256 of its bytes) at both ends of
+// a debounce window without events, and then only if it is valid: a file written in place is read half way
+// through now and then, and a prefix of a policy may well be valid. Writing a temporary file and renaming it
+// over the policy (what editors, config management and Kubernetes do) is the way to change it; docs/config.md
+// says so.
 func (w *Watcher) Run(ctx context.Context) error {
 	fw, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -219,37 +245,91 @@ func (w *Watcher) Run(ctx context.Context) error {
 			}
 		}
 	}
+	return w.follow(ctx, fw.Events, fw.Errors, target)
+}
 
-	// The file may have changed between NewWatcher and now, before the watch was in place.
-	_ = w.Reload()
-
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
+// follow is Run's loop over the file's events (target: the absolute path a symlinked policy file resolves to).
+// Time is the package time's, so that tests run it in a testing/synctest bubble with events of their own.
+func (w *Watcher) follow(ctx context.Context, events <-chan fsnotify.Event, errs <-chan error, target string) error {
+	// The file may have changed between NewWatcher and now, before the watch was in place: look at it as if an
+	// event had come.
+	first := w.observe()
+	pending := &first // the observation a window started with; nil when no change is pending
+	timer := time.NewTimer(w.debounce)
 	defer timer.Stop()
 	base := filepath.Base(w.path)
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case ev, ok := <-fw.Events:
+		case ev, ok := <-events:
 			if !ok {
 				return nil
 			}
 			if ev.Op == fsnotify.Chmod {
 				continue // noise (indexers, chmod by editors); a real change comes with another event
 			}
-			if n := filepath.Base(ev.Name); n == base || n == "..data" || mustAbs(ev.Name) == target {
-				timer.Reset(debounce)
+			if n := filepath.Base(ev.Name); n == base || n == "..data" || target != "" && mustAbs(ev.Name) == target {
+				if pending == nil {
+					o := w.observe()
+					pending = &o
+				}
+				timer.Reset(w.debounce)
 			}
-		case err, ok := <-fw.Errors:
+		case err, ok := <-errs:
 			if !ok {
 				return nil
 			}
 			w.log.Warn("config watch error", "file", w.path, "error", err.Error())
 		case <-timer.C:
-			_ = w.Reload() // Reload logs the outcome and keeps the old policy on failure
+			o := w.observe()
+			if pending == nil || !o.same(*pending) {
+				// Still changing: a new window starts from what the file is now.
+				w.log.Debug("config file still changing; waiting for it to settle", "file", w.path, "debounce", w.debounce)
+				pending = &o
+				timer.Reset(w.debounce)
+				continue
+			}
+			pending = nil
+			if o.err != nil {
+				w.mu.Lock()
+				w.failed(o.err)
+				w.mu.Unlock()
+				continue
+			}
+			_ = w.reload(o.data) // reload logs the outcome and keeps the old policy on failure
 		}
 	}
+}
+
+// observation is what the watcher saw of the policy file at one moment.
+type observation struct {
+	size  int64
+	mtime time.Time
+	hash  string
+	data  []byte
+	err   error // the file could not be read; the other fields are zero
+}
+
+// observe stats and reads the policy file (through symlinks).
+func (w *Watcher) observe() observation {
+	fi, err := os.Stat(w.path)
+	if err != nil {
+		return observation{err: fmt.Errorf("policy: %w", err)}
+	}
+	data, err := os.ReadFile(w.path)
+	if err != nil {
+		return observation{err: fmt.Errorf("policy: %w", err)}
+	}
+	return observation{size: fi.Size(), mtime: fi.ModTime(), hash: hash(data), data: data}
+}
+
+// same reports whether o and p saw the same file: same size, modification time and bytes, or the same error.
+func (o observation) same(p observation) bool {
+	if o.err != nil || p.err != nil {
+		return o.err != nil && p.err != nil && o.err.Error() == p.err.Error()
+	}
+	return o.size == p.size && o.mtime.Equal(p.mtime) && o.hash == p.hash && int64(len(o.data)) == o.size
 }
 
 // inDir reports whether path is dir or lies below it.

@@ -8,11 +8,14 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/fsnotify/fsnotify"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
@@ -24,7 +27,7 @@ import (
 // policyText returns a valid policy with the named backends (each serving m) and m's strategy.
 func policyText(strategy string, backends ...string) string {
 	var b strings.Builder
-	b.WriteString("backends:\n")
+	b.WriteString("auth: none\nbackends:\n")
 	for i, name := range backends {
 		fmt.Fprintf(&b, "  - {name: %s, url: 'http://127.0.0.1:%d', models: [m]}\n", name, 7001+i)
 	}
@@ -190,7 +193,7 @@ func TestWatcherKeepsOldSnapshotOnInvalidEdit(t *testing.T) {
 	if !errors.As(f.w.LastError(), &es) {
 		t.Fatalf("LastError = %v, want Errors", f.w.LastError())
 	}
-	want := f.path + ":6: models[1].strategy: unknown strategy" // slog quotes the rest
+	want := f.path + ":7: models[1].strategy: unknown strategy" // slog quotes the rest
 	if !strings.Contains(f.logs.String(), want) {
 		t.Errorf("the log does not carry the error %q:\n%s", want, f.logs.String())
 	}
@@ -319,4 +322,186 @@ func TestNewWatcherRefusesAnInvalidFile(t *testing.T) {
 	if got := gauge(t, m.ConfigReloadSuccess); got != 0 {
 		t.Errorf("reload success = %v, want 0", got)
 	}
+}
+
+// follower runs w.follow, Run's loop, in the test's synctest bubble on events the test sends (touch), so that the
+// debounce runs on the bubble's clock. It stops when the returned stop is called.
+func (f *fixture) follower(t *testing.T) (touch, stop func()) {
+	events := make(chan fsnotify.Event)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.w.follow(ctx, events, nil, "") }()
+	touch = func() { events <- fsnotify.Event{Name: f.path, Op: fsnotify.Write} }
+	stop = func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("follow: %v", err)
+		}
+	}
+	return touch, stop
+}
+
+// inPlace opens path for writing over its content, as a tool that does not rename does.
+func inPlace(t *testing.T, path string) *os.File {
+	t.Helper()
+	out, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func write(t *testing.T, out *os.File, text string) {
+	t.Helper()
+	if _, err := out.WriteString(text); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestFollowAppliesASettledFileOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t, policyText("round_robin", "a"), false)
+		touch, stop := f.follower(t)
+		defer stop()
+		synctest.Wait()
+		old := f.w.Snapshot()
+
+		// Written in place in three pieces, each followed by its event, 100 ms apart: one window that ends
+		// debounce after the last event.
+		next := policyText("random", "a", "b")
+		out := inPlace(t, f.path)
+		defer out.Close()
+		for _, piece := range []string{next[:20], next[20:60], next[60:]} {
+			write(t, out, piece)
+			touch()
+			time.Sleep(100 * time.Millisecond)
+		}
+		time.Sleep(debounce - 100*time.Millisecond - time.Millisecond)
+		synctest.Wait()
+		if f.w.Snapshot() != old {
+			t.Fatal("reloaded before the file had been quiet for the debounce")
+		}
+		time.Sleep(2 * debounce)
+		synctest.Wait()
+		if s := f.w.Snapshot(); s.Hash != hash([]byte(next)) {
+			t.Fatalf("the settled file is not in force (strategy %s)", s.Models["m"].StrategyName)
+		}
+		if n := strings.Count(f.logs.String(), "config reloaded"); n != 1 {
+			t.Errorf("%d reloads, want 1:\n%s", n, f.logs.String())
+		}
+		if strings.Contains(f.logs.String(), "config error") {
+			t.Errorf("a piece of the file was parsed:\n%s", f.logs.String())
+		}
+	})
+}
+
+func TestFollowWaitsForTheFileToStopChanging(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t, policyText("round_robin", "a"), false)
+		touch, stop := f.follower(t)
+		defer stop()
+		synctest.Wait()
+
+		// The first piece is a valid policy by itself; the rest arrives without an event of its own (events are
+		// coalesced, or lost): the file must still be seen to change.
+		first := policyText("random", "a")
+		rest := "  - {name: m2, targets: [{backend: a, model: m}]}\n"
+		out := inPlace(t, f.path)
+		defer out.Close()
+		write(t, out, first)
+		touch()
+		time.Sleep(debounce / 2)
+		write(t, out, rest)
+		time.Sleep(debounce / 2)
+		synctest.Wait() // the window has ended: the file is not what it was when it started
+		if f.w.Snapshot().Models["m"].StrategyName != "round_robin" {
+			t.Fatal("the first piece was applied: the file changed during the window")
+		}
+		time.Sleep(debounce)
+		synctest.Wait()
+		if s := f.w.Snapshot(); s.Hash != hash([]byte(first+rest)) || s.Models["m2"] == nil {
+			t.Fatal("the whole file is not in force after a quiet window")
+		}
+	})
+}
+
+func TestFollowReportsAMissingFileOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t, policyText("round_robin", "a"), false)
+		touch, stop := f.follower(t)
+		defer stop()
+		synctest.Wait()
+		old := f.w.Snapshot()
+		os.Remove(f.path)
+		touch()
+		time.Sleep(10 * debounce)
+		synctest.Wait()
+		if f.w.Snapshot() != old || gauge(t, f.m.ConfigReloadSuccess) != 0 || f.w.LastError() == nil {
+			t.Fatal("a removed file: want the old policy, reload success 0 and an error")
+		}
+		if n := strings.Count(f.logs.String(), "config load failed"); n != 1 {
+			t.Errorf("%d failures logged, want 1 (no polling while nothing happens):\n%s", n, f.logs.String())
+		}
+		writeFile(t, f.path, policyText("random", "a"))
+		touch()
+		time.Sleep(2 * debounce)
+		synctest.Wait()
+		if f.w.Snapshot().Models["m"].StrategyName != "random" || gauge(t, f.m.ConfigReloadSuccess) != 1 {
+			t.Fatal("the file written again is not in force")
+		}
+	})
+}
+
+// TestHalfWrittenConfigNeverDropsKeys writes the shipped config.yaml (with an edit, so that the end is a new
+// policy) over itself in place, each line in two pieces, each piece with its event; the pauses after them
+// alternate between shorter and longer than the debounce, so that the watcher settles on a prefix cut at every
+// line, in the middle of a line or at its end. Authentication never turns off, no prefix that drops a key is
+// applied, and the whole file is in force at the end.
+func TestHalfWrittenConfigNeverDropsKeys(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := strings.Replace(string(data), "queue_size: 1024", "queue_size: 512", 1)
+	if next == string(data) {
+		t.Fatal("config.yaml has no queue_size: 1024 to edit")
+	}
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t, string(data), false)
+		want := keyNamesOf(f.w.Config())
+		touch, stop := f.follower(t)
+		defer stop()
+		synctest.Wait()
+
+		out := inPlace(t, f.path)
+		defer out.Close()
+		short, long := debounce/5, 2*debounce+time.Millisecond // long: a window that settles, and its check
+		written, settled := 0, 0
+		for i, line := range strings.SplitAfter(next, "\n") {
+			half := len(line) / 2
+			for j, piece := range []string{line[:half], line[half:]} {
+				write(t, out, piece)
+				written += len(piece)
+				touch()
+				pause := short
+				if (i+j)%2 == 1 {
+					pause = long
+					settled++
+				}
+				time.Sleep(pause)
+				synctest.Wait()
+				c := f.w.Config()
+				if c.Auth != AuthAPIKeys || !slices.Equal(keyNamesOf(c), want) {
+					t.Fatalf("after %d of %d bytes: auth %s, keys %v; want %s, %v", written, len(next), c.Auth, keyNamesOf(c), AuthAPIKeys, want)
+				}
+			}
+		}
+		time.Sleep(3 * debounce)
+		synctest.Wait()
+		if f.w.Snapshot().Hash != hash([]byte(next)) || f.w.Config().Limits.QueueSize != 512 {
+			t.Fatalf("the whole file is not in force at the end:\n%s", f.logs.String())
+		}
+		t.Logf("%d prefixes settled before the file was whole; %d reloads applied, %d refused or invalid", settled,
+			strings.Count(f.logs.String(), "config reloaded"), strings.Count(f.logs.String(), "config load failed"))
+	})
 }

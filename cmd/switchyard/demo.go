@@ -111,6 +111,9 @@ func demoPolicy(listen, admin string, fleet *sim.Fleet) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Policy of `switchyard demo`, written at start. Edit it: the gateway reloads it live.\n")
 	fmt.Fprintf(&b, "listen: %s\nadmin_listen: %s\nregion: us-east\n", listen, admin)
+	// A playground on the local machine: no keys, on purpose, so that the curl it prints works as is. A policy
+	// without keys must say so (docs/config.md, auth).
+	fmt.Fprintf(&b, "auth: none   # no API keys: any caller may use every model and claim any priority\n")
 	fmt.Fprintf(&b, "limits:\n  drain_timeout: 2s\nbackends:\n")
 	for _, be := range fleet.Backends() {
 		fmt.Fprintf(&b, "  - {name: %s, url: %s, region: %s, engine: vllm, models: [sim-model]}\n", be.Name(), be.URL(), be.Region())

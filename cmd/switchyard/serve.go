@@ -146,7 +146,10 @@ func serve(ctx context.Context, path string, log *slog.Logger, ready gatewayRead
 	defer signal.Stop(hup)
 
 	log.Info("switchyard listening", "api", "http://"+ln.Addr().String()+"/v1", "admin", "http://"+aln.Addr().String(),
-		"config", path, "policy", w.Snapshot().Hash[:12])
+		"config", path, "policy", w.Snapshot().Hash[:12], "auth", cfg.Auth)
+	if cfg.Auth == policy.AuthNone {
+		log.Warn("serving without authentication (auth: none): any caller may use every model and claim any priority", "config", path)
+	}
 	if ready != nil {
 		ready(ln.Addr().String(), aln.Addr().String())
 	}

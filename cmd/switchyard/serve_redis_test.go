@@ -289,7 +289,7 @@ func measureAffinity(tb testing.TB, strategy string, shared bool) float64 {
 	if shared {
 		redis, mode = redisValue(tb, redistest.Addr(tb)), "redis"
 	}
-	pol := policyFor(startSims(tb, 4, nil), strategy, redis, "")
+	pol := policyFor(startSims(tb, 4, nil), strategy, redis, "auth: none\n")
 	got, n := affinity(tb, []gwReplica{startServe(tb, pol), startServe(tb, pol)})
 	tb.Logf("%s, %s: %.0f%% of %d follow-up requests landed on the backend of the previous request of their prefix (sent through the other replica)",
 		strategy, mode, 100*got, n)
@@ -315,7 +315,7 @@ func debugBackends(t *testing.T, r gwReplica) []map[string]any {
 // before B sends it anything.
 func TestSharedBreakerAcrossReplicas(t *testing.T) {
 	sims := startSims(t, 2, nil)
-	pol := policyFor(sims, "round_robin", redisValue(t, redistest.Addr(t)), "")
+	pol := policyFor(sims, "round_robin", redisValue(t, redistest.Addr(t)), "auth: none\n")
 	a, b := startServe(t, pol), startServe(t, pol)
 	resp, err := http.Post(sims[0].URL()+"/sim/control", "application/json", strings.NewReader(`{"down":true}`))
 	if err != nil {
