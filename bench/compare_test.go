@@ -67,6 +67,7 @@ func fakeGateway(ctx context.Context, file string) int {
 		Listen      string `yaml:"listen"`
 		AdminListen string `yaml:"admin_listen"`
 		Region      string `yaml:"region"`
+		Auth        string `yaml:"auth"`
 		Backends    []struct {
 			Name   string   `yaml:"name"`
 			URL    string   `yaml:"url"`

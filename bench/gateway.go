@@ -56,6 +56,13 @@ func GatewayConfig(spec GatewaySpec) ([]byte, error) {
 		cfg["region"] = region
 	}
 	cfg = merge(cfg, spec.Gateway)
+	if _, keys := cfg["api_keys"]; !keys {
+		// A benchmark gateway on loopback serves without keys unless the scenario gives some; the policy must
+		// say so (auth: none), since a policy without keys is otherwise refused.
+		if _, set := cfg["auth"]; !set {
+			cfg["auth"] = "none"
+		}
+	}
 	data, err := yaml.Marshal(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("bench: gateway config: %w", err)
