@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/valyala/fasthttp"
 
@@ -162,6 +163,10 @@ func status(err error) apiError {
 			}
 			return apiError{status: ue.status, typ: typ, code: "upstream_" + strconv.Itoa(ue.status), message: msg}
 		default:
+			if errors.Is(ue.err, errOverLimit) {
+				return apiError{status: 502, typ: "server_error", code: "bad_gateway",
+					message: "the backend's answer passed a bound of the gateway (" + strings.TrimPrefix(ue.err.Error(), errOverLimit.Error()+": ") + "); docs/security.md lists the bounds"}
+			}
 			return apiError{status: 502, typ: "server_error", code: "bad_gateway", message: "the backend's response broke off"}
 		}
 	}

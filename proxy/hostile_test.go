@@ -73,7 +73,25 @@ func TestRefusedBeforeTheBodyIsRead(t *testing.T) {
 		})
 	}
 	t.Run("chunked body with a bad key", func(t *testing.T) {
-		req := "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\nAuthorization: Bearer sk-bad\r\n\r\n10\r\n0123456789abcdef\r\n"
+		// A chunk larger than what the gateway reads of a refused request: refused at its size line.
+		req := "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\nAuthorization: Bearer sk-bad\r\n\r\n100000\r\n0123456789abcdef"
+		resp, _ := rawExchange(t, gw.url, []byte(req))
+		if resp.StatusCode != 401 {
+			t.Errorf("%d, want 401", resp.StatusCode)
+		}
+	})
+	t.Run("a small body with a bad key: a clean 401, the connection kept", func(t *testing.T) {
+		c := dial(t, gw.url)
+		resp, body := c.post("/v1/chat/completions", shortChat) // no key
+		if resp.StatusCode != 401 || !bytes.Contains(body, []byte("invalid_api_key")) {
+			t.Errorf("%d %s", resp.StatusCode, body)
+		}
+		if resp, _ := c.post("/v1/chat/completions", shortChat); resp.StatusCode != 401 {
+			t.Errorf("the same connection, again: %d", resp.StatusCode)
+		}
+	})
+	t.Run("Expect: 100-continue gets the refusal before sending the body", func(t *testing.T) {
+		req := "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nExpect: 100-continue\r\nContent-Length: 31457280\r\nAuthorization: Bearer sk-bad\r\n\r\n"
 		resp, _ := rawExchange(t, gw.url, []byte(req))
 		if resp.StatusCode != 401 {
 			t.Errorf("%d, want 401", resp.StatusCode)

@@ -183,6 +183,7 @@ func New(src Source, opts Options) (*Server, error) {
 		Handler:               s.handle,
 		ErrorHandler:          s.handleError,
 		HeaderReceived:        s.headerReceived,
+		ExpectHandler:         s.expect,
 		Name:                  "switchyard",
 		MaxRequestBodySize:    opts.MaxBodyBytes,
 		ReadTimeout:           opts.HeaderTimeout,
@@ -309,15 +310,35 @@ func truncate(b []byte, n int) []byte {
 	return append(b[:n:n], "..."...)
 }
 
+// refusedBodyBytes bounds the body the gateway reads of a request it refuses from its headers. Reading a small
+// body whole lets the client, which may still be writing it, read the refusal on a connection that stays
+// open; a larger one is not read: the refusal is sent and the connection closed, so a client still writing
+// sees the connection reset (one that sends Expect: 100-continue gets the refusal before it sends the body).
+// 64 KiB holds nearly every chat request, and costs at most that per connection (Options.MaxConns bounds them).
+const refusedBodyBytes = 64 << 10
+
 // headerReceived runs once a request's headers are in, before its body is read: a request the gateway will
-// refuse anyway (a key that does not authenticate, an endpoint it does not serve) gets a body bound of one
-// byte, so its body is never read into memory; handleError then answers it with the real reason. A body
-// longer than MaxBodyBytes is refused from its Content-Length by fasthttp itself.
+// refuse anyway (a key that does not authenticate, an endpoint it does not serve) gets a body bound of
+// refusedBodyBytes, so a large body is never read into memory; handleError then answers it with the real
+// reason. A body longer than MaxBodyBytes is refused from its Content-Length by fasthttp itself.
 func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
 	if s.refuseEarly(h) != nil {
-		return fasthttp.RequestConfig{MaxRequestBodySize: 1}
+		return fasthttp.RequestConfig{MaxRequestBodySize: refusedBodyBytes}
 	}
 	return fasthttp.RequestConfig{}
+}
+
+// expect answers a request that sent "Expect: 100-continue": the status it will be refused with, judged from
+// its headers (so the client never sends the body), or 100 Continue.
+func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
+	h := &ctx.Request.Header
+	if err := s.refuseEarly(h); err != nil {
+		return status(err).status
+	}
+	if n := h.ContentLength(); n > s.opts.MaxBodyBytes {
+		return fasthttp.StatusRequestEntityTooLarge
+	}
+	return fasthttp.StatusContinue
 }
 
 // refuseEarly returns why a request will be refused, judging from its headers alone, or nil.
