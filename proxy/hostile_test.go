@@ -97,6 +97,22 @@ func TestRefusedBeforeTheBodyIsRead(t *testing.T) {
 			t.Errorf("%d, want 401", resp.StatusCode)
 		}
 	})
+	t.Run("a client still sending a large body reads its 401", func(t *testing.T) {
+		req, err := http.NewRequest(http.MethodPost, gw.url+"/v1/chat/completions", io.LimitReader(zeroReader{}, 30<<20))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.ContentLength = 30 << 20
+		req.Header.Set("Authorization", "Bearer sk-bad")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("the client saw %v, not its refusal", err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != 401 {
+			t.Errorf("%d, want 401", resp.StatusCode)
+		}
+	})
 	t.Run("a good key still gets in", func(t *testing.T) {
 		resp, body := rawPost(t, gw.url, "/v1/chat/completions", []byte(shortChat), map[string]string{"Authorization": "Bearer sk-good"})
 		if resp.StatusCode != 200 {
@@ -296,4 +312,14 @@ func TestEverySecondConnectionListIsStripped(t *testing.T) {
 	if h.Get("X-Hop-One") != "" || h.Get("X-Hop-Two") != "" || h.Get("X-End-To-End") != "kept" {
 		t.Errorf("upstream headers: %v", h)
 	}
+}
+
+// zeroReader is an endless stream of spaces.
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = ' '
+	}
+	return len(p), nil
 }
