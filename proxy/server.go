@@ -146,8 +146,8 @@ type Server struct {
 	exchanges    sync.Pool
 	active       sync.WaitGroup
 	lingering    sync.WaitGroup // connections closing gracefully (linger.go)
-	draining     atomic.Bool // set at Shutdown: /readyz fails, new requests are still served until the listener closes
-	drainExpired atomic.Bool // set when the drain timeout ends: in-flight requests are ended
+	draining     atomic.Bool    // set at Shutdown: /readyz fails, new requests are still served until the listener closes
+	drainExpired atomic.Bool    // set when the drain timeout ends: in-flight requests are ended
 }
 
 // New returns a Server reading its routing policy from src. It does not listen; call Serve.
