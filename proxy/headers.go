@@ -29,7 +29,7 @@ func copyRequestHeaders(dst *fasthttp.RequestHeader, src *fasthttp.RequestHeader
 			}
 			continue
 		}
-		dst.SetBytesKV(k, v)
+		dst.AddBytesKV(k, v) // Add: a header the client repeated reaches the engine repeated
 	}
 }
 
