@@ -331,3 +331,44 @@ func TestNonStreamingAnswerKeepsUnknownFields(t *testing.T) {
 		}
 	}
 }
+
+// TestResponseCancelAndAudioStream: a background response cancelled through the gateway reaches the engine that
+// runs it, and a streamed transcription comes through event by event, measured.
+func TestResponseCancelAndAudioStream(t *testing.T) {
+	t.Parallel()
+	a := startSim(t, "a", func(c *sim.Config) { c.ITL = 20 * time.Millisecond })
+	b := startSim(t, "b", func(c *sim.Config) { c.ITL = 20 * time.Millisecond })
+	gw := startGateway(t, allEndpoints(snapshotOf(&routing.RoundRobin{}, 1, a.URL(), b.URL())), Options{})
+	ctx := context.Background()
+	via := sdk(gw.url)
+	p := responseParams("a long story")
+	p.MaxOutputTokens = oai.Int(2000)
+	p.Background = oai.Bool(true)
+	started, err := via.Responses.New(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if started.Status != "queued" && started.Status != "in_progress" {
+		t.Fatalf("background response: status %s", started.Status)
+	}
+	for range 3 { // round robin would send every other call elsewhere
+		cancelled, err := via.Responses.Cancel(ctx, started.ID)
+		if err != nil {
+			var apiErr *oai.Error
+			if errors.As(err, &apiErr) && apiErr.StatusCode == 400 { // already cancelled: the engine says so
+				continue
+			}
+			t.Fatalf("cancel: %v", err)
+		}
+		if cancelled.ID != started.ID || cancelled.Status != "cancelled" {
+			t.Errorf("cancel: %s %s", cancelled.ID, cancelled.Status)
+		}
+	}
+
+	ct, body := form(t, map[string]string{"model": "sim-model", "stream": "true"})
+	resp, got := rawPost(t, gw.url, "/v1/audio/transcriptions", body, map[string]string{"Content-Type": ct})
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" ||
+		!bytes.Contains(got, []byte("transcription.chunk")) || !bytes.HasSuffix(got, []byte("data: [DONE]\n\n")) {
+		t.Errorf("audio stream: %d %q %s", resp.StatusCode, resp.Header.Get("Content-Type"), got)
+	}
+}
