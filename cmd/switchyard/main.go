@@ -22,6 +22,7 @@ func commands() []command {
 		{"sim", "run one simulated vLLM backend, or a fleet: sim [flags] | sim -fleet FILE", runSim},
 		{"check", "validate a config file: check FILE", runCheck},
 		{"bench", "drive load and report TTFT/ITL/throughput: bench run|compare|overhead [flags]", runBench},
+		{"version", "print the build's version, commit, Go version and platform: version", runVersion},
 	}
 }
 
@@ -37,6 +38,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
+	if args[0] == "--version" || args[0] == "-version" {
+		return runVersion(args[1:], stdout, stderr)
+	}
 	for _, c := range commands() {
 		if c.name == args[0] {
 			return c.run(args[1:], stdout, stderr)
@@ -51,6 +55,6 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: switchyard <command> [flags]")
 	fmt.Fprintln(w)
 	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-6s %s\n", c.name, c.usage)
+		fmt.Fprintf(w, "  %-7s %s\n", c.name, c.usage)
 	}
 }
