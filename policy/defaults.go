@@ -20,6 +20,7 @@ const (
 	defaultMaxBodyBytes      = 32 << 20
 	defaultHeaderReadTimeout = 10 * time.Second
 	defaultDrainTimeout      = 60 * time.Second
+	defaultShutdownGrace     = 5 * time.Second
 	defaultQueueSize         = 1024
 	defaultQueueTimeout      = 10 * time.Second
 	defaultHedgeBudget       = 5.0
@@ -71,6 +72,9 @@ func (r *report) applyDefaults(c *Config) {
 	}
 	if !r.set("limits.drain_timeout") {
 		l.DrainTimeout = defaultDrainTimeout
+	}
+	if !r.set("limits.shutdown_grace") {
+		l.ShutdownGrace = defaultShutdownGrace
 	}
 	if !r.set("limits.queue_size") {
 		l.QueueSize = defaultQueueSize

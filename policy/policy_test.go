@@ -206,6 +206,7 @@ func TestFullFile(t *testing.T) {
 	check("explicit targets", c.Models[1].Targets, []Target{{"use-1", "llama-3-8b-instruct"}, {"use-2", "llama-3-8b-instruct"}})
 	check("max_body_bytes", c.Limits.MaxBodyBytes, ByteSize(512<<10))
 	check("drain 0 kept", c.Limits.DrainTimeout, time.Duration(0))
+	check("shutdown_grace", c.Limits.ShutdownGrace, 2*time.Second)
 
 	check("snapshot region", s.Region, "us-east")
 	check("model names in file order", s.ModelNames, []string{"sim-model", "llama-3-8b", "gpt-4o-mini"})
@@ -256,7 +257,7 @@ func TestDefaults(t *testing.T) {
 		Models: []Model{{Name: "m", Targets: []Target{{"b", "m"}}, Strategy: DefaultStrategy, Retries: 2}},
 		Priorities: Priorities{Header: "x-switchyard-priority", Default: "standard", Classes: []PriorityClass{
 			{"critical", 2}, {"standard", 1}, {"sheddable", 0.5}}},
-		Limits: Limits{MaxBodyBytes: 32 << 20, HeaderReadTimeout: 10 * time.Second, DrainTimeout: time.Minute,
+		Limits: Limits{MaxBodyBytes: 32 << 20, HeaderReadTimeout: 10 * time.Second, ShutdownGrace: 5 * time.Second, DrainTimeout: time.Minute,
 			Timeouts:  Timeouts{Connect: 5 * time.Second, FirstByte: time.Minute, Idle: time.Minute, Total: 30 * time.Minute},
 			QueueSize: 1024, QueueTimeout: 10 * time.Second},
 		File: "min.yaml", Hash: c.Hash,

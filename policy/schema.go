@@ -327,6 +327,10 @@ type Limits struct {
 	// HeaderReadTimeout bounds reading a request's headers and body from the client (slowloris protection).
 	// Default 10s; > 0. Static.
 	HeaderReadTimeout time.Duration `yaml:"header_read_timeout"`
+	// ShutdownGrace is how long the gateway, told to stop by SIGTERM, answers /readyz with 503 "draining" while it
+	// goes on serving, before it closes its listener and drains: the time a load balancer (Kubernetes removing
+	// the pod from a Service's endpoints) needs to stop sending. SIGINT skips it. Default 5s; 0 closes at once.
+	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
 	// DrainTimeout is how long in-flight requests may run after the gateway is told to stop before their streams
 	// are ended with an error event. Default 60s; 0 stops at once.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`

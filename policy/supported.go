@@ -111,6 +111,7 @@ var supported = map[string]bool{
 	"limits.max_body_bytes":      true,
 	"limits.header_read_timeout": true,
 	"limits.drain_timeout":       true,
+	"limits.shutdown_grace":      true,
 	"limits.timeouts":            true,
 	"limits.timeouts.connect":    true,
 	"limits.timeouts.first_byte": true,

@@ -466,6 +466,9 @@ func (r *report) validateLimits(c *Config) {
 	if l.DrainTimeout < 0 {
 		r.errorf("limits.drain_timeout", "must be >= 0")
 	}
+	if l.ShutdownGrace < 0 {
+		r.errorf("limits.shutdown_grace", "must be >= 0")
+	}
 	if l.QueueSize <= 0 {
 		r.errorf("limits.queue_size", "must be positive")
 	}

@@ -228,6 +228,11 @@ func (s *Server) Ready() (bool, string) {
 	return false, "no healthy backend"
 }
 
+// BeginDrain makes /readyz fail with "draining" while the gateway goes on serving every request: the start of a
+// shutdown grace (cmd/switchyard/serve.go), in which load balancers take the gateway out of rotation before
+// Shutdown closes the listener. Safe from any goroutine; there is no way back.
+func (s *Server) BeginDrain() { s.draining.Store(true) }
+
 // Shutdown drains the gateway: /readyz fails at once, the listener closes, idle connections close, and
 // in-flight requests may finish until ctx ends. Then the remaining streams get an SSE error event
 // ("shutting_down") and [DONE], and Shutdown waits (at most a few seconds) for them to go.

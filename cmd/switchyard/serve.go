@@ -40,13 +40,43 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "switchyard serve: %v\n", err)
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := stopOnSignal()
 	defer stop()
 	if err := serve(ctx, *config, log, nil); err != nil {
 		fmt.Fprintf(stderr, "switchyard serve: %v\n", err)
 		return 1
 	}
 	return 0
+}
+
+// errTerminated is the cause of a serve context ended by SIGTERM, the signal of an orchestrator (Kubernetes,
+// docker stop): serve then keeps serving through limits.shutdown_grace, unready, before it drains. Any other end
+// (SIGINT, a test's cancel) drains at once.
+var errTerminated = errors.New("terminated")
+
+// stopOnSignal returns a context that ends at the first SIGINT (cause context.Canceled) or SIGTERM (cause
+// errTerminated), and the function that releases the signals; its goroutine ends with that call.
+func stopOnSignal() (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case s := <-sigs:
+			if s == syscall.SIGTERM {
+				cancel(errTerminated)
+				return
+			}
+			cancel(nil)
+		case <-done:
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(sigs)
+		close(done)
+		cancel(nil)
+	}
 }
 
 func newLogger(w io.Writer, level string) (*slog.Logger, error) {
@@ -79,7 +109,9 @@ func loadShared(path string, reg *routing.Registry, m *metrics.Gateway, log *slo
 type gatewayReady func(client, admin string)
 
 // serve runs the gateway on the policy file at path until ctx ends, then drains it. It reloads the policy on
-// file changes and on SIGHUP.
+// file changes and on SIGHUP. When ctx ends with cause errTerminated, serve first spends limits.shutdown_grace
+// unready (/readyz answers 503 "draining") but serving, so that load balancers stop sending before the listener
+// closes; then it drains for at most limits.drain_timeout.
 func serve(ctx context.Context, path string, log *slog.Logger, ready gatewayReady) error {
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
@@ -165,6 +197,24 @@ loop:
 			if err != nil {
 				runErr = err
 				break loop
+			}
+		}
+	}
+	if grace := w.Config().Limits.ShutdownGrace; runErr == nil && grace > 0 && errors.Is(context.Cause(ctx), errTerminated) {
+		srv.BeginDrain()
+		log.Info("terminated: unready, serving until the grace ends", "grace", grace)
+		t := time.NewTimer(grace)
+	wait:
+		for {
+			select {
+			case <-t.C:
+				break wait
+			case err := <-errc: // nil: the watcher, whose context has ended
+				if err != nil { // a server failed: nothing left to wait for
+					t.Stop()
+					runErr = err
+					break wait
+				}
 			}
 		}
 	}
