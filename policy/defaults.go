@@ -93,6 +93,9 @@ func (r *report) applyDefaults(c *Config) {
 			b.Weight = defaultWeight
 		}
 		r.defaultTimeouts(&b.Timeouts, p+".timeouts", l.Timeouts)
+		if r.set(p + ".discover") {
+			r.defaultDiscover(&b.Discover, p+".discover") // discover.go
+		}
 	}
 	r.defaultEngines(c) // engines.go
 

@@ -71,7 +71,15 @@ func Load(path string, reg *routing.Registry) (*Config, *proxy.Snapshot, error) 
 // those its allowed_regions and the gateway's failover order keep (regions.go). c must come from Parse; reg
 // must not be nil. An error (a strategy or a key set that cannot be built, which validation rules out) leaves
 // reg and prev untouched.
+//
+// A backend with discover stands for no backend here: the watcher compiles with the addresses it discovered
+// (compile, discover.go).
 func (c *Config) Compile(reg *routing.Registry, prev *proxy.Snapshot, m *metrics.Gateway) (*proxy.Snapshot, error) {
+	return c.compile(reg, prev, m, nil)
+}
+
+// compile is Compile with found, the addresses (host:port) discovered for each template backend, by name.
+func (c *Config) compile(reg *routing.Registry, prev *proxy.Snapshot, m *metrics.Gateway, found map[string][]string) (*proxy.Snapshot, error) {
 	now := time.Now()
 	strats := make([]routing.Strategy, len(c.Models))
 	for i := range c.Models {
@@ -92,8 +100,9 @@ func (c *Config) Compile(reg *routing.Registry, prev *proxy.Snapshot, m *metrics
 		return nil, fmt.Errorf("policy: %w", err)
 	}
 	engines := c.engineSpecs()
-	cfgs := make([]*routing.BackendConfig, len(c.Backends))
-	for i, b := range c.Backends {
+	expanded, instances := c.expandBackends(found) // discover.go
+	cfgs := make([]*routing.BackendConfig, len(expanded))
+	for i, b := range expanded {
 		cfgs[i] = &routing.BackendConfig{
 			Name:       b.Name,
 			URL:        strings.TrimRight(b.URL, "/"),
@@ -133,7 +142,8 @@ func (c *Config) Compile(reg *routing.Registry, prev *proxy.Snapshot, m *metrics
 		Hash:       c.Hash,
 	}
 	for i, m := range c.Models {
-		routed := c.routedTargets(&c.Models[i]) // allowed_regions and the failover scope (regions.go)
+		// allowed_regions and the failover scope (regions.go), then each template's instances
+		routed := expandTargets(c.routedTargets(&c.Models[i]), instances)
 		pm := &proxy.Model{
 			Name:         m.Name,
 			Targets:      make([]routing.Target, len(routed)),

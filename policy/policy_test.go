@@ -98,6 +98,7 @@ var invalidCases = []string{
 	"degrade_cycle",           // degrade_to loops, to itself, to an unknown model
 	"region_no_target",        // allowed_regions or the failover order leave a model without a target
 	"bad_endpoints",           // unknown or duplicate endpoint groups
+	"bad_discover",            // discover: with url, without dns or port, a bad type, interval, name
 	// auth (auth.go)
 	"no_keys",                    // neither keys nor auth: none
 	"auth_api_keys_without_keys", // auth: api_keys with no key

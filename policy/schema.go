@@ -124,9 +124,27 @@ type Backend struct {
 	Cost Cost `yaml:"cost"`
 	// Timeouts bound each attempt sent to the backend. Default: Limits.Timeouts, field by field.
 	Timeouts Timeouts `yaml:"timeouts"`
+	// Discover, in place of URL, makes the entry a template for every address a DNS name resolves to (a
+	// Kubernetes headless Service): one backend per address, named <name>-<ip>:<port>, with the URL
+	// http://<ip>:<port> and the entry's other fields, looked up again every interval (discover.go). Models that
+	// name the entry are served by all of them. Not with URL. Default: none.
+	Discover Discover `yaml:"discover"`
 
 	path *routing.PathTemplate // Path, compiled by validation
 	ca   *routing.CABundle     // CAFile's certificates, loaded by validation
+}
+
+// Discover says where a backend template's instances are found in DNS.
+type Discover struct {
+	// DNS is the name to resolve, such as vllm.inference.svc.cluster.local (a headless Service). Required.
+	DNS string `yaml:"dns"`
+	// Type is a (the name's A and AAAA records, each served on Port) or srv (its SRV records, each with its
+	// target's addresses and its own port). Default a.
+	Type string `yaml:"type"`
+	// Port is the port the instances serve on. Required with type a, 1..65535; not with srv.
+	Port int `yaml:"port"`
+	// Interval is how often the name is looked up again. Default 10s; at least 1s.
+	Interval time.Duration `yaml:"interval"`
 }
 
 // Cost is a backend's price, in a currency of the operator's choice (USD by convention) per million tokens.

@@ -62,6 +62,11 @@ var supported = map[string]bool{
 	"backends[].timeouts.first_byte":   true,
 	"backends[].timeouts.idle":         true,
 	"backends[].timeouts.total":        true,
+	"backends[].discover":              true,
+	"backends[].discover.dns":          true,
+	"backends[].discover.type":         true,
+	"backends[].discover.port":         true,
+	"backends[].discover.interval":     true,
 
 	"models":                                  true,
 	"models[].name":                           true,

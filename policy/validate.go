@@ -89,7 +89,11 @@ func (r *report) validateBackends(c *Config, engines map[string]bool) map[string
 		b, p := &c.Backends[i], fmt.Sprintf("backends[%d]", i)
 		r.validateHosted(c, p, b) // hosted.go
 		r.uniqueName(p+".name", b.Name, "backend", names, i, "backends")
-		r.backendURL(p+".url", b.URL)
+		if r.set(p + ".discover") {
+			r.validateDiscover(c, p, b) // discover.go
+		} else {
+			r.backendURL(p+".url", b.URL)
+		}
 		if r.regionName(p+".region", b.Region) {
 			regions[b.Region] = true
 		}

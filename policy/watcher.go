@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -46,8 +47,12 @@ type Watcher struct {
 	m        *metrics.Gateway
 	log      *slog.Logger
 
-	shared  Shared     // shared.go: what snapshots share with the other replicas
-	mu      sync.Mutex // serialises reloads
+	shared   Shared   // shared.go: what snapshots share with the other replicas
+	resolver Resolver // discover.go: where backend templates' instances are looked up
+	wake     chan struct{}
+
+	mu      sync.Mutex            // serialises reloads and discovery's swaps
+	disc    map[string]*discovery // by template backend name, for the policy in force (discover.go)
 	snap    atomic.Pointer[proxy.Snapshot]
 	cfg     atomic.Pointer[Config]
 	lastErr atomic.Pointer[error]
@@ -63,7 +68,8 @@ func NewWatcher(path string, reg *routing.Registry, m *metrics.Gateway, log *slo
 	if log == nil {
 		log = slog.Default()
 	}
-	w := &Watcher{path: path, debounce: debounce, reg: reg, m: m, log: log}
+	w := &Watcher{path: path, debounce: debounce, reg: reg, m: m, log: log, resolver: net.DefaultResolver,
+		wake: make(chan struct{}, 1)}
 	for _, o := range opts {
 		o(w)
 	}
@@ -78,11 +84,13 @@ func NewWatcher(path string, reg *routing.Registry, m *metrics.Gateway, log *slo
 		w.failed(err)
 		return nil, err
 	}
-	s, err := c.Compile(reg, nil, m)
+	disc, found := w.nextDiscovery(context.Background(), c)
+	s, err := c.compile(reg, nil, m, found)
 	if err != nil {
 		w.failed(err)
 		return nil, err
 	}
+	w.setDiscovery(disc)
 	w.shared.apply(c, s, nil)
 	w.cfg.Store(c)
 	w.snap.Store(s)
@@ -143,11 +151,13 @@ func (w *Watcher) reload(data []byte) error {
 		return err
 	}
 	w.keepStatic(c, old)
-	s, err := c.Compile(w.reg, cur, w.m)
+	disc, found := w.nextDiscovery(context.Background(), c) // looks up only new or changed templates
+	s, err := c.compile(w.reg, cur, w.m, found)
 	if err != nil {
 		w.failed(err)
 		return err
 	}
+	w.setDiscovery(disc)
 	w.shared.apply(c, s, cur)
 	w.cfg.Store(c)
 	w.snap.Store(s)
@@ -222,7 +232,20 @@ func (w *Watcher) failed(err error) {
 // through now and then, and a prefix of a policy may well be valid. Writing a temporary file and renaming it
 // over the policy (what editors, config management and Kubernetes do) is the way to change it; docs/config.md
 // says so.
+//
+// Run also re-resolves the policy's discovered backends (discover.go) in a goroutine of its own, which it stops
+// and waits for before it returns.
 func (w *Watcher) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	discovering := make(chan struct{})
+	go func() {
+		defer close(discovering)
+		w.discover(ctx)
+	}()
+	defer func() {
+		cancel()
+		<-discovering
+	}()
 	fw, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("policy: watch %s: %w", w.path, err)
