@@ -42,7 +42,11 @@ func (c *Config) WriteSummary(w io.Writer) error {
 		if _, ok := byRegion[be.Region]; !ok {
 			regions = append(regions, be.Region)
 		}
-		byRegion[be.Region] = append(byRegion[be.Region], be.Name)
+		name := be.Name
+		if be.discovers() {
+			name += fmt.Sprintf("(discover %s %s)", be.Discover.Type, be.Discover.DNS) // discover.go
+		}
+		byRegion[be.Region] = append(byRegion[be.Region], name)
 	}
 	// The gateway's own region first, then its failover regions in order, then the others as the file lists them.
 	fo, scoped := c.failover()

@@ -38,6 +38,10 @@ const debounce = 250 * time.Millisecond
 // redis, limits.max_body_bytes, limits.header_read_timeout) keep the values the process started with; a reload
 // that changes them logs a warning that they need a restart.
 //
+// Backends given by discover (discover.go) are looked up when a policy loads and again every discover.interval,
+// in a goroutine that Run owns; an answer that changes the addresses in force is compiled with the policy in
+// force and swapped in the same way, without touching the reload metrics.
+//
 // Concurrency: Snapshot, Config and LastError are lock-free and safe from any goroutine; reloads are serialised.
 // Run's goroutine is the caller's, and it stops when its context is done.
 type Watcher struct {
