@@ -64,10 +64,11 @@ func fakeGateway(ctx context.Context, file string) int {
 		return 2
 	}
 	var cfg struct {
-		Listen      string `yaml:"listen"`
-		AdminListen string `yaml:"admin_listen"`
-		Region      string `yaml:"region"`
-		Auth        string `yaml:"auth"`
+		Listen      string         `yaml:"listen"`
+		AdminListen string         `yaml:"admin_listen"`
+		Region      string         `yaml:"region"`
+		Auth        string         `yaml:"auth"`
+		Limits      map[string]any `yaml:"limits"`
 		Backends    []struct {
 			Name   string   `yaml:"name"`
 			URL    string   `yaml:"url"`

@@ -63,6 +63,15 @@ func GatewayConfig(spec GatewaySpec) ([]byte, error) {
 			cfg["auth"] = "none"
 		}
 	}
+	// bench stops a gateway with SIGTERM between columns: the drain grace that gives an orchestrator time to
+	// take a replica out of rotation would only delay every column.
+	if lim, ok := cfg["limits"].(map[string]any); ok {
+		if _, set := lim["shutdown_grace"]; !set {
+			lim["shutdown_grace"] = "0s"
+		}
+	} else if _, set := cfg["limits"]; !set {
+		cfg["limits"] = map[string]any{"shutdown_grace": "0s"}
+	}
 	data, err := yaml.Marshal(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("bench: gateway config: %w", err)
