@@ -62,6 +62,7 @@ func (r *report) applyDefaults(c *Config) {
 	str(&c.Auth, AuthAPIKeys)
 	r.defaultRedis(&c.Redis)
 	r.responseCaches(c, false) // respcache.go
+	r.defaultObserve(c)        // observe.go
 
 	l := &c.Limits
 	if !r.set("limits.max_body_bytes") {

@@ -261,7 +261,8 @@ func TestDefaults(t *testing.T) {
 		Limits: Limits{MaxBodyBytes: 32 << 20, HeaderReadTimeout: 10 * time.Second, ShutdownGrace: 5 * time.Second, DrainTimeout: time.Minute,
 			Timeouts:  Timeouts{Connect: 5 * time.Second, FirstByte: time.Minute, Idle: time.Minute, Total: 30 * time.Minute},
 			QueueSize: 1024, QueueTimeout: 10 * time.Second},
-		File: "min.yaml", Hash: c.Hash,
+		AccessLog: AccessLog{Sample: 1},
+		File:      "min.yaml", Hash: c.Hash,
 	}
 	c.lines = authLines{} // where the file set auth: not a default
 	if !reflect.DeepEqual(c, want) {

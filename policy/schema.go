@@ -52,6 +52,11 @@ type Config struct {
 	APIKeys []APIKey `yaml:"api_keys"`
 	// Limits bounds requests and the gateway's own resources.
 	Limits Limits `yaml:"limits"`
+	// Tracing configures OpenTelemetry traces (see the Tracing type). Default: as the OTEL_* environment says,
+	// off without an OTLP endpoint. Static.
+	Tracing Tracing `yaml:"tracing"`
+	// AccessLog configures the access log (see the AccessLog type). Default: on, every request. Static.
+	AccessLog AccessLog `yaml:"access_log"`
 	// Reload acknowledges, for the reload that reads this file, the changes to authentication that a reload
 	// otherwise refuses (see the Reload type and authchange.go). It must be the file's last top-level field.
 	// Default: none; ignored when the gateway starts.

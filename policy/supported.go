@@ -126,6 +126,16 @@ var supported = map[string]bool{
 	"limits.queue_timeout":       true,
 	"limits.shedding":            true,
 
+	"tracing":          true,
+	"tracing.enabled":  true,
+	"tracing.endpoint": true,
+	"tracing.protocol": true,
+	"tracing.sample":   true,
+
+	"access_log":         true,
+	"access_log.enabled": true,
+	"access_log.sample":  true,
+
 	"reload":                         true,
 	"reload.allow_auth_changes_from": true,
 }

@@ -57,6 +57,7 @@ func (r *report) validateTop(c *Config) {
 	r.regionName("region", c.Region)
 	r.validateRedis(c.Redis) // redis.go; never prints the URL
 	r.responseCaches(c, true)
+	r.validateObserve(c) // observe.go
 }
 
 // addr checks a listen address: host:port, the host possibly empty (all interfaces).

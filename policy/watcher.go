@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,7 +36,7 @@ const debounce = 250 * time.Millisecond
 // loosens authentication (turns it off, removes a key, widens a key's models, raises or removes its limits or
 // priority, turns on its cache opt-in) without acknowledging it in its reload section (auth.go); tightening always applies, and the log of
 // every applied reload says what changed in authentication. Static fields (listen, admin_listen,
-// redis, limits.max_body_bytes, limits.header_read_timeout) keep the values the process started with; a reload
+// redis, tracing, access_log, limits.max_body_bytes, limits.header_read_timeout) keep the values the process started with; a reload
 // that changes them logs a warning that they need a restart.
 //
 // Backends given by discover (discover.go) are looked up when a policy loads and again every discover.interval,
@@ -105,7 +106,7 @@ func NewWatcher(path string, reg *routing.Registry, m *metrics.Gateway, log *slo
 // Snapshot returns the policy in force; never nil. It implements proxy.Source.
 func (w *Watcher) Snapshot() *proxy.Snapshot { return w.snap.Load() }
 
-// Config returns the Config in force. Its static fields (Listen, AdminListen, Redis, Limits.MaxBodyBytes,
+// Config returns the Config in force. Its static fields (Listen, AdminListen, Redis, Tracing, AccessLog, Limits.MaxBodyBytes,
 // Limits.HeaderReadTimeout) are those the process started with, whatever later reloads asked for.
 func (w *Watcher) Config() *Config { return w.cfg.Load() }
 
@@ -187,6 +188,14 @@ func (w *Watcher) keepStatic(c, old *Config) {
 	if c.Redis != old.Redis {
 		warn("redis")
 		c.Redis = old.Redis
+	}
+	if !reflect.DeepEqual(c.Tracing, old.Tracing) {
+		warn("tracing")
+		c.Tracing = old.Tracing
+	}
+	if !reflect.DeepEqual(c.AccessLog, old.AccessLog) {
+		warn("access_log")
+		c.AccessLog = old.AccessLog
 	}
 	if c.Limits.MaxBodyBytes != old.Limits.MaxBodyBytes {
 		warn("limits.max_body_bytes")

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchyard/switchyard/admission"
 	"github.com/switchyard/switchyard/openai"
@@ -62,6 +63,8 @@ type attempt struct {
 	body     []byte // a non-streamed answer (embeddings)
 	err      error  // how the pre-commit part ended
 
+	span trace.Span // the attempt's client span (trace.go); nil without tracing
+
 	killed atomic.Pointer[error] // this attempt alone was aborted (a hedge that lost)
 	state  atomic.Uint32         // raceRunning, raceReported, raceAbandoned (hedged attempts only)
 }
@@ -99,6 +102,7 @@ func (a *attempt) free() {
 	a.respID = a.respID[:0]
 	a.body = a.body[:0]
 	a.err = nil
+	a.span = nil
 	a.killed.Store(nil)
 	a.state.Store(raceRunning)
 	if cap(a.pending) > 1<<20 || cap(a.body) > 1<<20 {

@@ -101,6 +101,8 @@ type exchange struct {
 	poisoned bool // code on this exchange panicked: it is discarded, never pooled (recover.go)
 
 	rc respCacheState // the response cache's part (respcache.go)
+
+	obs observation // traces and the access log (observe.go)
 }
 
 func (s *Server) acquireExchange() *exchange {
@@ -160,6 +162,7 @@ func (s *Server) releaseExchange(ex *exchange) {
 	ex.code = 0
 	ex.done, ex.poisoned = false, false
 	ex.rc = respCacheState{}
+	ex.resetObservation()
 	if cap(ex.body) > 1<<20 { // do not let one huge prompt pin memory in the pool
 		ex.body, ex.upBody = nil, nil
 	}
@@ -476,6 +479,7 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 		ex.s.m.Overhead.Observe(time.Since(ex.arrival).Seconds())
 	}
 	ex.wd.track(a)
+	ex.traceAttempt(a) // trace.go: the attempt's span, and its traceparent upstream
 	return nil
 }
 
@@ -843,6 +847,7 @@ func (ex *exchange) won(a *attempt) {
 	}
 	ex.rememberID(a) // responses.go
 	ex.s.queueFor(ex.model.Name).Signal()
+	ex.traceWon(a) // trace.go
 }
 
 // endAttempt ends an attempt the exchange owns: releases its stream, its slots and its accounting.
@@ -857,6 +862,7 @@ func (ex *exchange) endAttempt(a *attempt, outcome error) {
 // goroutine and touches only what the handler owns (an abandoned attempt's goroutine may still be reading).
 func (ex *exchange) settle(a *attempt, outcome error, reached bool) {
 	ex.wd.untrack(a)
+	ex.traceAttemptEnd(a, outcome)
 	freed := a.cap != nil // a seat freed: a completion for the critical reserve
 	var ue *upstreamError
 	fault := errors.As(outcome, &ue) && ue.backendFault()

@@ -232,6 +232,7 @@ func (ex *exchange) countTokens() {
 		ex.tpot = ex.s.m.TPOT.WithLabelValues(ex.model.Name)
 	} else if ex.tpot != nil {
 		ex.tpot.Observe(now.Sub(ex.lastTokenAt).Seconds())
+		ex.noteGap(now) // observe.go
 	}
 	ex.lastTokenAt = now
 	ex.tokens += max(ex.ci.Tokens, 1)
@@ -300,6 +301,7 @@ func (ex *exchange) finish(fail error) {
 		ex.endAttempt(a, fail)
 		ex.cur = nil
 	}
+	ex.noteFailure(fail) // trace.go
 	ex.record(code, backend)
 }
 
@@ -326,6 +328,7 @@ func (ex *exchange) record(code int, backend string) {
 		ex.snap.Limiter.Settle(ex.key, &ex.quota, used)
 		ex.limited = false
 	}
+	ex.observe(code, backend) // observe.go: the span's end and the access log line
 }
 
 // rewriteModel appends body, a whole JSON answer, to dst with its model renamed from up to pub: a route that

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sony/gobreaker/v2"
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchyard/switchyard/admission"
 	"github.com/switchyard/switchyard/metrics"
@@ -70,6 +71,16 @@ type Options struct {
 	Metrics *metrics.Gateway
 	// Logger receives the gateway's logs; default slog.Default().
 	Logger *slog.Logger
+	// Tracer receives a server span per request and a client span per attempt on a backend (trace.go), and the
+	// attempts carry their span's W3C traceparent upstream; its scope should be TracerName. nil disables
+	// tracing: no span is created and nothing is added per request, and the client's traceparent goes upstream
+	// as it came.
+	Tracer trace.Tracer
+	// AccessLog receives one line per request, at info level (accesslog.go); nil disables the access log.
+	AccessLog *slog.Logger
+	// AccessLogSample is the share of successful requests the access log keeps, in (0, 1]; failed requests
+	// (status 400 and above) are always logged. 0 means 1: every request.
+	AccessLogSample float64
 }
 
 func (o *Options) setDefaults() {
@@ -383,7 +394,7 @@ func (s *Server) handleError(ctx *fasthttp.RequestCtx, err error) {
 		if why := s.refuseEarly(&ctx.Request.Header); why != nil {
 			err = why // the body was not read because the request is refused for this
 		}
-		writeError(ctx, err)
+		s.logRefused(ctx, writeError(ctx, err))
 		ctx.SetConnectionClose() // the unread body is still on the connection
 		return
 	}
@@ -558,6 +569,7 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, ex *exchange, err error) {
 		ex.cur = nil
 	}
 	ex.done = true
+	ex.noteFailure(err) // trace.go
 	ex.record(e.status, backend)
 }
 

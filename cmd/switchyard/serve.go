@@ -28,6 +28,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	config := fs.String("config", "config.yaml", "the policy file (YAML); it is reloaded when it changes and on SIGHUP")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	logFormat := fs.String("log-format", "text", "text or json, for the logs and the access log")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -35,14 +36,16 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "switchyard serve: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
-	log, err := newLogger(stderr, *logLevel)
+	log, err := newLoggerFormat(stderr, *logLevel, *logFormat)
 	if err != nil {
 		fmt.Fprintf(stderr, "switchyard serve: %v\n", err)
 		return 2
 	}
+	// The access log has a level of its own: -log-level quiets the gateway's messages, not its record of requests.
+	access, _ := newLoggerFormat(stderr, "info", *logFormat)
 	ctx, stop := stopOnSignal()
 	defer stop()
-	if err := serve(ctx, *config, log, nil); err != nil {
+	if err := serveLogs(ctx, *config, log, access, nil); err != nil {
 		fmt.Fprintf(stderr, "switchyard serve: %v\n", err)
 		return 1
 	}
@@ -80,11 +83,24 @@ func stopOnSignal() (context.Context, func()) {
 }
 
 func newLogger(w io.Writer, level string) (*slog.Logger, error) {
+	return newLoggerFormat(w, level, "text")
+}
+
+// newLoggerFormat returns a logger writing to w at level, in format text (key=value) or json (one object a
+// line).
+func newLoggerFormat(w io.Writer, level, format string) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("-log-level: %w", err)
 	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+	opts := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("-log-format: %q is neither text nor json", format)
 }
 
 // loadShared reads the policy file's redis section and builds the shared state (nil without redis). An invalid
@@ -111,8 +127,14 @@ type gatewayReady func(client, admin string)
 // serve runs the gateway on the policy file at path until ctx ends, then drains it. It reloads the policy on
 // file changes and on SIGHUP. When ctx ends with cause errTerminated, serve first spends limits.shutdown_grace
 // unready (/readyz answers 503 "draining") but serving, so that load balancers stop sending before the listener
-// closes; then it drains for at most limits.drain_timeout.
+// closes; then it drains for at most limits.drain_timeout. The access log, when the policy keeps it on, goes to
+// log.
 func serve(ctx context.Context, path string, log *slog.Logger, ready gatewayReady) error {
+	return serveLogs(ctx, path, log, log, ready)
+}
+
+// serveLogs is serve with the access log on a logger of its own.
+func serveLogs(ctx context.Context, path string, log, access *slog.Logger, ready gatewayReady) error {
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
 	backends := routing.NewRegistry(routing.WithMetrics(m))
@@ -132,13 +154,27 @@ func serve(ctx context.Context, path string, log *slog.Logger, ready gatewayRead
 		return err
 	}
 	cfg := w.Config()
-	srv, err := proxy.New(w, proxy.Options{
+	// Tracing and the access log are static, like redis: built once from the file the gateway starts with.
+	tp, err := newTracing(ctx, cfg.Tracing, os.Getenv, log)
+	if err != nil {
+		shared.stop()
+		return err
+	}
+	defer shutdownTracing(tp, log) // after the drain: the last requests' spans go too
+	opts := proxy.Options{
 		MaxBodyBytes:   int(cfg.Limits.MaxBodyBytes),
 		HeaderTimeout:  cfg.Limits.HeaderReadTimeout,
 		Metrics:        m,
 		Logger:         log,
 		SharedBreakers: shared.sharedBreakers(),
-	})
+	}
+	if tp != nil {
+		opts.Tracer = tp.Tracer(proxy.TracerName)
+	}
+	if cfg.AccessLog.On() {
+		opts.AccessLog, opts.AccessLogSample = access, cfg.AccessLog.Sample
+	}
+	srv, err := proxy.New(w, opts)
 	if err != nil {
 		shared.stop()
 		return err
