@@ -64,15 +64,14 @@ func providerOf(b *routing.Backend) string { return b.Config().Engine }
 
 // attemptErrorType returns error_type for an upstream attempt that ended with outcome (nil: it answered in
 // full): the backend's HTTP status when it answered with an error, else the kind of failure (connect,
-// timeout, stream, protocol), or why the gateway ended it (hedge_lost, client_gone, shutdown, panic).
+// timeout, stream, protocol), or why the gateway ended it (client_gone, shutdown, panic). A hedge that lost its
+// race is not observed: abandon ends its accounting before settle.
 func attemptErrorType(outcome error) string {
 	if outcome == nil {
 		return "" // before the rest, whose errors.As target escapes: a success allocates nothing
 	}
 	var ue *upstreamError
 	switch {
-	case errors.Is(outcome, errHedgeLost):
-		return "hedge_lost"
 	case errors.Is(outcome, errClientGone):
 		return "client_gone"
 	case errors.Is(outcome, errShutdown):
