@@ -24,16 +24,43 @@ var (
 )
 
 // Gateway holds every metric the gateway exports. Create it once per gateway with New; its fields are safe for
-// concurrent use. Label values are bounded: models and backends come from the policy, codes from HTTP.
+// concurrent use.
+//
+// Label values are bounded, so that the number of series is fixed by the policy and never by the traffic: each
+// series costs memory in the gateway and in every Prometheus that scrapes it, for as long as they run, and a
+// label that took a value from a request (a prompt, a key, a client's model string, a response id) would let
+// callers create series without end. So models are the policy's public names (a request for a model the
+// policy does not serve is recorded with model ""), backends and providers (engine names) come from the policy,
+// operations from the gateway's fixed route table, error types and codes from HTTP statuses and the gateway's
+// own fixed error kinds. Nothing an engine sends becomes a label either: the model name in its answer is not
+// read (the response model is the policy's name of the model that served).
+//
+// The gen_ai_* metrics carry the OpenTelemetry GenAI semantic conventions' attributes in Prometheus form
+// (dots become underscores): gen_ai_operation_name, gen_ai_provider_name, gen_ai_request_model,
+// gen_ai_response_model, and error_type on the durations; docs/metrics.md lists them with their values.
 type Gateway struct {
-	// TTFT is the time from a request's arrival to the first token the client receives (seconds), by model.
+	// TTFT is the time from a request's arrival to the first token the client receives (seconds), by GenAI
+	// attributes (GenAILabels).
 	TTFT *prometheus.HistogramVec
-	// TPOT is the time between output tokens the client receives (seconds), one observation per gap, by model.
+	// TPOT is the time between output tokens the client receives (seconds), one observation per gap, by GenAI
+	// attributes (GenAILabels).
 	TPOT *prometheus.HistogramVec
-	// Duration is the time from arrival to the response's last byte (seconds), by model and status code.
+	// Duration is the time from arrival to the response's last byte (seconds), by GenAI attributes and
+	// error_type (DurationLabels). The status code of every request is in Requests.
 	Duration *prometheus.HistogramVec
-	// Tokens counts tokens by model and gen_ai_token_type (input, output), one observation per request.
+	// ClientDuration is the gateway's view as a client of the engines: each upstream attempt, retries and
+	// hedges included, from sending it to its last byte or its failure (seconds), by GenAI attributes and
+	// error_type (DurationLabels).
+	ClientDuration *prometheus.HistogramVec
+	// Tokens counts tokens by GenAI attributes and gen_ai_token_type (input, output), one observation per
+	// request (TokenLabels).
 	Tokens *prometheus.HistogramVec
+	// BackendTTFT is each backend's time to first token: from sending the attempt that answered to its first
+	// token reaching the client (seconds), by backend. The gateway's queue and failed attempts are not in it.
+	BackendTTFT *prometheus.HistogramVec
+	// BackendITL is each backend's inter-token latency: the gaps between the tokens it streamed to the client
+	// (seconds), one observation per gap, by backend.
+	BackendITL *prometheus.HistogramVec
 	// Requests counts finished requests by model, backend and status code (499: the client left first).
 	Requests *prometheus.CounterVec
 	// Inflight is the number of requests in flight to each backend.
@@ -113,22 +140,37 @@ func New(reg prometheus.Registerer) *Gateway {
 			Name:    "gen_ai_server_time_to_first_token_seconds",
 			Help:    "Time from request arrival to the first output token sent to the client.",
 			Buckets: TTFTBuckets,
-		}, []string{"gen_ai_request_model"}),
+		}, GenAILabels),
 		TPOT: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "gen_ai_server_time_per_output_token_seconds",
 			Help:    "Time between consecutive output tokens sent to the client, one observation per gap.",
 			Buckets: TPOTBuckets,
-		}, []string{"gen_ai_request_model"}),
+		}, GenAILabels),
 		Duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "gen_ai_server_request_duration_seconds",
-			Help:    "Time from request arrival to the last byte of the response.",
+			Help:    "Time from request arrival to the last byte of the response; error_type is the HTTP status of a failed request.",
 			Buckets: DurationBuckets,
-		}, []string{"gen_ai_request_model", "code"}),
+		}, DurationLabels),
+		ClientDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "gen_ai_client_operation_duration_seconds",
+			Help:    "Each upstream attempt, from sending it to the engine to its last byte or failure; error_type says how it failed.",
+			Buckets: DurationBuckets,
+		}, DurationLabels),
 		Tokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "gen_ai_client_token_usage",
 			Help:    "Tokens per request, by type (input, output), from the usage the backend reported.",
 			Buckets: TokenBuckets,
-		}, []string{"gen_ai_request_model", "gen_ai_token_type"}),
+		}, TokenLabels),
+		BackendTTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "switchyard_backend_time_to_first_token_seconds",
+			Help:    "Time from sending the attempt that answered to its first token reaching the client, per backend.",
+			Buckets: TTFTBuckets,
+		}, []string{"backend"}),
+		BackendITL: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "switchyard_backend_inter_token_latency_seconds",
+			Help:    "Time between consecutive tokens a backend streamed to the client, one observation per gap, per backend.",
+			Buckets: TPOTBuckets,
+		}, []string{"backend"}),
 		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_requests_total",
 			Help: "Finished requests by model, backend and HTTP status (499: the client left first).",
@@ -250,7 +292,7 @@ func New(reg prometheus.Registerer) *Gateway {
 		}),
 	}
 	reg.MustRegister(
-		m.TTFT, m.TPOT, m.Duration, m.Tokens, m.Requests, m.Inflight, m.QueueDepth, m.Retries, m.Overhead,
+		m.TTFT, m.TPOT, m.Duration, m.ClientDuration, m.Tokens, m.BackendTTFT, m.BackendITL, m.Requests, m.Inflight, m.QueueDepth, m.Retries, m.Overhead,
 		m.UpstreamErrors, m.ClientDisconnects, m.UpstreamLimits, m.Panics, m.TTFTPredictionError, m.PrefixLookups, m.PrefixHits, m.Shed,
 		m.Hedges, m.BreakerState, m.QueueWait, m.ConfigReloadSuccess, m.ConfigReloadTime,
 		m.QueueLength, m.ConcurrencyLimit, m.OutlierState, m.OutlierEjections, m.Degraded, m.BudgetDenied,

@@ -13,10 +13,13 @@ import (
 func TestNamesAndBuckets(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := New(reg)
-	m.TTFT.WithLabelValues("m").Observe(0.1)
-	m.TPOT.WithLabelValues("m").Observe(0.02)
-	m.Duration.WithLabelValues("m", "200").Observe(1)
-	m.Tokens.WithLabelValues("m", "input").Observe(10)
+	m.TTFT.WithLabelValues(OpChat, "vllm", "m", "m").Observe(0.1)
+	m.TPOT.WithLabelValues(OpChat, "vllm", "m", "m").Observe(0.02)
+	m.Duration.WithLabelValues(OpChat, "vllm", "m", "m", "").Observe(1)
+	m.ClientDuration.WithLabelValues(OpChat, "vllm", "m", "m", "connect").Observe(1)
+	m.Tokens.WithLabelValues(OpChat, "vllm", "m", "m", "input").Observe(10)
+	m.BackendTTFT.WithLabelValues("b").Observe(0.1)
+	m.BackendITL.WithLabelValues("b").Observe(0.02)
 	m.Requests.WithLabelValues("m", "b", "200").Inc()
 	m.Inflight.WithLabelValues("b").Set(1)
 	m.QueueDepth.WithLabelValues("b").Set(1)
@@ -56,7 +59,9 @@ func TestNamesAndBuckets(t *testing.T) {
 	}
 	for _, name := range []string{
 		"gen_ai_server_time_to_first_token_seconds", "gen_ai_server_time_per_output_token_seconds",
-		"gen_ai_server_request_duration_seconds", "gen_ai_client_token_usage", "switchyard_requests_total",
+		"gen_ai_server_request_duration_seconds", "gen_ai_client_token_usage", "gen_ai_client_operation_duration_seconds",
+		"switchyard_backend_time_to_first_token_seconds", "switchyard_backend_inter_token_latency_seconds",
+		"switchyard_requests_total",
 		"switchyard_backend_inflight", "switchyard_backend_queue_depth", "switchyard_ttft_prediction_error_ratio",
 		"switchyard_prefix_cache_lookups_total", "switchyard_prefix_cache_hits_total", "switchyard_shed_total",
 		"switchyard_hedges_total", "switchyard_retries_total", "switchyard_breaker_state",
@@ -73,6 +78,7 @@ func TestNamesAndBuckets(t *testing.T) {
 	genai := map[string][]float64{
 		"gen_ai_server_time_per_output_token_seconds": {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5},
 		"gen_ai_server_request_duration_seconds":      {0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92},
+		"gen_ai_client_operation_duration_seconds":    {0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92},
 		"gen_ai_client_token_usage":                   {1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864},
 	}
 	for name, want := range genai {
@@ -90,6 +96,59 @@ func TestNamesAndBuckets(t *testing.T) {
 		if !strings.HasPrefix(name, "gen_ai_") && !strings.HasPrefix(name, "switchyard_") &&
 			!strings.HasPrefix(name, "go_") && !strings.HasPrefix(name, "process_") {
 			t.Errorf("metric %s has no recognised prefix", name)
+		}
+	}
+}
+
+// TestGenAILabels pins the OpenTelemetry GenAI attributes on the gen_ai_* metrics (their Prometheus names), the
+// per-backend latency histograms' single backend label, and that no gen_ai_* duration carries a status code
+// (error_type does; switchyard_requests_total keeps code).
+func TestGenAILabels(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg)
+	m.TTFT.WithLabelValues(OpChat, "vllm", "m", "m").Observe(0.1)
+	m.TPOT.WithLabelValues(OpChat, "vllm", "m", "m").Observe(0.02)
+	m.Duration.WithLabelValues(OpChat, ProviderGateway, "", "", ErrorType(404)).Observe(1)
+	m.ClientDuration.WithLabelValues(OpEmbeddings, "sglang", "m", "m", "").Observe(1)
+	m.Tokens.WithLabelValues(OpTextCompletion, "vllm", "m", "m-small", "output").Observe(10)
+	m.BackendTTFT.WithLabelValues("b").Observe(0.1)
+	m.BackendITL.WithLabelValues("b").Observe(0.02)
+	m.Requests.WithLabelValues("m", "b", "200").Inc()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	genai := []string{"gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "gen_ai_response_model"}
+	want := map[string][]string{
+		"gen_ai_server_time_to_first_token_seconds":      genai,
+		"gen_ai_server_time_per_output_token_seconds":    genai,
+		"gen_ai_server_request_duration_seconds":         append(slices.Clone(genai), "error_type"),
+		"gen_ai_client_operation_duration_seconds":       append(slices.Clone(genai), "error_type"),
+		"gen_ai_client_token_usage":                      append(slices.Clone(genai), "gen_ai_token_type"),
+		"switchyard_backend_time_to_first_token_seconds": {"backend"},
+		"switchyard_backend_inter_token_latency_seconds": {"backend"},
+		"switchyard_requests_total":                      {"model", "backend", "code"},
+	}
+	for _, f := range fams {
+		labels, ok := want[f.GetName()]
+		if !ok {
+			continue
+		}
+		delete(want, f.GetName())
+		var got []string
+		for _, l := range f.GetMetric()[0].GetLabel() {
+			got = append(got, l.GetName())
+		}
+		if !slices.Equal(got, slices.Sorted(slices.Values(labels))) {
+			t.Errorf("%s labels = %v, want %v", f.GetName(), got, labels)
+		}
+	}
+	for name := range want {
+		t.Errorf("%s is not exported", name)
+	}
+	for code, want := range map[int]string{200: "", 299: "", 399: "", 400: "400", 499: "499", 503: "503"} {
+		if got := ErrorType(code); got != want {
+			t.Errorf("ErrorType(%d) = %q, want %q", code, got, want)
 		}
 	}
 }

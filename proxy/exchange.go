@@ -93,6 +93,7 @@ type exchange struct {
 	asm           openai.Assembler
 	ci            openai.ChunkInfo
 	tpot          prometheus.Observer
+	itl           prometheus.Observer
 	results       chan *attempt // hedged attempts report here
 
 	wd       *watchdog
@@ -159,6 +160,7 @@ func (s *Server) releaseExchange(ex *exchange) {
 	ex.modelBuf = ex.modelBuf[:0]
 	ex.out = ex.out[:0]
 	ex.tpot = nil
+	ex.itl = nil
 	ex.code = 0
 	ex.done, ex.poisoned = false, false
 	ex.rc = respCacheState{}
@@ -653,6 +655,7 @@ func (ex *exchange) retryWhole(failed error) error {
 	ex.hasUsage, ex.upstreamError = false, false
 	ex.usage = openai.Usage{}
 	ex.tpot = nil // the first attempt's TTFT stands; the retry's gaps are not the client's
+	ex.itl = nil
 	return ex.runFrom(failed)
 }
 
@@ -870,6 +873,9 @@ func (ex *exchange) settle(a *attempt, outcome error, reached bool) {
 		a.acct.End(fault)
 		a.began = false
 		ex.s.m.Inflight.WithLabelValues(a.name).Set(float64(a.target.Backend.LocalInflight()))
+		asked, served := ex.models()
+		ex.s.m.ClientDuration.WithLabelValues(ex.operation(), providerOf(a.target.Backend), asked, served,
+			attemptErrorType(outcome)).Observe(time.Since(a.started).Seconds())
 	}
 	if a.brkDone != nil {
 		a.brkDone(outcome)

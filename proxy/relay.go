@@ -9,6 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/switchyard/switchyard/metrics"
 	"github.com/switchyard/switchyard/openai"
 	"github.com/switchyard/switchyard/routing"
 )
@@ -228,10 +229,21 @@ func (ex *exchange) countTokens() {
 	now := time.Now()
 	if ex.firstAt.IsZero() {
 		ex.firstAt = now
-		ex.s.m.TTFT.WithLabelValues(ex.model.Name).Observe(now.Sub(ex.arrival).Seconds())
-		ex.tpot = ex.s.m.TPOT.WithLabelValues(ex.model.Name)
+		op, provider, backend := ex.operation(), metrics.ProviderGateway, "none"
+		if a := ex.cur; a != nil {
+			provider, backend = providerOf(a.target.Backend), a.name
+			ex.s.m.BackendTTFT.WithLabelValues(backend).Observe(now.Sub(a.started).Seconds())
+			ex.itl = ex.s.m.BackendITL.WithLabelValues(backend)
+		}
+		asked, served := ex.models()
+		ex.s.m.TTFT.WithLabelValues(op, provider, asked, served).Observe(now.Sub(ex.arrival).Seconds())
+		ex.tpot = ex.s.m.TPOT.WithLabelValues(op, provider, asked, served)
 	} else if ex.tpot != nil {
-		ex.tpot.Observe(now.Sub(ex.lastTokenAt).Seconds())
+		gap := now.Sub(ex.lastTokenAt).Seconds()
+		ex.tpot.Observe(gap)
+		if ex.itl != nil {
+			ex.itl.Observe(gap)
+		}
 		ex.noteGap(now) // observe.go
 	}
 	ex.lastTokenAt = now
@@ -315,10 +327,14 @@ func (ex *exchange) record(code int, backend string) {
 	c := strconv.Itoa(code)
 	m := ex.s.m
 	m.Requests.WithLabelValues(model, backend, c).Inc()
-	m.Duration.WithLabelValues(model, c).Observe(time.Since(ex.arrival).Seconds())
+	op, provider, asked := ex.operation(), ex.provider(backend), ""
+	if ex.asked != nil {
+		asked = ex.asked.Name
+	}
+	m.Duration.WithLabelValues(op, provider, asked, model, metrics.ErrorType(code)).Observe(time.Since(ex.arrival).Seconds())
 	if ex.hasUsage && model != "" {
-		m.Tokens.WithLabelValues(model, "input").Observe(float64(ex.usage.PromptTokens))
-		m.Tokens.WithLabelValues(model, "output").Observe(float64(ex.usage.CompletionTokens))
+		m.Tokens.WithLabelValues(op, provider, asked, model, "input").Observe(float64(ex.usage.PromptTokens))
+		m.Tokens.WithLabelValues(op, provider, asked, model, "output").Observe(float64(ex.usage.CompletionTokens))
 	}
 	if ex.limited {
 		used := int64(ex.usage.PromptTokens + ex.usage.CompletionTokens)

@@ -80,25 +80,9 @@ func (c headerCarrier) Keys() []string {
 	return keys
 }
 
-// operation is gen_ai.operation.name for the endpoint the client called: the GenAI conventions' names for the
-// generation and embedding APIs, the endpoint group's policy name for the routes the gateway passes through.
-func (ex *exchange) operation() string {
-	switch ex.endpoint {
-	case openai.Chat, openai.Responses, openai.Messages:
-		return "chat"
-	case openai.Completions:
-		return "text_completion"
-	case openai.Embeddings:
-		return "embeddings"
-	}
-	if ex.rt != nil {
-		return ex.rt.group.name()
-	}
-	return "request"
-}
-
-// provider is gen_ai.provider.name of the API the client speaks to the gateway.
-func (ex *exchange) provider() string {
+// apiProvider is gen_ai.provider.name of the API the client speaks to the gateway (the server span's; the
+// metrics name the engine instead, genai.go). gen_ai.operation.name is ex.operation (genai.go).
+func (ex *exchange) apiProvider() string {
 	if ex.endpoint == openai.Messages {
 		return "anthropic"
 	}
@@ -272,7 +256,7 @@ func (ex *exchange) traceEnd(code int, backend string, now time.Time) {
 func (ex *exchange) spanAttributes(span trace.Span, code int, backend string) {
 	span.SetAttributes(
 		semconv.GenAIOperationNameKey.String(ex.operation()),
-		semconv.GenAIProviderNameKey.String(ex.provider()),
+		semconv.GenAIProviderNameKey.String(ex.apiProvider()),
 		semconv.HTTPRequestMethodKey.String(ex.method()),
 		semconv.HTTPResponseStatusCodeKey.Int(code),
 		semconv.URLPathKey.String(string(ex.path)),
