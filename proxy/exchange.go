@@ -101,6 +101,8 @@ type exchange struct {
 	poisoned bool // code on this exchange panicked: it is discarded, never pooled (recover.go)
 
 	rc respCacheState // the response cache's part (respcache.go)
+
+	note decisionNote // what the status page keeps of routing and admission (decisions.go)
 }
 
 func (s *Server) acquireExchange() *exchange {
@@ -471,6 +473,7 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 	if mean, p90 := t.Backend.PredictTTFT(ex.sum.PromptTokens, 0); mean > 0 && p90 > mean {
 		a.predP90 = time.Duration(float64(a.predP90) * float64(p90) / float64(mean))
 	}
+	ex.note.dispatched(ex, a) // decisions.go: the status page's table of recent decisions
 	ex.s.m.Inflight.WithLabelValues(a.name).Set(float64(t.Backend.LocalInflight()))
 	if ex.attempts == 1 {
 		ex.s.m.Overhead.Observe(time.Since(ex.arrival).Seconds())

@@ -314,6 +314,7 @@ func (ex *exchange) record(code int, backend string) {
 	m := ex.s.m
 	m.Requests.WithLabelValues(model, backend, c).Inc()
 	m.Duration.WithLabelValues(model, c).Observe(time.Since(ex.arrival).Seconds())
+	ex.s.rings.record(ex, code, backend, time.Now()) // decisions.go: the status page's charts and decisions
 	if ex.hasUsage && model != "" {
 		m.Tokens.WithLabelValues(model, "input").Observe(float64(ex.usage.PromptTokens))
 		m.Tokens.WithLabelValues(model, "output").Observe(float64(ex.usage.CompletionTokens))
