@@ -38,10 +38,11 @@ type decisionNote struct {
 	shed     string // admission.Error.Reason of a refusal; "" when not shed
 }
 
-// dispatched notes attempt a, just dispatched: the candidates of the pick that chose it (ex.cands) with their
-// predicted TTFT. The chosen backend's is the prediction its routing accounting made (prefix hit included);
-// the others' are their latency models' for this prompt without a prefix hit, since strategies report only
-// the choice's (routing.Decision). A retry or a hedge notes its own pick over the earlier one.
+// dispatched notes attempt a, just dispatched: the candidates of the pick that chose it (ex.cands, less the
+// unhealthy ones, which strategies pass over) with their predicted TTFT. The chosen backend's is the
+// prediction its routing accounting made (prefix hit included); the others' are their latency models' for
+// this prompt without a prefix hit, since strategies report only the choice's (routing.Decision). A retry or
+// a hedge notes its own pick over the earlier one.
 func (n *decisionNote) dispatched(ex *exchange, a *attempt) {
 	d := ex.rreq.Decision()
 	chosen := a.target.Backend
@@ -49,10 +50,16 @@ func (n *decisionNote) dispatched(ex *exchange, a *attempt) {
 	if d.Backend == chosen {
 		n.p90 = d.TTFT
 	}
-	n.n, n.total = 0, uint8(min(len(ex.cands), math.MaxUint8))
+	n.n, n.total = 0, 0
 	for _, t := range ex.cands {
+		if !t.Backend.Healthy() && t.Backend != chosen {
+			continue
+		}
+		if n.total < math.MaxUint8 {
+			n.total++
+		}
 		if int(n.n) == maxCandidates {
-			break
+			continue
 		}
 		c := candidate{name: t.Backend.Name(), pred: n.pred}
 		if t.Backend != chosen {
