@@ -110,6 +110,9 @@ func (w *Watcher) Snapshot() *proxy.Snapshot { return w.snap.Load() }
 // Limits.HeaderReadTimeout) are those the process started with, whatever later reloads asked for.
 func (w *Watcher) Config() *Config { return w.cfg.Load() }
 
+// Path returns the policy file the watcher follows, as it was given (the status page shows it).
+func (w *Watcher) Path() string { return w.path }
+
 // LastError returns why the last reload failed (an Errors for an invalid file), or nil when it succeeded.
 func (w *Watcher) LastError() error {
 	if e := w.lastErr.Load(); e != nil {

@@ -4,6 +4,7 @@ import (
 	_ "embed"
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,12 +28,15 @@ type BackendStatus struct {
 	EngineSeats int `json:"engine_seats"`
 }
 
-// Admin serves the admin port: /metrics, /healthz, /readyz, /debug/backends, /debug/config and a small live
-// status page at /. It is a net/http handler: the admin port carries little traffic, and the Prometheus
-// handler is net/http native.
+// Admin serves the admin port: /metrics, /healthz, /readyz, /debug/backends, /debug/config, the status
+// page's data (/debug/timeseries, /debug/decisions, /debug/policy) and the live status page at / (status.html,
+// one embedded file with no external assets). It is a net/http handler: the admin port carries little
+// traffic, and the Prometheus handler is net/http native.
 type Admin struct {
 	s   *Server
+	g   prometheus.Gatherer
 	mux *http.ServeMux
+	now func() time.Time // time.Now unless a test sets it
 }
 
 //go:embed status.html
@@ -40,7 +44,7 @@ var statusPage []byte
 
 // NewAdmin returns the admin handler for s, exporting the metrics gathered by g.
 func NewAdmin(s *Server, g prometheus.Gatherer) *Admin {
-	a := &Admin{s: s, mux: http.NewServeMux()}
+	a := &Admin{s: s, g: g, mux: http.NewServeMux(), now: time.Now}
 	a.mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	a.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
@@ -54,6 +58,9 @@ func NewAdmin(s *Server, g prometheus.Gatherer) *Admin {
 	})
 	a.mux.HandleFunc("GET /debug/backends", a.backends)
 	a.mux.HandleFunc("GET /debug/config", a.config)
+	a.mux.HandleFunc("GET /debug/timeseries", a.timeseries)
+	a.mux.HandleFunc("GET /debug/decisions", a.decisions)
+	a.mux.HandleFunc("GET /debug/policy", a.policy)
 	a.mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		_, _ = w.Write(statusPage)
@@ -114,6 +121,95 @@ func (a *Admin) config(w http.ResponseWriter, _ *http.Request) {
 		out.Models = append(out.Models, mm)
 	}
 	writeJSON(w, out)
+}
+
+// timeseries serves the charts' data: ?window=SECONDS (default and at most 299) in points of ?step=SECONDS
+// (default 1), ending with the last whole second.
+func (a *Admin) timeseries(w http.ResponseWriter, r *http.Request) {
+	window := intParam(r, "window", tsBuckets-1)
+	step := intParam(r, "step", 1)
+	writeJSON(w, a.s.rings.ts.snapshot(a.now().Unix(), window, step))
+}
+
+// decisions serves the last ?limit= (default and at most decisionRingSize) requests' routing decisions,
+// newest first.
+func (a *Admin) decisions(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, a.s.rings.dec.recent(intParam(r, "limit", decisionRingSize)))
+}
+
+func intParam(r *http.Request, name string, def int) int {
+	if v, err := strconv.Atoi(r.URL.Query().Get(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// ReloadReporter is what a Source may also tell of its reloads (policy.Watcher does): why the last one
+// failed, nil when it succeeded.
+type ReloadReporter interface {
+	LastError() error
+}
+
+// PathReporter is what a Source may also tell of where its policy comes from: the file it reads.
+type PathReporter interface {
+	Path() string
+}
+
+// PolicyStatus is GET /debug/policy: the policy in force and how its last reload went.
+type PolicyStatus struct {
+	// Hash identifies the policy text in force (as /debug/config); Loaded is when it was compiled.
+	Hash   string    `json:"hash"`
+	Loaded time.Time `json:"loaded"`
+	// File is the policy file, "" when the Source does not say (PathReporter).
+	File string `json:"file"`
+	// Reloadable says the Source reports its reloads (ReloadReporter); a fixed policy does not.
+	Reloadable bool `json:"reloadable"`
+	// LastReloadOK is false when the last reload failed: Error says why, and the policy of Hash stays in force.
+	LastReloadOK bool   `json:"last_reload_ok"`
+	Error        string `json:"error,omitempty"`
+	// ReloadSuccess and ReloadSuccessTime are switchyard_config_reload_success and
+	// switchyard_config_reload_success_timestamp_seconds as /metrics has them; null when not exported.
+	ReloadSuccess     *float64   `json:"reload_success_metric"`
+	ReloadSuccessTime *time.Time `json:"reload_success_time"`
+}
+
+// policy serves PolicyStatus.
+func (a *Admin) policy(w http.ResponseWriter, _ *http.Request) {
+	snap := a.s.src.Snapshot()
+	if snap == nil {
+		http.Error(w, "no policy loaded", http.StatusServiceUnavailable)
+		return
+	}
+	st := PolicyStatus{Hash: snap.Hash, Loaded: snap.Loaded, LastReloadOK: true}
+	if p, ok := a.s.src.(PathReporter); ok {
+		st.File = p.Path()
+	}
+	if rr, ok := a.s.src.(ReloadReporter); ok {
+		st.Reloadable = true
+		if err := rr.LastError(); err != nil {
+			st.LastReloadOK, st.Error = false, err.Error()
+		}
+	}
+	if a.g != nil {
+		if mfs, err := a.g.Gather(); err == nil {
+			for _, mf := range mfs {
+				if len(mf.GetMetric()) == 0 || mf.GetMetric()[0].GetGauge() == nil {
+					continue
+				}
+				v := mf.GetMetric()[0].GetGauge().GetValue()
+				switch mf.GetName() {
+				case "switchyard_config_reload_success":
+					st.ReloadSuccess = &v
+				case "switchyard_config_reload_success_timestamp_seconds":
+					if v > 0 {
+						t := time.Unix(0, int64(v*1e9)).UTC()
+						st.ReloadSuccessTime = &t
+					}
+				}
+			}
+		}
+	}
+	writeJSON(w, st)
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

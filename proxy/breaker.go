@@ -101,7 +101,10 @@ func (bs *breakers) get(b *routing.Backend) *breaker {
 			return err == nil || (errors.As(err, &ue) && !ue.backendFault())
 		},
 		IsExcluded: func(err error) bool {
-			return errors.Is(err, errClientGone) || errors.Is(err, errShutdown) || errors.Is(err, errNotSent)
+			// A hedge that lost its race was cancelled by the gateway: not the backend's failure (the slower of
+			// two healthy engines lost every race and had its breaker opened before this).
+			return errors.Is(err, errClientGone) || errors.Is(err, errShutdown) || errors.Is(err, errNotSent) ||
+				errors.Is(err, errHedgeLost)
 		},
 		OnStateChange: func(_ string, _, to gobreaker.State) { bs.changed(br, to) },
 	})

@@ -104,6 +104,7 @@ type exchange struct {
 	rc respCacheState // the response cache's part (respcache.go)
 
 	obs observation // traces and the access log (observe.go)
+	note decisionNote // what the status page keeps of routing and admission (decisions.go)
 }
 
 func (s *Server) acquireExchange() *exchange {
@@ -476,6 +477,7 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 	if mean, p90 := t.Backend.PredictTTFT(ex.sum.PromptTokens, 0); mean > 0 && p90 > mean {
 		a.predP90 = time.Duration(float64(a.predP90) * float64(p90) / float64(mean))
 	}
+	ex.note.dispatched(ex, a) // decisions.go: the status page's table of recent decisions
 	ex.s.m.Inflight.WithLabelValues(a.name).Set(float64(t.Backend.LocalInflight()))
 	if ex.attempts == 1 {
 		ex.s.m.Overhead.Observe(time.Since(ex.arrival).Seconds())

@@ -13,9 +13,9 @@ import (
 	"github.com/switchyard/switchyard/sim"
 )
 
-// series returns the series of metric name whose labels include every pair of want, and the label names the
+// metricSeries returns the series of metric name whose labels include every pair of want, and the label names the
 // metric has (those of its first series).
-func series(t *testing.T, g prometheus.Gatherer, name string, want map[string]string) ([]*dto.Metric, []string) {
+func metricSeries(t *testing.T, g prometheus.Gatherer, name string, want map[string]string) ([]*dto.Metric, []string) {
 	t.Helper()
 	fams, err := g.Gather()
 	if err != nil {
@@ -105,7 +105,7 @@ func TestGenAIMetricLabels(t *testing.T) {
 		{"switchyard_backend_time_to_first_token_seconds", map[string]string{"backend": "b0"}, 4, []string{"backend"}},
 		{"switchyard_backend_inter_token_latency_seconds", map[string]string{"backend": "b0"}, 12, []string{"backend"}},
 	} {
-		ms, names := series(t, gw.reg, tc.metric, tc.want)
+		ms, names := metricSeries(t, gw.reg, tc.metric, tc.want)
 		if n := count(ms); n != tc.n {
 			t.Errorf("%s%v: %d observations, want %d", tc.metric, tc.want, n, tc.n)
 		}
@@ -113,7 +113,7 @@ func TestGenAIMetricLabels(t *testing.T) {
 			t.Errorf("%s has labels %v, want %v", tc.metric, names, tc.labels)
 		}
 	}
-	if ms, _ := series(t, gw.reg, "switchyard_backend_time_to_first_token_seconds", map[string]string{"backend": "b1"}); count(ms) != 0 {
+	if ms, _ := metricSeries(t, gw.reg, "switchyard_backend_time_to_first_token_seconds", map[string]string{"backend": "b1"}); count(ms) != 0 {
 		t.Errorf("the dead backend has a first token")
 	}
 }

@@ -332,6 +332,7 @@ func (ex *exchange) record(code int, backend string) {
 		asked = ex.asked.Name
 	}
 	m.Duration.WithLabelValues(op, provider, asked, model, metrics.ErrorType(code)).Observe(time.Since(ex.arrival).Seconds())
+	ex.s.rings.record(ex, code, backend, time.Now()) // decisions.go: the status page's charts and decisions
 	if ex.hasUsage && model != "" {
 		m.Tokens.WithLabelValues(op, provider, asked, model, "input").Observe(float64(ex.usage.PromptTokens))
 		m.Tokens.WithLabelValues(op, provider, asked, model, "output").Observe(float64(ex.usage.CompletionTokens))

@@ -159,6 +159,8 @@ type Server struct {
 	lingering    sync.WaitGroup // connections closing gracefully (linger.go)
 	draining     atomic.Bool    // set at Shutdown: /readyz fails, new requests are still served until the listener closes
 	drainExpired atomic.Bool    // set when the drain timeout ends: in-flight requests are ended
+
+	rings statusRings // the status page's charts and recent decisions (decisions.go, timeseries.go)
 }
 
 // New returns a Server reading its routing policy from src. It does not listen; call Serve.
@@ -570,6 +572,7 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, ex *exchange, err error) {
 	}
 	ex.done = true
 	ex.noteFailure(err) // trace.go
+	ex.note.failed(err) // decisions.go: the shed reason, for the status page
 	ex.record(e.status, backend)
 }
 
