@@ -25,7 +25,6 @@ const (
 // lingerListener gives every accepted TCP connection a lingering close.
 type lingerListener struct {
 	net.Listener
-	s *Server
 }
 
 func (l lingerListener) Accept() (net.Conn, error) {
@@ -34,7 +33,7 @@ func (l lingerListener) Accept() (net.Conn, error) {
 		return c, err
 	}
 	if tc, ok := c.(*net.TCPConn); ok {
-		return &lingerConn{TCPConn: tc, s: l.s}, nil
+		return &lingerConn{TCPConn: tc}, nil
 	}
 	return c, nil
 }
@@ -43,12 +42,12 @@ func (l lingerListener) Accept() (net.Conn, error) {
 // clientGone (which needs syscall.Conn) still reaches the socket.
 type lingerConn struct {
 	*net.TCPConn
-	s      *Server
 	closed atomic.Bool
 }
 
-// Close shuts the write side down and discards what the client still sends, on a goroutine the Server counts
-// (lingering) and that ends within lingerTime.
+// Close shuts the write side down and discards what the client still sends, on a goroutine of its own that
+// touches nothing but the connection and ends within lingerTime (its read deadline), whoever called Close.
+// Shutdown does not wait for it: the listener is closed, and nothing of the gateway is left for it to reach.
 func (c *lingerConn) Close() error {
 	if !c.closed.CompareAndSwap(false, true) {
 		return nil
@@ -56,9 +55,7 @@ func (c *lingerConn) Close() error {
 	if err := c.CloseWrite(); err != nil {
 		return c.TCPConn.Close()
 	}
-	c.s.lingering.Add(1)
 	go func() {
-		defer c.s.lingering.Done()
 		_ = c.SetReadDeadline(time.Now().Add(lingerTime))
 		_, _ = io.CopyN(io.Discard, c.TCPConn, lingerBytes)
 		_ = c.TCPConn.Close()

@@ -156,7 +156,6 @@ type Server struct {
 
 	exchanges    sync.Pool
 	active       sync.WaitGroup
-	lingering    sync.WaitGroup // connections closing gracefully (linger.go)
 	draining     atomic.Bool    // set at Shutdown: /readyz fails, new requests are still served until the listener closes
 	drainExpired atomic.Bool    // set when the drain timeout ends: in-flight requests are ended
 
@@ -218,7 +217,7 @@ func New(src Source, opts Options) (*Server, error) {
 
 // Serve accepts connections on ln until Shutdown. It returns nil after a clean shutdown.
 func (s *Server) Serve(ln net.Listener) error {
-	if err := s.srv.Serve(lingerListener{ln, s}); err != nil { // linger.go
+	if err := s.srv.Serve(lingerListener{ln}); err != nil { // linger.go
 		return fmt.Errorf("proxy: serve: %w", err)
 	}
 	return nil
@@ -262,7 +261,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.drainExpired.Store(true)
 	s.closeQueues()
 	ended := make(chan struct{})
-	go func() { s.active.Wait(); s.lingering.Wait(); close(ended) }()
+	go func() { s.active.Wait(); close(ended) }()
 	select {
 	case <-ended:
 	case <-time.After(3*s.opts.PingInterval + time.Second):
