@@ -84,7 +84,9 @@ func TestAccessLogLine(t *testing.T) {
 			t.Errorf("access log %s = %v, want it set", k, v)
 		}
 	}
-	if p50, p99 := ok["itl_p50_ms"].(float64), ok["itl_p99_ms"].(float64); p50 < 1 || p99 < p50 {
+	// Under load the relay may read several events in one go (gaps of ~0), so only the tail is sure to show the
+	// engine's 2 ms.
+	if p50, p99 := ok["itl_p50_ms"].(float64), ok["itl_p99_ms"].(float64); p99 < 1 || p99 < p50 {
 		t.Errorf("ITL p50 %vms p99 %vms with a 2ms ITL", p50, p99)
 	}
 	if ok["ttft_ms"].(float64) > ok["duration_ms"].(float64) {
