@@ -445,9 +445,15 @@ func (d *decoder) dict(n *yaml.Node, v reflect.Value, path, pattern string, dept
 	v.Set(m)
 }
 
+// fieldIndex returns the index of the field of t that the YAML key name sets, or -1. Only tagged fields are
+// settable: a field without a yaml tag (state that validation fills in, such as a backend's loaded CA) must not
+// be reached by an empty key (the fuzzer found `- &00: 0` doing so).
 func fieldIndex(t reflect.Type, name string) int {
+	if name == "" {
+		return -1
+	}
 	for i := range t.NumField() {
-		if tag, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ","); tag == name && tag != "-" {
+		if tag, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ","); tag == name && tag != "-" && t.Field(i).IsExported() {
 			return i
 		}
 	}
