@@ -103,7 +103,7 @@ type exchange struct {
 
 	rc respCacheState // the response cache's part (respcache.go)
 
-	obs observation // traces and the access log (observe.go)
+	obs  observation  // traces and the access log (observe.go)
 	note decisionNote // what the status page keeps of routing and admission (decisions.go)
 }
 

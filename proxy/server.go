@@ -156,8 +156,8 @@ type Server struct {
 
 	exchanges    sync.Pool
 	active       sync.WaitGroup
-	draining     atomic.Bool    // set at Shutdown: /readyz fails, new requests are still served until the listener closes
-	drainExpired atomic.Bool    // set when the drain timeout ends: in-flight requests are ended
+	draining     atomic.Bool // set at Shutdown: /readyz fails, new requests are still served until the listener closes
+	drainExpired atomic.Bool // set when the drain timeout ends: in-flight requests are ended
 
 	rings statusRings // the status page's charts and recent decisions (decisions.go, timeseries.go)
 }
