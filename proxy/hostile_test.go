@@ -151,21 +151,7 @@ func floodBackend(t *testing.T, n int, content bool) *httptest.Server {
 
 func limitCount(t *testing.T, gw *gateway, limit string) float64 {
 	t.Helper()
-	fams, _ := gw.reg.Gather()
-	total := 0.0
-	for _, f := range fams {
-		if f.GetName() != "switchyard_upstream_limit_exceeded_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "limit" && l.GetValue() == limit {
-					total += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return total
+	return counterWith(t, gw, "switchyard_upstream_limit_exceeded_total", "limit", limit)
 }
 
 // TestEngineFloods: an engine that sends more than the gateway holds (comments before the first token, an

@@ -69,25 +69,32 @@ func (c *conn) post(path, body string) (*http.Response, []byte) {
 const shortChat = `{"model":"sim-model","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`
 const shortStream = `{"model":"sim-model","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`
 
-func panics(t *testing.T, gw *gateway, stage string) float64 {
+// counterWith sums the counter name over its series whose label has value.
+func counterWith(t *testing.T, gw *gateway, name, label, value string) float64 {
 	t.Helper()
 	fams, err := gw.reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
+	total := 0.0
 	for _, f := range fams {
-		if f.GetName() != "switchyard_panics_total" {
+		if f.GetName() != name {
 			continue
 		}
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "stage" && l.GetValue() == stage {
-					return m.GetCounter().GetValue()
+				if l.GetName() == label && l.GetValue() == value {
+					total += m.GetCounter().GetValue()
 				}
 			}
 		}
 	}
-	return 0
+	return total
+}
+
+func panics(t *testing.T, gw *gateway, stage string) float64 {
+	t.Helper()
+	return counterWith(t, gw, "switchyard_panics_total", "stage", stage)
 }
 
 // TestPanicInHandlerKeepsServing: a panic in one request's handler (here in its routing strategy) answers that
