@@ -926,42 +926,34 @@ func (ex *exchange) parse() error {
 	if rt.api != 0 {
 		return ex.sum.Parse(rt.api, ex.body)
 	}
+	none := openai.Span{Start: -1, End: -1}
+	sum := openai.Summary{N: 1, Prompts: 1, Prompt: ex.sum.Prompt[:0], ModelSpan: none, StreamSpan: none,
+		StreamOptionsSpan: none, IncludeUsageSpan: none}
 	if rt.byID { // no body to read: the stored response says the model (responses.go, in route)
-		ex.sum = openai.Summary{N: 1, Prompts: 1, Prompt: ex.sum.Prompt[:0], ModelSpan: openai.Span{Start: -1, End: -1},
-			StreamSpan: openai.Span{Start: -1, End: -1}, StreamOptionsSpan: openai.Span{Start: -1, End: -1},
-			IncludeUsageSpan: openai.Span{Start: -1, End: -1}}
+		ex.sum = sum
 		return nil
 	}
-	var model []byte
-	var stream bool
-	modelSpan := openai.Span{Start: -1, End: -1}
-	// A JSON body's length stands for its tokens (openai.EstimateTokens), for rate limits and routing; a form's
-	// parts are files (audio), whose size says nothing of tokens.
-	promptTokens := 0
-	if rt.multipart || isMultipart(ex.ctype) {
-		if !rt.multipart {
-			return &openai.RequestError{Message: "this endpoint takes a JSON body"}
-		}
-		var err error
-		if model, stream, err = parseForm(ex.body, ex.ctype); err != nil {
+	switch {
+	case rt.multipart:
+		// A form's parts are files (audio), whose size says nothing of tokens: PromptTokens stays 0.
+		model, stream, err := parseForm(ex.body, ex.ctype)
+		if err != nil {
 			return err
 		}
-	} else {
-		if rt.multipart {
-			return &openai.RequestError{Message: "this endpoint takes a multipart/form-data body"}
-		}
+		sum.Model, sum.Stream = model, stream
+	case isMultipart(ex.ctype):
+		return &openai.RequestError{Message: "this endpoint takes a JSON body"}
+	default:
 		if err := ex.gen.ParseGeneric(ex.body); err != nil {
 			return err
 		}
-		model, stream, modelSpan = ex.gen.Model, ex.gen.Stream, ex.gen.ModelSpan
-		promptTokens = openai.EstimateTokens(len(ex.body))
+		// A JSON body's length stands for its tokens (openai.EstimateTokens), for rate limits and routing.
+		sum.Model, sum.Stream, sum.ModelSpan = ex.gen.Model, ex.gen.Stream, ex.gen.ModelSpan
+		sum.PromptTokens = openai.EstimateTokens(len(ex.body))
 	}
-	if len(model) == 0 {
+	if len(sum.Model) == 0 {
 		return &openai.RequestError{Param: "model", Message: "you must provide a model parameter: the gateway routes by it"}
 	}
-	ex.sum = openai.Summary{Model: model, Stream: stream, N: 1, Prompts: 1, Prompt: ex.sum.Prompt[:0],
-		PromptTokens: promptTokens, ModelSpan: modelSpan,
-		StreamSpan: openai.Span{Start: -1, End: -1}, StreamOptionsSpan: openai.Span{Start: -1, End: -1},
-		IncludeUsageSpan: openai.Span{Start: -1, End: -1}}
+	ex.sum = sum
 	return nil
 }
