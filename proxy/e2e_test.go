@@ -639,26 +639,42 @@ func TestMetricsAgreeWithClient(t *testing.T) {
 	}
 }
 
-// TestLongStreamIsNotCut: a 3-minute stream passes every default timeout of the gateway.
+// TestLongStreamIsNotCut: a stream that lasts several times longer than every timeout of the gateway (but
+// Timeouts.Total, the bound of a whole attempt) is relayed to its end, pings between its events included. The
+// timeouts are scaled down from their defaults (seconds to minutes) and the engine's pace with them, so that the
+// stream passes each bound several times over within seconds: what cuts a stream is a deadline set once and not
+// moved (fasthttp's write and read deadlines, the upstream's first-byte deadline), and that shows at any scale.
 func TestLongStreamIsNotCut(t *testing.T) {
-	if testing.Short() {
-		t.Skip("3-minute stream")
-	}
 	t.Parallel()
-	be := startSim(t, "a", func(c *sim.Config) { c.ITL = 600 * time.Millisecond })
-	gw := startGateway(t, snapshotOf(&routing.RoundRobin{}, 2, be.URL()), Options{})
+	const (
+		bound = time.Second           // every timeout of the gateway but Total
+		itl   = 50 * time.Millisecond // the engine's pace: each gap well within the idle bound
+		gaps  = 100                   // 5 s of stream: 5 times every bound
+	)
+	opts := Options{
+		WriteTimeout:  bound,
+		HeaderTimeout: bound,
+		IdleTimeout:   bound,
+		PingInterval:  itl / 2, // upstream silence gets a ": ping" between the events, as it does at full scale
+		Timeouts:      routing.Timeouts{Connect: bound, FirstByte: bound, Idle: bound},
+	}
+	be := startSim(t, "a", func(c *sim.Config) { c.ITL = itl })
+	gw := startGateway(t, snapshotOf(&routing.RoundRobin{}, 2, be.URL()), opts)
+	if to := gw.s.timeouts(&routing.BackendConfig{}); to.Total < time.Minute {
+		t.Fatalf("Total defaults to %v: the stream must stay within it", to.Total)
+	}
 	start := time.Now()
 	c := oai.NewClient(option.WithBaseURL(gw.url+"/v1"), option.WithAPIKey("k"),
-		option.WithMaxRetries(0), option.WithRequestTimeout(5*time.Minute))
-	text, err := streamChat(context.Background(), c, chatParams("a long story", 305)) // 304 gaps of 600 ms
+		option.WithMaxRetries(0), option.WithRequestTimeout(time.Minute))
+	text, err := streamChat(context.Background(), c, chatParams("a long story", gaps+1))
 	if err != nil {
 		t.Fatalf("after %v: %v", time.Since(start), err)
 	}
-	if d := time.Since(start); d < 3*time.Minute {
-		t.Fatalf("the stream lasted %v, want >= 3 minutes (the test would prove nothing)", d)
+	if d := time.Since(start); d < 4*bound {
+		t.Fatalf("the stream lasted %v, want >= %v (the test would prove nothing)", d, 4*bound)
 	}
-	if n := len(strings.Fields(text)); n < 250 {
-		t.Errorf("got %d words, want about 305", n)
+	if n := len(strings.Fields(text)); n < gaps*8/10 {
+		t.Errorf("got %d words, want about %d", n, gaps+1)
 	}
 }
 
