@@ -14,22 +14,43 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 )
 
-// buildBinary builds the switchyard binary into a temporary directory of t.
+// testLDFlags stamp the test binary's version as the Dockerfile does (at link time); TestVersionBinary checks
+// the line they make.
+const testLDFlags = "-X main.version=v9.9.9-test -X main.commit=0123abcd -X main.commitTime=2026-12-01T10:00:00Z"
+
+// built is the switchyard binary the tests run, built once per test process: a build and its link are most of
+// what a test that runs the binary costs, and each test built its own. TestMain removes its directory.
+var built struct {
+	once     sync.Once
+	dir, bin string
+	out      []byte
+	err      error
+}
+
+// buildBinary returns the switchyard binary, built on first use with testLDFlags (and -buildvcs=false, as the
+// Dockerfile builds it). Tests must not modify it.
 func buildBinary(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "switchyard")
-	if runtime.GOOS == "windows" {
-		bin += ".exe"
+	built.once.Do(func() {
+		if built.dir, built.err = os.MkdirTemp("", "switchyard-test-"); built.err != nil {
+			return
+		}
+		built.bin = filepath.Join(built.dir, "switchyard")
+		if runtime.GOOS == "windows" {
+			built.bin += ".exe"
+		}
+		built.out, built.err = exec.Command("go", "build", "-buildvcs=false", "-ldflags", testLDFlags, "-o", built.bin, ".").CombinedOutput()
+	})
+	if built.err != nil {
+		t.Fatalf("go build: %v\n%s", built.err, built.out)
 	}
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
+	return built.bin
 }
 
 // serveProc is a `switchyard serve` child process and the addresses its log announced.

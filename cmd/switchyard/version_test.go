@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -57,20 +56,13 @@ func TestVersionCommand(t *testing.T) {
 	}
 }
 
-// TestVersionBinary builds the binary the way the Dockerfile does (commit and version given at link time) and
-// runs it: the line carries them, the Go version and the platform.
+// TestVersionBinary runs the binary built the way the Dockerfile builds it (commit and version given at link
+// time, testLDFlags): the line carries them, the Go version and the platform.
 func TestVersionBinary(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	bin := filepath.Join(t.TempDir(), "switchyard")
-	if runtime.GOOS == "windows" {
-		bin += ".exe"
-	}
-	ldflags := "-X main.version=v9.9.9-test -X main.commit=0123abcd -X main.commitTime=2026-12-01T10:00:00Z"
-	if out, err := exec.Command("go", "build", "-buildvcs=false", "-ldflags", ldflags, "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildBinary(t) // with testLDFlags
 	want := "switchyard v9.9.9-test (commit 0123abcd, 2026-12-01T10:00:00Z) " + runtime.Version() + " " +
 		runtime.GOOS + "/" + runtime.GOARCH + "\n"
 	for _, arg := range []string{"version", "--version"} {
