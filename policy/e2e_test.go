@@ -222,7 +222,9 @@ func TestReloadEndToEnd(t *testing.T) {
 	}
 	policy := func(strategy string, backends ...string) []byte {
 		var b strings.Builder
-		b.WriteString("listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nauth: none\nlimits: {drain_timeout: 5s}\nbackends:\n")
+		// No shutdown grace: the test stops the gateway with SIGTERM, which would otherwise keep it serving,
+		// unready, for the default 5 s before it drains.
+		b.WriteString("listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nauth: none\nlimits: {drain_timeout: 5s, shutdown_grace: 0s}\nbackends:\n")
 		for _, n := range backends {
 			fmt.Fprintf(&b, "  - {name: %s, url: '%s', models: [sim-model]}\n", n, url[n])
 		}
