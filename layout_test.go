@@ -210,7 +210,11 @@ func backticked(s string) (string, bool) {
 // and the section's heading in double quotes.
 var designCitation = regexp.MustCompile(`docs/design\.md, "([^"\n]*)("?)`)
 
-// TestDesignSectionsCited: every section of docs/design.md that a file of the repository cites by name exists.
+// outsideDesign matches a citation of the design document that the team kept outside the repository, in capitals.
+var outsideDesign = regexp.MustCompile(`\bDESIGN(\.md| section)`)
+
+// TestDesignSectionsCited: every section of docs/design.md that a file of the repository cites by name exists,
+// and no file cites the design document that lived outside the repository.
 func TestDesignSectionsCited(t *testing.T) {
 	doc, err := os.ReadFile(designDoc)
 	if err != nil {
@@ -240,6 +244,9 @@ func TestDesignSectionsCited(t *testing.T) {
 		data, err := os.ReadFile(path)
 		if err != nil {
 			return err
+		}
+		if outsideDesign.Match(data) {
+			t.Errorf("%s cites the design document that lived outside the repository: cite %s and its section", path, designDoc)
 		}
 		for _, m := range designCitation.FindAllSubmatch(data, -1) {
 			switch {

@@ -10,8 +10,8 @@ type Pool struct {
 }
 
 // Brownout decides when a request goes to its model's degrade_to variant (a smaller or quantized model) instead
-// of waiting or being shed (DESIGN.md section 6: brownout before shedding). A request of class c is degraded
-// when
+// of waiting or being shed (docs/design.md, "Routing and protection": brownout before shedding). A request of class c
+// is degraded when
 //
 //	c is not critical, and the model has a degrade_to, and
 //	the primary pool is Saturated or its S >= At[c], and

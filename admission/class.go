@@ -5,8 +5,8 @@ package admission
 // a larger Class is more important).
 type Class int8
 
-// The priority classes (DESIGN.md section 6). Critical traffic keeps its latency: it is never shed on a
-// prediction, only queued. Standard traffic is shed only when it would miss its objective anyway. Sheddable
+// The priority classes (docs/design.md, "Routing and protection"). Critical traffic keeps its latency: it is never
+// shed on a prediction, only queued. Standard traffic is shed only when it would miss its objective anyway. Sheddable
 // traffic gives way first: gradually as the fleet saturates, and whenever it would miss its objective.
 const (
 	Sheddable Class = -1
@@ -60,7 +60,7 @@ const DefaultPriorityHeader = "x-switchyard-priority"
 // Priorities decides a request's class. Build it from the policy's priorities section; the zero value makes
 // every request Standard, with SLO factors of 1. It is immutable once built and safe for concurrent use.
 //
-// The rule (DESIGN.md section 6: "from API key or header"):
+// The rule (from the API key or the priority header, docs/design.md, "Routing and protection"):
 //   - A request's base class is its API key's class, or Default when no keys are configured (key nil).
 //   - The priority header may choose any class at or below a ceiling: the key's class when keys are
 //     configured, Critical when they are not (a gateway without keys trusts every caller equally). So a key's

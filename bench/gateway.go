@@ -7,7 +7,8 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// GatewaySpec is what the harness puts in a generated gateway config: the stable core of DESIGN.md section 4.
+// GatewaySpec is what the harness puts in a generated gateway config: the policy's stable core
+// (docs/design.md, "External contracts").
 type GatewaySpec struct {
 	Listen, AdminListen string
 	Region              string // the gateway's region; default the first backend's

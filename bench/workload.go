@@ -10,7 +10,8 @@ import (
 // DefaultModel is the model a workload asks for when it names none: the simulator's default served model.
 const DefaultModel = "sim-model"
 
-// PriorityHeader is the request header that carries a request's priority class (DESIGN.md section 4).
+// PriorityHeader is the request header that carries a request's priority class
+// (docs/design.md, "External contracts").
 const PriorityHeader = "x-switchyard-priority"
 
 // Workload is one YAML file in bench/workloads: what requests to send and when. Every time on a workload's timeline

@@ -12,9 +12,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Store keeps exact responses by key (ResponseKey), each for a time: the response cache of DESIGN.md section 7.
-// MemoryStore keeps them in the process, RedisStore shares them between replicas. Implementations are safe for
-// concurrent use; Get and Set honour ctx's deadline.
+// Store keeps exact responses by key (ResponseKey), each for a time: the response cache of
+// docs/design.md, "Response cache". MemoryStore keeps them in the process, RedisStore shares them between replicas.
+// Implementations are safe for concurrent use; Get and Set honour ctx's deadline.
 type Store interface {
 	// Get returns the value stored under key, or ok false when there is none (or it expired).
 	Get(ctx context.Context, key string) (val []byte, ok bool, err error)

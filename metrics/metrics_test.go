@@ -8,8 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// TestNamesAndBuckets pins the metric contract of DESIGN.md section 4: dashboards and alerts depend on these
-// names and on the GenAI bucket boundaries.
+// TestNamesAndBuckets pins the metric contract (docs/design.md, "External contracts"; docs/metrics.md): dashboards
+// and alerts depend on these names and on the GenAI bucket boundaries.
 func TestNamesAndBuckets(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := New(reg)

@@ -14,10 +14,10 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// Redis configures the state that gateway replicas share (DESIGN.md section 7): per-key rate limits, circuit
-// breakers, prefix ownership hints, load hints and the response cache. The zero value (no URL) keeps all state in
-// the process. A file writes it as a URL string (`redis: redis://host:6379/0`) or as a mapping with the URL and
-// the settings below. Static: a reload that changes it keeps the one the process started with.
+// Redis configures the state that gateway replicas share (docs/design.md, "State shared through Redis"): per-key rate
+// limits, circuit breakers, prefix ownership hints, load hints and the response cache. The zero value (no URL) keeps
+// all state in the process. A file writes it as a URL string (`redis: redis://host:6379/0`) or as a mapping with the
+// URL and the settings below. Static: a reload that changes it keeps the one the process started with.
 //
 // Redis is never on a request's critical path for longer than Timeout: past it (or on any Redis error) the
 // request is decided on local state, counted in switchyard_redis_errors_total, and the gateway reconnects by

@@ -8,9 +8,9 @@ import (
 	"github.com/switchyard/switchyard/proxy"
 )
 
-// Shared says how compiled snapshots share state with the other gateway replicas (DESIGN.md section 7). The
-// command builds it from the policy's redis section (which is static) and hands it to the Watcher, which
-// applies it to every snapshot it compiles. The zero value shares nothing.
+// Shared says how compiled snapshots share state with the other gateway replicas
+// (docs/design.md, "State shared through Redis"). The command builds it from the policy's redis section (which is
+// static) and hands it to the Watcher, which applies it to every snapshot it compiles. The zero value shares nothing.
 type Shared struct {
 	// Limiter, when set, returns the rate limiter a snapshot uses around the one it compiled (the local
 	// buckets, which become its fallback): the Redis-backed limiter. The returned limiter should have a

@@ -180,7 +180,7 @@ func (ex *exchange) cancelled() error {
 	return ex.wd.reason()
 }
 
-// admit runs DESIGN section 3 steps 3 and 6 for the request: the API key and its model permission, the
+// admit is the admission step of docs/design.md, "The request path": the API key and its model permission, the
 // priority class, the key's rate limits, brownout, and the shedding decision, which admits the request, queues
 // it until a backend has capacity, or refuses it. On success the first attempt may already hold its backend.
 func (ex *exchange) admit(h *fasthttp.RequestHeader) error {

@@ -16,8 +16,8 @@ import (
 )
 
 // redisBenchGateway is a gateway in front of backendURL whose one API key has (practically unlimited) rate
-// limits: decided in process (shared false), or with everything DESIGN.md section 7 shares through Redis on:
-// the Redis rate limiter on the request path (5 ms budget, the policy's default), and breaker sharing and
+// limits: decided in process (shared false), or with everything docs/design.md, "State shared through Redis" lists
+// on: the Redis rate limiter on the request path (5 ms budget, the policy's default), and breaker sharing and
 // load and prefix hints running in the background.
 func redisBenchGateway(tb testing.TB, backendURL string, shared bool) string {
 	tb.Helper()

@@ -17,10 +17,10 @@ import (
 	"github.com/switchyard/switchyard/openai"
 )
 
-// ResponseCache is a model's exact response cache (DESIGN.md section 7): a complete answer to a deterministic
-// request is kept for TTL under the hash of its partition, the public model name and the request's canonical
-// body, and the same request in the same partition gets it again without reaching a backend, as a JSON body or
-// replayed as an SSE stream, whichever it asks for. Only chat and completions requests are cached, and only
+// ResponseCache is a model's exact response cache (docs/design.md, "Response cache"): a complete answer to a
+// deterministic request is kept for TTL under the hash of its partition, the public model name and the request's
+// canonical body, and the same request in the same partition gets it again without reaching a backend, as a JSON body
+// or replayed as an SSE stream, whichever it asks for. Only chat and completions requests are cached, and only
 // deterministic ones: temperature 0, or a client that opts in with "X-Switchyard-Cache: on" (honoured for an API
 // key with CacheOptIn, and for every client of a gateway without keys; ignored otherwise, as if absent);
 // "X-Switchyard-Cache: off" never uses the cache. Responses say "X-Switchyard-Cache: hit" or "miss" when the

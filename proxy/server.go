@@ -413,9 +413,9 @@ func (s *Server) plainError(ctx *fasthttp.RequestCtx, code int, typ, ecode, msg 
 	ctx.Response.SetBodyRaw(openai.AppendError(nil, msg, typ, ecode, ""))
 }
 
-// serveProxy is the request path of docs/design.md for one inference request. It owns the exchange until it
-// hands a streaming answer to fasthttp (the relay then owns it, and Close releases it); every other answer is
-// written and the exchange released here. A panic anywhere on the way is recovered (recover.go).
+// serveProxy is the request path (docs/design.md, "The request path") for one inference request. It owns the exchange
+// until it hands a streaming answer to fasthttp (the relay then owns it, and Close releases it); every other answer
+// is written and the exchange released here. A panic anywhere on the way is recovered (recover.go).
 func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, rt *route, id []byte) {
 	if string(ctx.Method()) != rt.method {
 		ctx.Response.Header.Set(fasthttp.HeaderAllow, rt.method)

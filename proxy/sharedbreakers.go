@@ -11,9 +11,9 @@ import (
 )
 
 // SharedBreakers shares circuit-breaker openings among gateway replicas through Redis, so that a backend one
-// replica finds dead is avoided by all within one Interval (DESIGN.md section 7), and it never makes a request
-// wait on Redis: a breaker that opens only queues its name (a non-blocking send), and one goroutine publishes
-// and reads the shared state every Interval.
+// replica finds dead is avoided by all within one Interval (docs/design.md, "State shared through Redis"), and it
+// never makes a request wait on Redis: a breaker that opens only queues its name (a non-blocking send), and one
+// goroutine publishes and reads the shared state every Interval.
 //
 // State: one Redis hash, Prefix+"{fleet}:breakers", field per backend name, value the time (ms, Redis TIME)
 // until which the backend is open. Opening publishes now+OpenFor (never shortening a later time); every tick

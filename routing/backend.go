@@ -275,8 +275,9 @@ type load struct {
 	fresh     bool    // engine metrics are fresh
 }
 
-// loadAt combines local accounting with the engine's view: the larger of the two (DESIGN.md section 5), so
-// traffic from other gateway replicas counts too. Engine metrics count only while fresh.
+// loadAt combines local accounting with the engine's view: the larger of the two
+// (docs/design.md, "Routing and protection"), so traffic from other gateway replicas counts too. Engine metrics count
+// only while fresh.
 func (b *Backend) loadAt(now time.Time) load {
 	_, tok := b.Prefilling()
 	l := load{queuedTok: float64(tok), running: float64(b.decoding.Load())}

@@ -64,7 +64,7 @@ type PeersOptions struct {
 }
 
 // Peers shares what this gateway replica knows with the others through Redis, and folds in what they know
-// (DESIGN.md section 7), entirely off the request path:
+// (docs/design.md, "State shared through Redis"), entirely off the request path:
 //
 //   - Load hints. Every Interval it writes its own in-flight requests, queued prefill tokens and decoding
 //     requests per backend into a Redis hash, field per replica, stamped with an expiry in Redis TIME, and reads

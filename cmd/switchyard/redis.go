@@ -17,9 +17,9 @@ import (
 	"github.com/switchyard/switchyard/routing"
 )
 
-// sharedState is what a gateway shares with its replicas through Redis (DESIGN.md section 7) when the policy
-// sets redis: the client, the rate limiter each snapshot wraps, the breaker sharing and the load and prefix
-// hints. Its zero value (no redis) shares nothing. It owns the client and the loops: start after the server
+// sharedState is what a gateway shares with its replicas through Redis (docs/design.md, "State shared through Redis")
+// when the policy sets redis: the client, the rate limiter each snapshot wraps, the breaker sharing and the load and
+// prefix hints. Its zero value (no redis) shares nothing. It owns the client and the loops: start after the server
 // exists, stop before the process ends.
 type sharedState struct {
 	client   redis.UniversalClient

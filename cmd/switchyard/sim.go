@@ -34,7 +34,7 @@ func runSimContext(ctx context.Context, args []string, stdout, stderr io.Writer)
 		"flags in snake case (name, listen, region, prefill_tps, itl, ...); excludes the other flags")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: switchyard sim [flags] | switchyard sim -fleet FILE")
-		fmt.Fprintln(stderr, "A simulated vLLM engine behind the OpenAI API (see DESIGN.md section 8).")
+		fmt.Fprintln(stderr, `A simulated vLLM engine behind the OpenAI API (see docs/design.md, "The simulator and the benchmark").`)
 		fmt.Fprintln(stderr, "A request without max_tokens generates -default-max-tokens tokens.")
 		fs.PrintDefaults()
 	}
