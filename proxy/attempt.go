@@ -21,8 +21,8 @@ import (
 // attempt is one request sent to one backend. An exchange has one attempt at a time, or two while a hedge
 // races the first for the first token.
 //
-// Ownership: the handler goroutine picks the backend, takes the slots (breaker, concurrency cap, outlier probe)
-// and does all routing accounting (acct). The network part (send, readFirst) runs on the handler goroutine, or,
+// Ownership: the handler goroutine picks the backend, takes its permit from admission (breaker, concurrency cap,
+// outlier probe) and does all routing accounting (acct). The network part (send, readFirst) runs on the handler goroutine, or,
 // when hedging, on a goroutine of the attempt's own; it touches only the attempt and copies of the request's
 // inputs, so a losing attempt that is abandoned can finish and free itself after its exchange has moved on.
 // The watchdog reaches its connection through wd (per request, never reused) to abort it.
@@ -32,17 +32,11 @@ type attempt struct {
 	target routing.Target
 	name   string
 	hedge  bool // started as a hedge
-	retry  bool // started as a retry (holds a retry-budget slot until its first byte or failure)
+	retry  bool // started as a retry that took a retry-budget slot (its permit holds it once acquired)
 
-	acct    routing.Attempt
-	began   bool        // acct holds a dispatched attempt
-	brkDone func(error) // the circuit breaker's callback
-	cap     *admission.Cap
-	out     *admission.Outlier
-	// A first token judged later, when the usage says what the engine had cached (outPending): its TTFT and the
-	// prediction made at dispatch, which judges it if no such usage comes.
-	outTTFT, outPred time.Duration
-	outPending       bool
+	acct   routing.Attempt
+	began  bool             // acct holds a dispatched attempt
+	permit admission.Permit // the breaker, concurrency slot and outlier probe the attempt holds
 
 	up      *upstream
 	req     fasthttp.Request
@@ -94,8 +88,8 @@ func (a *attempt) free() {
 	a.name = ""
 	a.hedge, a.retry, a.began = false, false, false
 	a.acct = routing.Attempt{}
-	a.brkDone, a.cap, a.out, a.up, a.conn = nil, nil, nil, nil, nil
-	a.outTTFT, a.outPred, a.outPending = 0, 0, false
+	a.permit = admission.Permit{}
+	a.up, a.conn = nil, nil
 	a.ci = openai.ChunkInfo{}
 	a.sse, a.gotFirst, a.complete = false, false, false
 	a.pending = a.pending[:0]

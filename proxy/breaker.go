@@ -8,6 +8,7 @@ import (
 
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/switchyard/switchyard/admission"
 	"github.com/switchyard/switchyard/routing"
 )
 
@@ -74,6 +75,11 @@ type breaker struct {
 	remoteUntil atomic.Int64 // UnixNano until which another replica reports the breaker open; 0: none
 }
 
+var _ admission.Breaker = (*breaker)(nil)
+
+// Allow implements admission.Breaker: gobreaker's two-step permission.
+func (br *breaker) Allow() (func(error), error) { return br.cb.Allow() }
+
 func newBreakers(s BreakerSettings, onState func(*routing.Backend, gobreaker.State)) *breakers {
 	s.setDefaults()
 	return &breakers{settings: s, onState: onState}
@@ -104,7 +110,7 @@ func (bs *breakers) get(b *routing.Backend) *breaker {
 			// A hedge that lost its race was cancelled by the gateway: not the backend's failure (the slower of
 			// two healthy engines lost every race and had its breaker opened before this).
 			return errors.Is(err, errClientGone) || errors.Is(err, errShutdown) || errors.Is(err, errNotSent) ||
-				errors.Is(err, errHedgeLost)
+				errors.Is(err, admission.ErrNotSent) || errors.Is(err, errHedgeLost)
 		},
 		OnStateChange: func(_ string, _, to gobreaker.State) { bs.changed(br, to) },
 	})

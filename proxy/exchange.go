@@ -363,35 +363,27 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 	return t, err
 }
 
-// take claims t's slots for attempt a: a breaker permit, a concurrency slot and, for a backend on probation,
-// its probe. It returns errNoCapacity when one is refused, and excludes t from this request's picks unless
-// only its concurrency cap refused (capacity may free). With force (retries and hedges of an admitted request,
-// which already hold their place), a full cap does not refuse: the attempt goes without a slot.
+// take claims t's permit for attempt a (admission.Permit: breaker, concurrency slot, outlier probe). It returns
+// errNoCapacity when one is refused, and excludes t from this request's picks unless only its concurrency cap
+// refused (capacity may free). With force (retries and hedges of an admitted request, which already hold their
+// place), a full cap does not refuse: the attempt goes without a slot.
 func (ex *exchange) take(a *attempt, t routing.Target, force bool) error {
 	b := t.Backend
-	done, err := ex.s.brk.get(b).cb.Allow()
-	if err != nil {
-		ex.tried = append(ex.tried, b) // open, or half-open with its probes taken
+	c := admission.Claim{Class: ex.class, Guard: ex.guard, Force: force}
+	if a.retry {
+		c.Retries = ex.s.retries
+	}
+	e := admission.Endpoint{Breaker: ex.s.brk.get(b), Cap: ex.s.caps.Get(b.Name()), Outlier: ex.s.outliers.Get(b.Name())}
+	f := admission.Fleet{Reserve: ex.s.reserveFor(ex.model.Name), Queue: ex.s.queueFor(ex.model.Name)}
+	switch err := a.permit.Acquire(&e, &f, c); err {
+	case nil:
+	case admission.ErrCapFull:
+		return errNoCapacity
+	default:
+		ex.tried = append(ex.tried, b) // open, half-open with its probes taken, or ejected
 		return errNoCapacity
 	}
-	c := ex.s.caps.Get(b.Name())
-	if c != nil && !c.TryAcquireFor(ex.class, ex.guard) {
-		if !force {
-			done(errNotSent)
-			return errNoCapacity
-		}
-		c = nil
-	}
-	o := ex.s.outliers.Get(b.Name())
-	if o != nil && !o.Acquire() {
-		done(errNotSent)
-		if c != nil {
-			c.Release()
-		}
-		ex.tried = append(ex.tried, b)
-		return errNoCapacity
-	}
-	a.target, a.name, a.brkDone, a.cap, a.out = t, b.Name(), done, c, o
+	a.target, a.name = t, b.Name()
 	return nil
 }
 
@@ -784,18 +776,14 @@ func (ex *exchange) race(a *attempt) {
 func (ex *exchange) abandon(a *attempt) {
 	ex.wd.kill(a, errHedgeLost)
 	// Losing is not the backend's failure, but the time it waited without a first token is evidence of its speed:
-	// routing learns it as a lower bound of its TTFT and the outlier detector judges it, so that hedging does not
-	// hide a slow tail from either.
-	waited := time.Since(a.started)
-	if a.out != nil {
-		a.out.Observe(true, waited, a.acct.PredictedTTFT())
-		a.out = nil
-	}
+	// routing learns it as a lower bound of its TTFT and the outlier detector judges it (admission.Outcome.Lost),
+	// so that hedging does not hide a slow tail from either.
+	lost := admission.Outcome{Err: errHedgeLost, Lost: true, Waited: time.Since(a.started), Predicted: a.acct.PredictedTTFT()}
 	if a.began {
 		a.acct.Abandon()
 		a.began = false
 	}
-	ex.settle(a, errHedgeLost, false)
+	ex.settle(a, lost)
 	if a.state.CompareAndSwap(raceRunning, raceAbandoned) {
 		return // its goroutine closes and frees it
 	}
@@ -804,110 +792,49 @@ func (ex *exchange) abandon(a *attempt) {
 	a.free()
 }
 
-// won records that a reached its first content: the routing model's TTFT, the concurrency cap's and the outlier
-// detector's observations.
+// won records that a reached its first content: the routing model's TTFT, and the first token for its permit
+// (the concurrency cap's and the outlier detector's observations, the breaker's success, the queue's signal).
 func (ex *exchange) won(a *attempt) {
 	ex.cur = a
+	f := admission.First{Content: a.gotFirst}
 	if a.gotFirst {
 		a.acct.FirstToken()
-		ttft := time.Since(a.started)
-		pred := a.acct.PredictedTTFT()
-		waiting, running := 0, 0
+		f.TTFT = time.Since(a.started)
+		f.Predicted, f.P90, f.Hit = a.acct.PredictedTTFT(), a.predP90, a.acct.PredictedHit()
 		if es := a.target.Backend.Engine(); es != nil && !es.Stale {
-			waiting, running = int(es.Waiting), int(es.Running)
-		}
-		if a.cap != nil {
-			a.cap.ObserveEngine(ttft, a.predP90, waiting, running)
-			a.cap.ObserveScrape(ttft, waiting, running)
-		}
-		if a.out != nil {
-			switch {
-			case waiting > 0 || a.cap != nil && a.cap.Seats() > 0 && running >= a.cap.Seats():
-				// The engine had a queue of its own, or ran its whole batch: a late first token is the load's
-				// doing (a queue, or prefills sharing steps with a full batch), which the cap and routing
-				// answer; judging it made the detector eject one of four identical backends under overload (a
-				// 12-13% slow share against its peers' 4%, by the luck of the queues) and cut the fleet's
-				// throughput by a quarter. The attempt still counts toward the error rate.
-				a.out.Observe(true, ttft, 0)
-			case a.acct.PredictedHit() && a.out.State() == admission.Serving:
-				// The prediction counted on a prefix the engine may have evicted, and a miss is not slowness:
-				// judge the first token when the usage says what was cached (relay), against the prediction
-				// for the prefill the engine really did. Round robin under cache pressure had a healthy
-				// backend ejected on such misses. A probe is judged at once, so that probing stays quick.
-				a.outTTFT, a.outPred, a.outPending = ttft, pred, true
-			default:
-				a.out.Observe(true, ttft, pred)
-			}
+			f.Waiting, f.Running = int(es.Waiting), int(es.Running)
 		}
 	}
-	if a.brkDone != nil {
-		// The backend answered: that is the breaker's success (a half-open breaker closes after its probes'
-		// first tokens, not after their whole streams). A stream that breaks later is not counted.
-		a.brkDone(nil)
-		a.brkDone = nil
-	}
-	if a.retry {
-		ex.s.retries.Done()
-		a.retry = false
-	}
+	a.permit.First(&f)
 	ex.rememberID(a) // responses.go
-	ex.s.queueFor(ex.model.Name).Signal()
-	ex.traceWon(a) // trace.go
+	ex.traceWon(a)   // trace.go
 }
 
 // endAttempt ends an attempt the exchange owns: releases its stream, its slots and its accounting.
 func (ex *exchange) endAttempt(a *attempt, outcome error) {
-	ex.settle(a, outcome, a.gotFirst)
+	ex.settle(a, admission.Outcome{Err: outcome, Reached: a.gotFirst})
 	a.closeStream(outcome == nil)
 	a.free()
 }
 
-// settle ends an attempt's accounting with outcome (nil: success): routing, breaker, concurrency cap, outlier
-// detector, retry budget, metrics. reached says the attempt produced its first content. It runs on the handler
-// goroutine and touches only what the handler owns (an abandoned attempt's goroutine may still be reading).
-func (ex *exchange) settle(a *attempt, outcome error, reached bool) {
+// settle ends an attempt's accounting with o (o.Err nil: success; settle fills o.Fault): routing, metrics, and
+// the attempt's permit (breaker, concurrency cap, outlier detector, retry budget, seat reserve, queue). It runs
+// on the handler goroutine and touches only what the handler owns (an abandoned attempt's goroutine may still be
+// reading).
+func (ex *exchange) settle(a *attempt, o admission.Outcome) {
 	ex.wd.untrack(a)
-	ex.traceAttemptEnd(a, outcome)
-	freed := a.cap != nil // a seat freed: a completion for the critical reserve
+	ex.traceAttemptEnd(a, o.Err)
 	var ue *upstreamError
-	fault := errors.As(outcome, &ue) && ue.backendFault()
+	o.Fault = errors.As(o.Err, &ue) && ue.backendFault()
 	if a.began {
-		a.acct.End(fault)
+		a.acct.End(o.Fault)
 		a.began = false
 		ex.s.m.Inflight.WithLabelValues(a.name).Set(float64(a.target.Backend.LocalInflight()))
 		asked, served := ex.models()
 		ex.s.m.ClientDuration.WithLabelValues(ex.operation(), providerOf(a.target.Backend), asked, served,
-			attemptErrorType(outcome)).Observe(time.Since(a.started).Seconds())
+			attemptErrorType(o.Err)).Observe(time.Since(a.started).Seconds())
 	}
-	if a.brkDone != nil {
-		a.brkDone(outcome)
-		a.brkDone = nil
-	}
-	if a.cap != nil {
-		a.cap.Release()
-		a.cap = nil
-	}
-	if a.out != nil {
-		if a.outPending { // no usage with cached tokens came: judge it on the prediction made at dispatch
-			a.out.Observe(true, a.outTTFT, a.outPred)
-			a.outPending = false
-		} else if fault && !reached {
-			a.out.Observe(false, 0, 0)
-		} else if !reached {
-			a.out.Observe(true, 0, 0) // answered, or left for reasons not its own: frees a probe slot
-		}
-		a.out = nil
-	}
-	if a.retry {
-		ex.s.retries.Done()
-		a.retry = false
-	}
-	if ex.model != nil {
-		if freed {
-			ex.s.reserveFor(ex.model.Name).Done()
-		}
-		ex.s.queueFor(ex.model.Name).Signal()
-	}
+	a.permit.End(&o)
 }
 
 // shedError is a shedding refusal with the Retry-After its decision computed.

@@ -126,9 +126,8 @@ func (ex *exchange) step(emit func([]byte) error) (done bool, err error) {
 		ex.hasUsage = true
 		a.acct.ObserveUsage(routing.Usage{PromptTokens: ex.usage.PromptTokens, CompletionTokens: ex.usage.CompletionTokens,
 			CachedTokens: ex.usage.CachedTokens, HasCached: ex.usage.HasCached})
-		if a.outPending && ex.usage.HasCached {
-			a.outPending = false
-			a.out.Observe(true, a.outTTFT, a.acct.RevisedTTFT())
+		if ex.usage.HasCached && a.permit.Pending() {
+			a.permit.Revised(a.acct.RevisedTTFT())
 		}
 	}
 	if ex.ci.Error {
