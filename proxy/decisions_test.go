@@ -21,7 +21,7 @@ func decisionFixture(tb testing.TB, backends int) (*Server, *exchange, *attempt)
 	snap := snapshotOf(&routing.RoundRobin{}, 2, urls...)
 	s := &Server{}
 	m := snap.Models["sim-model"]
-	ex := &exchange{s: s, model: m, asked: m, class: admission.Critical}
+	ex := &exchange{s: s, routed: routed{model: m, asked: m, class: admission.Critical}}
 	ex.cands = append(ex.cands, m.Targets...)
 	a := &attempt{target: m.Targets[0]}
 	return s, ex, a

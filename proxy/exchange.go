@@ -38,7 +38,27 @@ var errHedgeLost = errors.New("proxy: hedge race lost")
 // the fasthttp.RequestCtx after the handler returns, except the client net.Conn (in the watchdog), which lives as
 // long as the connection and is only used while fasthttp is inside the handler or WriteTo.
 type exchange struct {
-	s        *Server
+	s       *Server
+	fwd     fasthttp.RequestHeader // the client's headers passed on; kept across uses (reset in place)
+	results chan *attempt          // hedged attempts report here; kept across uses
+
+	clientRequest // what the client sent
+	routed        // its admission and its attempts
+	relayed       // what the relay learned
+
+	wd       *watchdog
+	code     int // the status the client got (499 when it left)
+	done     bool
+	poisoned bool // code on this exchange panicked: it is discarded, never pooled (recover.go)
+
+	rc respCacheState // the response cache's part (respcache.go)
+
+	obs  observation  // traces and the access log (observe.go)
+	note decisionNote // what the status page keeps of routing and admission (decisions.go)
+}
+
+// clientRequest is the part of an exchange that holds what the client sent: where, when, and its body.
+type clientRequest struct {
 	rt       *route          // the endpoint the client called
 	endpoint openai.Endpoint // rt.api
 	path     []byte
@@ -50,12 +70,26 @@ type exchange struct {
 	body   []byte         // the client's body, copied
 	ctype  []byte         // the client's Content-Type, for bodies that are not JSON (forms)
 	query  []byte         // the client's query string, passed on
-	sum    openai.Summary // what routing needs from body
+	sum    openai.Summary // what routing needs from body (parse overwrites it, keeping its buffers)
 	gen    openai.Generic // what a pass-through route reads of body (rt.api == 0)
 	upBody []byte         // body as sent upstream
 	upFor  string         // the upstream model name upBody was built for ("" = not built)
-	fwd    fasthttp.RequestHeader
+}
 
+// reset empties r for the next request, keeping its buffers unless the body made them larger than 1 MiB (one
+// huge prompt must not pin memory in the pool).
+func (r *clientRequest) reset() {
+	body, upBody := r.body[:0], r.upBody[:0]
+	if cap(body) > 1<<20 {
+		body, upBody = nil, nil
+	}
+	*r = clientRequest{path: r.path[:0], reqID: r.reqID[:0], body: body, ctype: r.ctype[:0], query: r.query[:0],
+		sum: r.sum, gen: r.gen, upBody: upBody}
+}
+
+// routed is the part of an exchange that holds the request's admission (model, key, class, quota) and its
+// attempts on backends.
+type routed struct {
 	snap     *Snapshot
 	asked    *Model // the model the client asked for
 	model    *Model // the model that serves it (asked, or its degrade_to under brownout)
@@ -75,8 +109,18 @@ type exchange struct {
 	attempts int
 	budgeted bool // counted in the retry budget's live requests
 	fleeing  bool // a retry already moved this request off a backend that died: its later retries are not budgeted
+}
 
-	// What the relay learned.
+// reset empties r for the next request. Its attempts must have ended and its retry budget been given back.
+func (r *routed) reset() {
+	r.rreq.Reset()
+	clear(r.tried)
+	clear(r.cands)
+	*r = routed{rreq: r.rreq, respID: r.respID[:0], tried: r.tried[:0], cands: r.cands[:0]}
+}
+
+// relayed is the part of an exchange that holds what the relay learned of the answer, and its buffers.
+type relayed struct {
 	injectedUsage bool // the gateway asked upstream for usage; the client did not
 	firstAt       time.Time
 	lastTokenAt   time.Time
@@ -90,27 +134,24 @@ type exchange struct {
 	scratch       []byte
 	modelBuf      []byte
 	out           []byte
-	asm           openai.Assembler
+	asm           openai.Assembler // reset where it is used; kept with its buffers
 	ci            openai.ChunkInfo
 	tpot          prometheus.Observer
 	itl           prometheus.Observer
-	results       chan *attempt // hedged attempts report here
+}
 
-	wd       *watchdog
-	code     int // the status the client got (499 when it left)
-	done     bool
-	poisoned bool // code on this exchange panicked: it is discarded, never pooled (recover.go)
-
-	rc respCacheState // the response cache's part (respcache.go)
-
-	obs  observation  // traces and the access log (observe.go)
-	note decisionNote // what the status page keeps of routing and admission (decisions.go)
+// reset empties r for the next request, keeping its reader and buffers.
+func (r *relayed) reset() {
+	r.replay.Reset(nil)
+	*r = relayed{replay: r.replay, replayBuf: r.replayBuf, scratch: r.scratch[:0], modelBuf: r.modelBuf[:0],
+		out: r.out[:0], asm: r.asm, ci: r.ci}
 }
 
 func (s *Server) acquireExchange() *exchange {
 	ex, _ := s.exchanges.Get().(*exchange)
 	if ex == nil {
-		ex = &exchange{s: s, replay: openai.NewEventReader(nil, maxEventBytes), results: make(chan *attempt, 2)}
+		ex = &exchange{s: s, results: make(chan *attempt, 2)}
+		ex.replay = openai.NewEventReader(nil, maxEventBytes)
 	}
 	return ex
 }
@@ -128,47 +169,17 @@ func (s *Server) releaseExchange(ex *exchange) {
 		ex.queued.free()
 		ex.queued = nil
 	}
-	ex.path = ex.path[:0]
-	ex.reqID = ex.reqID[:0]
-	ex.client, ex.clientIP = nil, nil
-	ex.rt = nil
-	ex.body = ex.body[:0]
-	ex.ctype, ex.query = ex.ctype[:0], ex.query[:0]
-	ex.upBody = ex.upBody[:0]
-	ex.upFor = ""
-	ex.fwd.Reset()
-	ex.snap, ex.asked, ex.model, ex.key = nil, nil, nil, nil
-	ex.class, ex.guard = admission.Standard, false
-	ex.quota = admission.Quota{}
-	ex.limited, ex.quoted = false, false
-	ex.rreq.Reset()
-	ex.respID, ex.pin = ex.respID[:0], nil
-	clear(ex.tried)
-	ex.tried = ex.tried[:0]
-	clear(ex.cands)
-	ex.cands = ex.cands[:0]
-	ex.attempts, ex.fleeing = 0, false
 	if ex.budgeted {
 		s.retries.End()
-		ex.budgeted = false
 	}
-	ex.injectedUsage, ex.hasUsage, ex.upstreamError, ex.replaying = false, false, false, false
-	ex.firstAt, ex.lastTokenAt = time.Time{}, time.Time{}
-	ex.tokens = 0
-	ex.usage = openai.Usage{}
-	ex.replay.Reset(nil)
-	ex.scratch = ex.scratch[:0]
-	ex.modelBuf = ex.modelBuf[:0]
-	ex.out = ex.out[:0]
-	ex.tpot = nil
-	ex.itl = nil
+	ex.fwd.Reset()
+	ex.clientRequest.reset()
+	ex.routed.reset()
+	ex.relayed.reset()
 	ex.code = 0
 	ex.done, ex.poisoned = false, false
 	ex.rc = respCacheState{}
 	ex.resetObservation()
-	if cap(ex.body) > 1<<20 { // do not let one huge prompt pin memory in the pool
-		ex.body, ex.upBody = nil, nil
-	}
 	s.exchanges.Put(ex)
 }
 
