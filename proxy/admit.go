@@ -4,18 +4,18 @@ import (
 	"github.com/switchyard/switchyard/admission"
 )
 
-// follow installs a new policy snapshot's backends and models into the admission state that outlives reloads:
-// concurrency caps and outlier detectors keep what they learned for backends that stay, and the queues of
-// models that went away are closed (their waiters get 503 shutting_down). Each request calls it; it is a
-// pointer comparison unless the snapshot changed.
-func (s *Server) follow(snap *Snapshot) {
-	if s.followed.Load() == snap {
-		return
+// follow installs a new policy snapshot's backends and models into the admission state that outlives reloads
+// (concurrency caps and outlier detectors keep what they learned for backends that stay, and the queues of
+// models that went away are closed: their waiters get 503 shutting_down), and resolves the snapshot's records
+// (records.go). Each request calls it; it is a pointer comparison unless the snapshot changed.
+func (s *Server) follow(snap *Snapshot) *resolved {
+	if r := s.followed.Load(); r != nil && r.snap == snap {
+		return r
 	}
 	s.followMu.Lock()
 	defer s.followMu.Unlock()
-	if s.followed.Load() == snap {
-		return
+	if r := s.followed.Load(); r != nil && r.snap == snap {
+		return r
 	}
 	caps := make([]admission.CapConfig, 0, len(snap.Backends))
 	names := make([]string, 0, len(snap.Backends))
@@ -33,17 +33,19 @@ func (s *Server) follow(snap *Snapshot) {
 		}
 		return true
 	})
-	s.followed.Store(snap)
+	r := s.resolve(snap)
+	s.followed.Store(r)
+	return r
 }
 
-// queueFor returns the gateway queue of a model, creating it on first use. Queues outlive reloads (a reload
-// does not drop waiters); their size is the one in force when they were created.
-func (s *Server) queueFor(model string) *admission.Queue[*exchange] {
+// queueFor returns the gateway queue of a model, creating it on first use with snap's size. Queues outlive
+// reloads (a reload does not drop waiters); their size is the one in force when they were created.
+func (s *Server) queueFor(model string, snap *Snapshot) *admission.Queue[*exchange] {
 	if q, ok := s.queues.Load(model); ok {
 		return q.(*admission.Queue[*exchange])
 	}
 	size := admission.DefaultQueueSize
-	if snap := s.src.Snapshot(); snap != nil && snap.Queue.Size > 0 {
+	if snap.Queue.Size > 0 {
 		size = snap.Queue.Size
 	}
 	q := admission.NewQueue(admission.QueueConfig[*exchange]{
@@ -88,10 +90,10 @@ func (s *Server) reserveFor(model string) *admission.SeatReserve {
 
 // pool measures a model's backends for brownout and shedding: the mean saturation S over its healthy backends
 // (engine queue, KV use and concurrency cap, admission.Saturation) and whether all are saturated.
-func (s *Server) pool(m *Model, saturated bool) admission.Pool {
+func pool(r *modelRec, saturated bool) admission.Pool {
 	var meter admission.PoolMeter
 	healthy, full := 0, 0
-	for _, t := range m.Targets {
+	for i, t := range r.m.Targets {
 		b := t.Backend
 		if !b.Healthy() {
 			continue
@@ -102,7 +104,7 @@ func (s *Server) pool(m *Model, saturated bool) admission.Pool {
 			waiting, kv = int(es.Waiting), es.KVUsage
 		}
 		inflight, limit := int(b.Inflight()), 0
-		if c := s.caps.Get(b.Name()); c != nil {
+		if c := r.ends[i].guards.Cap; c != nil {
 			inflight, limit = c.Inflight(), c.LimitFor(admission.Critical, true)
 			if c.Full() {
 				full++

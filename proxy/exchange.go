@@ -91,8 +91,9 @@ func (r *clientRequest) reset() {
 // attempts on backends.
 type routed struct {
 	snap     *Snapshot
-	asked    *Model // the model the client asked for
-	model    *Model // the model that serves it (asked, or its degrade_to under brownout)
+	asked    *Model    // the model the client asked for
+	model    *Model    // the model that serves it (asked, or its degrade_to under brownout)
+	rec      *modelRec // model's record: its backends' protections, queue, reserve, budgets (records.go)
 	key      *admission.Key
 	class    admission.Class
 	guard    bool // the model has critical demand to keep engine seats for (set by each pick)
@@ -220,13 +221,13 @@ func (ex *exchange) admit(h *fasthttp.RequestHeader) error {
 		return nil // nothing to decide: every request goes
 	}
 	if ex.class == admission.Critical {
-		ex.s.reserveFor(ex.model.Name).Arrive(ex.class)
+		ex.rec.reserve.Arrive(ex.class)
 	}
 
 	t, err := ex.choose()
 	if d := ex.model.DegradeTo; d != nil && ex.class != admission.Critical {
-		primary := ex.s.pool(ex.model, ex.rreq.Decision().Saturated || errors.Is(err, errNoCapacity))
-		degraded := ex.s.pool(d, false)
+		primary := pool(ex.rec, ex.rreq.Decision().Saturated || errors.Is(err, errNoCapacity))
+		degraded := pool(ex.rec.degrade, false)
 		if ex.s.brownout.Degrade(ex.class, primary, degraded) {
 			ex.s.m.Degraded.WithLabelValues(ex.model.Name, d.Name).Inc()
 			ex.degrade(d)
@@ -237,8 +238,8 @@ func (ex *exchange) admit(h *fasthttp.RequestHeader) error {
 		return err // no healthy backend at all
 	}
 	dec := ex.rreq.Decision()
-	q := ex.s.queueFor(ex.model.Name)
-	pool := ex.s.pool(ex.model, dec.Saturated || err != nil)
+	q := ex.rec.queue
+	pool := pool(ex.rec, dec.Saturated || err != nil)
 	in := admission.ShedInput{
 		Class:      ex.class,
 		SLO:        ex.model.SLO.TTFT,
@@ -281,7 +282,7 @@ func (ex *exchange) admit(h *fasthttp.RequestHeader) error {
 
 // degrade moves the request to model d (brownout): routing starts over on d's backends.
 func (ex *exchange) degrade(d *Model) {
-	ex.model = d
+	ex.model, ex.rec = d, ex.rec.degrade
 	ex.rreq.Reset()
 	ex.rreq.Model = d.Name
 	ex.rreq.PromptTokens = ex.sum.PromptTokens
@@ -313,8 +314,9 @@ func dispatchQueued(ex *exchange) (err error) {
 }
 
 // choose filters the model's targets (not tried yet, concurrency cap not full, not ejected, and for standard and
-// sheddable requests not down to the engine seats kept for critical ones) and asks the model's strategy to pick
-// one. It returns errNoCapacity when healthy backends exist but none can take more
+// sheddable requests not down to the engine seats kept for critical ones; a backend whose breaker is open is
+// unhealthy, which strategies skip) and asks the model's strategy to pick one. chooseFrom is the one place that
+// filters backends by capacity; the permit (take) then claims what the filter saw. It returns errNoCapacity when healthy backends exist but none can take more
 // now, routing.ErrNoBackend when none is healthy.
 func (ex *exchange) choose() (routing.Target, error) {
 	return ex.chooseFrom(true)
@@ -324,15 +326,17 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 	ex.cands = ex.cands[:0]
 	full := false
 	free, seats := 0, 0 // engine seats free and in all, over the available backends whose batch size is known
-	reserve := ex.s.reserveFor(ex.model.Name)
+	rec := ex.rec
+	reserve := rec.reserve
 	ex.guard = ex.class == admission.Critical || reserve.Active()
-	for _, t := range ex.model.Targets {
+	for i, t := range rec.m.Targets {
 		var c *admission.Cap
 		if respectCaps {
-			if o := ex.s.outliers.Get(t.Backend.Name()); o != nil && !o.Available() {
+			g := &rec.ends[i].guards
+			if o := g.Outlier; o != nil && !o.Available() {
 				continue
 			}
-			if c = ex.s.caps.Get(t.Backend.Name()); c != nil && t.Backend.Healthy() {
+			if c = g.Cap; c != nil && t.Backend.Healthy() {
 				if f, known := c.Free(); known {
 					free, seats = free+f, seats+c.Seats()
 				}
@@ -356,7 +360,7 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 		// their caps alone.
 		n := 0
 		for _, t := range ex.cands {
-			if c := ex.s.caps.Get(t.Backend.Name()); c != nil {
+			if c := rec.endpointOf(t.Backend).guards.Cap; c != nil {
 				if _, known := c.Free(); known {
 					full = true
 					continue
@@ -384,9 +388,7 @@ func (ex *exchange) take(a *attempt, t routing.Target, force bool) error {
 	if a.retry {
 		c.Retries = ex.s.retries
 	}
-	e := admission.Endpoint{Breaker: ex.s.brk.get(b), Cap: ex.s.caps.Get(b.Name()), Outlier: ex.s.outliers.Get(b.Name())}
-	f := admission.Fleet{Reserve: ex.s.reserveFor(ex.model.Name), Queue: ex.s.queueFor(ex.model.Name)}
-	switch err := a.permit.Acquire(&e, &f, c); err {
+	switch err := a.permit.Acquire(&ex.rec.endpointOf(b).guards, &ex.rec.fleet, c); err {
 	case nil:
 	case admission.ErrCapFull:
 		return errNoCapacity
@@ -481,7 +483,6 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 		a.predP90 = time.Duration(float64(a.predP90) * float64(p90) / float64(mean))
 	}
 	ex.note.dispatched(ex, a) // decisions.go: the status page's table of recent decisions
-	ex.s.m.Inflight.WithLabelValues(a.name).Set(float64(t.Backend.LocalInflight()))
 	if ex.attempts == 1 {
 		ex.s.m.Overhead.Observe(time.Since(ex.arrival).Seconds())
 	}
@@ -669,7 +670,7 @@ func (ex *exchange) retryWhole(failed error) error {
 // backend (within the hedge budget); the first token wins and the other attempt is aborted (its connection
 // closes, so its engine stops). A failure before any token is retried as without hedging.
 func (ex *exchange) runHedged() error {
-	budget := ex.s.hedgeBudget(ex.model)
+	budget := ex.rec.hedges
 	budget.Request()
 	live, hedged := 0, false
 	var racers [2]*attempt
@@ -840,7 +841,6 @@ func (ex *exchange) settle(a *attempt, o admission.Outcome) {
 	if a.began {
 		a.acct.End(o.Fault)
 		a.began = false
-		ex.s.m.Inflight.WithLabelValues(a.name).Set(float64(a.target.Backend.LocalInflight()))
 		asked, served := ex.models()
 		ex.s.m.ClientDuration.WithLabelValues(ex.operation(), providerOf(a.target.Backend), asked, served,
 			attemptErrorType(o.Err)).Observe(time.Since(a.started).Seconds())

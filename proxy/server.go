@@ -148,7 +148,7 @@ type Server struct {
 	reserves sync.Map // model name -> *admission.SeatReserve
 	homes    *homes   // where each stored response lives (responses.go)
 	followMu sync.Mutex
-	followed atomic.Pointer[Snapshot]
+	followed atomic.Pointer[resolved] // the last snapshot installed, with its records (records.go)
 
 	// panicAt, set by tests before serving, is called at the start of each stage of the request path, so that
 	// tests can make a stage panic (recover.go); nil in production.
@@ -599,7 +599,7 @@ func (ex *exchange) route(h *fasthttp.RequestHeader) error {
 	if snap == nil {
 		return routing.ErrNoBackend
 	}
-	ex.s.follow(snap)
+	res := ex.s.follow(snap)
 	if ex.rt.byID {
 		if err := ex.locate(snap); err != nil { // responses.go: the model and backend of the stored response
 			return err
@@ -615,7 +615,7 @@ func (ex *exchange) route(h *fasthttp.RequestHeader) error {
 	if err := ex.pinHome(m); err != nil { // responses.go: a stored response's follow-ups go to its backend
 		return err
 	}
-	ex.snap, ex.asked, ex.model = snap, m, m
+	ex.snap, ex.asked, ex.model, ex.rec = snap, m, m, res.models[m]
 	ex.rreq.Model = m.Name
 	ex.rreq.PromptTokens = ex.sum.PromptTokens
 	ex.rreq.MaxTokens = ex.sum.MaxTokens

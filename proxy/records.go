@@ -1,0 +1,82 @@
+package proxy
+
+import (
+	"github.com/switchyard/switchyard/admission"
+	"github.com/switchyard/switchyard/routing"
+)
+
+// The request path reads per-backend and per-model state through records resolved once per policy snapshot
+// (Server.follow), not through registries keyed by name: a request finds its model's record once, and every
+// pick and attempt after that follows pointers. The state the records point to (breakers, caps, outlier
+// detectors, queues, reserves, budgets) outlives reloads; a record is rebuilt, never changed, when a snapshot is
+// installed, and requests that started on the previous one keep theirs to the end.
+
+// endpoint is one backend with its protections. It is shared by every model the backend serves.
+type endpoint struct {
+	b      *routing.Backend
+	guards admission.Endpoint // breaker, concurrency cap, outlier detector: what a Permit acquires
+}
+
+// modelRec is one model of a snapshot with what its backends share. ends[i] guards m.Targets[i].
+type modelRec struct {
+	m       *Model
+	ends    []*endpoint
+	queue   *admission.Queue[*exchange]
+	reserve *admission.SeatReserve
+	hedges  *admission.HedgeBudget
+	fleet   admission.Fleet // reserve and queue, as a Permit reports to them
+	degrade *modelRec       // m.DegradeTo's record; nil when it has none
+}
+
+// endpointOf returns the record of t, one of r's targets (a linear scan of pointers: a model has a handful of
+// backends).
+func (r *modelRec) endpointOf(b *routing.Backend) *endpoint {
+	for _, e := range r.ends {
+		if e.b == b {
+			return e
+		}
+	}
+	return nil
+}
+
+// resolved is a snapshot with its records.
+type resolved struct {
+	snap   *Snapshot
+	models map[*Model]*modelRec // every model the snapshot names, degrade_to models included
+}
+
+// resolve builds the records of snap. The caps and outlier detectors must hold snap's backends already.
+func (s *Server) resolve(snap *Snapshot) *resolved {
+	ends := make(map[*routing.Backend]*endpoint, len(snap.Backends))
+	endOf := func(b *routing.Backend) *endpoint {
+		if e := ends[b]; e != nil {
+			return e
+		}
+		e := &endpoint{b: b, guards: admission.Endpoint{Breaker: s.brk.get(b), Cap: s.caps.Get(b.Name()),
+			Outlier: s.outliers.Get(b.Name())}}
+		ends[b] = e
+		return e
+	}
+	res := &resolved{snap: snap, models: make(map[*Model]*modelRec, len(snap.Models))}
+	var recOf func(m *Model) *modelRec
+	recOf = func(m *Model) *modelRec {
+		if r := res.models[m]; r != nil {
+			return r
+		}
+		r := &modelRec{m: m, ends: make([]*endpoint, len(m.Targets)), queue: s.queueFor(m.Name, snap),
+			reserve: s.reserveFor(m.Name), hedges: s.hedgeBudget(m)}
+		r.fleet = admission.Fleet{Reserve: r.reserve, Queue: r.queue}
+		for i, t := range m.Targets {
+			r.ends[i] = endOf(t.Backend)
+		}
+		res.models[m] = r
+		if m.DegradeTo != nil {
+			r.degrade = recOf(m.DegradeTo)
+		}
+		return r
+	}
+	for _, m := range snap.Models {
+		recOf(m)
+	}
+	return res
+}
