@@ -49,7 +49,7 @@ func (s *Server) queueFor(model string, snap *Snapshot) *admission.Queue[*exchan
 		size = snap.Queue.Size
 	}
 	q := admission.NewQueue(admission.QueueConfig[*exchange]{
-		Name: model, Size: size, Dispatch: dispatchQueued, Metrics: s.m,
+		Name: model, Size: size, Dispatch: dispatchQueued, Metrics: s.m, Clock: s.clock,
 	})
 	if prev, loaded := s.queues.LoadOrStore(model, q); loaded {
 		q.Close()

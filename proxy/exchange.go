@@ -475,7 +475,7 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 	ex.tried = append(ex.tried, t.Backend)
 	a.acct = t.Backend.Dispatch(&ex.rreq)
 	a.began = true
-	a.started = time.Now()
+	a.started = ex.s.clock.Now()
 	// The concurrency cap judges first tokens against the p90 prediction: against the mean, half of all first
 	// tokens look slow and the noise alone would keep the cap down.
 	a.predP90 = a.acct.PredictedTTFT()
@@ -484,7 +484,7 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 	}
 	ex.note.dispatched(ex, a) // decisions.go: the status page's table of recent decisions
 	if ex.attempts == 1 {
-		ex.s.m.Overhead.Observe(time.Since(ex.arrival).Seconds())
+		ex.s.m.Overhead.Observe(ex.s.clock.Now().Sub(ex.arrival).Seconds())
 	}
 	ex.wd.track(a)
 	ex.traceAttempt(a) // trace.go: the attempt's span, and its traceparent upstream
@@ -542,6 +542,9 @@ func (ex *exchange) sse() bool {
 // (or the whole answer when it does not stream).
 func (ex *exchange) attemptOnce(a *attempt) error {
 	ex.s.testPanic(stageAttempt)
+	if h := ex.s.attemptHook; h != nil {
+		return h(a)
+	}
 	streamed := ex.sse()
 	if err := a.send(streamed, ex.rt.intact()); err != nil {
 		return err
@@ -701,7 +704,7 @@ func (ex *exchange) runHedged() error {
 		ex.endAttempt(a, err)
 		return err
 	}
-	timer := time.NewTimer(ex.model.Hedge.After)
+	timer := ex.s.clock.NewTimer(ex.model.Hedge.After)
 	defer timer.Stop()
 	for {
 		select {
@@ -749,7 +752,7 @@ func (ex *exchange) runHedged() error {
 				ex.endAttempt(next, err)
 				return err
 			}
-		case <-timer.C:
+		case <-timer.C():
 			if live != 1 || hedged || ex.cancelled() != nil || ex.sum.PromptTokens > hedgeMaxPromptTokens {
 				continue
 			}
@@ -790,7 +793,7 @@ func (ex *exchange) abandon(a *attempt) {
 	// Losing is not the backend's failure, but the time it waited without a first token is evidence of its speed:
 	// routing learns it as a lower bound of its TTFT and the outlier detector judges it (admission.Outcome.Lost),
 	// so that hedging does not hide a slow tail from either.
-	lost := admission.Outcome{Err: errHedgeLost, Lost: true, Waited: time.Since(a.started), Predicted: a.acct.PredictedTTFT()}
+	lost := admission.Outcome{Err: errHedgeLost, Lost: true, Waited: ex.s.clock.Now().Sub(a.started), Predicted: a.acct.PredictedTTFT()}
 	if a.began {
 		a.acct.Abandon()
 		a.began = false
@@ -811,7 +814,7 @@ func (ex *exchange) won(a *attempt) {
 	f := admission.First{Content: a.gotFirst}
 	if a.gotFirst {
 		a.acct.FirstToken()
-		f.TTFT = time.Since(a.started)
+		f.TTFT = ex.s.clock.Now().Sub(a.started)
 		f.Predicted, f.P90, f.Hit = a.acct.PredictedTTFT(), a.predP90, a.acct.PredictedHit()
 		if es := a.target.Backend.Engine(); es != nil && !es.Stale {
 			f.Waiting, f.Running = int(es.Waiting), int(es.Running)
@@ -843,7 +846,7 @@ func (ex *exchange) settle(a *attempt, o admission.Outcome) {
 		a.began = false
 		asked, served := ex.models()
 		ex.s.m.ClientDuration.WithLabelValues(ex.operation(), providerOf(a.target.Backend), asked, served,
-			attemptErrorType(o.Err)).Observe(time.Since(a.started).Seconds())
+			attemptErrorType(o.Err)).Observe(ex.s.clock.Now().Sub(a.started).Seconds())
 	}
 	a.permit.End(&o)
 }

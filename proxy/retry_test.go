@@ -10,15 +10,19 @@ import (
 	"github.com/switchyard/switchyard/routing"
 )
 
-// decisionRig is a Server that never serves, with a resolved snapshot of n backends that are never dialled, and
-// an exchange routed to its model: the request path's decisions run on it as plain function calls.
-func decisionRig(t *testing.T, n, retries int) (*Server, *exchange) {
+// decisionRig is a Server that never serves, with a resolved snapshot of n backends that are never dialled (tweak
+// may change it first), and an exchange routed to its model: the request path's decisions run on it as plain
+// function calls.
+func decisionRig(t *testing.T, n, retries int, tweak ...func(*Snapshot)) (*Server, *exchange) {
 	t.Helper()
 	urls := make([]string, n)
 	for i := range urls {
 		urls[i] = "http://127.0.0.1:1" // never dialled: these tests stop before any send
 	}
 	snap := snapshotOf(&routing.RoundRobin{}, retries, urls...)
+	for _, f := range tweak {
+		f(snap)
+	}
 	s, err := New(Static{S: snap}, Options{Metrics: metrics.New(prometheus.NewRegistry())})
 	if err != nil {
 		t.Fatal(err)
@@ -30,7 +34,11 @@ func decisionRig(t *testing.T, n, retries int) (*Server, *exchange) {
 	ex.rreq.Model = m.Name
 	ex.wd = &watchdog{}
 	t.Cleanup(func() {
-		ex.wd = nil
+		if ex.cur != nil {
+			ex.endAttempt(ex.cur, nil)
+			ex.cur = nil
+		}
+		ex.wd = nil // never started: nothing to stop
 		s.releaseExchange(ex)
 	})
 	return s, ex

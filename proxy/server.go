@@ -153,6 +153,11 @@ type Server struct {
 	// panicAt, set by tests before serving, is called at the start of each stage of the request path, so that
 	// tests can make a stage panic (recover.go); nil in production.
 	panicAt func(stage string)
+	// attemptHook, set by tests before serving, replaces the network part of every attempt (send and read to
+	// the first content): the request path's decisions then run without backends; nil in production.
+	attemptHook func(a *attempt) error
+	// clock reads the time for the request path's decisions (clock.go); tests replace it before serving.
+	clock clock
 
 	exchanges    sync.Pool
 	active       sync.WaitGroup
@@ -171,7 +176,7 @@ func New(src Source, opts Options) (*Server, error) {
 		return nil, errors.New("proxy: Options.Metrics is required")
 	}
 	opts.setDefaults()
-	s := &Server{src: src, opts: opts, m: opts.Metrics, log: opts.Logger, ups: newUpstreams(),
+	s := &Server{src: src, opts: opts, m: opts.Metrics, log: opts.Logger, ups: newUpstreams(), clock: systemClock{},
 		homes: newHomes(defaultHomesMax, defaultHomesTTL, nil)}
 	s.caps = admission.NewCaps(admission.DefaultCapParams(), opts.Metrics)
 	s.outliers = admission.NewOutlierDetector(admission.DefaultOutlierParams(), nil, opts.Metrics)
@@ -453,7 +458,7 @@ func (s *Server) serveProxy(ctx *fasthttp.RequestCtx, rt *route, id []byte) {
 // serveExchange runs one exchange and writes its answer. It returns true when the answer streams: fasthttp then
 // owns ex through the response body stream. Otherwise ex is finished (recorded) but not released.
 func (s *Server) serveExchange(ctx *fasthttp.RequestCtx, ex *exchange, rt *route) (streaming bool) {
-	ex.arrival = time.Now()
+	ex.arrival = s.clock.Now()
 	ex.rt, ex.endpoint = rt, rt.api
 	ex.path = append(ex.path[:0], ctx.Path()...)
 	ex.reqID = appendRequestID(ex.reqID[:0], ctx.Request.Header.Peek(headerRequestID))
