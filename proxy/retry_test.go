@@ -15,6 +15,12 @@ import (
 // function calls.
 func decisionRig(t *testing.T, n, retries int, tweak ...func(*Snapshot)) (*Server, *exchange) {
 	t.Helper()
+	return decisionRigOn(t, systemClock{}, n, retries, tweak...)
+}
+
+// decisionRigOn is decisionRig on clk, which the queues and the request path read from the start.
+func decisionRigOn(t *testing.T, clk clock, n, retries int, tweak ...func(*Snapshot)) (*Server, *exchange) {
+	t.Helper()
 	urls := make([]string, n)
 	for i := range urls {
 		urls[i] = "http://127.0.0.1:1" // never dialled: these tests stop before any send
@@ -27,6 +33,7 @@ func decisionRig(t *testing.T, n, retries int, tweak ...func(*Snapshot)) (*Serve
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.clock = clk
 	res := s.follow(snap)
 	ex := s.acquireExchange()
 	m := snap.Models["sim-model"]
