@@ -28,8 +28,8 @@ type modelRec struct {
 	degrade *modelRec       // m.DegradeTo's record; nil when it has none
 }
 
-// endpointOf returns the record of t, one of r's targets (a linear scan of pointers: a model has a handful of
-// backends).
+// endpointOf returns the record of b, the backend of one of r's targets, or nil for another backend (a linear
+// scan of pointers: a model has a handful of backends).
 func (r *modelRec) endpointOf(b *routing.Backend) *endpoint {
 	for _, e := range r.ends {
 		if e.b == b {
