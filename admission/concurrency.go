@@ -29,12 +29,15 @@ import (
 // latency model has re-learned it. "inflight >= limit/2" keeps an underused cap from growing without bound
 // (Netflix Gradient2's app-limited rule).
 type CapParams struct {
-	// Initial is an adaptive cap's starting limit. Default 8: start low and let slow start (+1 per good first
-	// token) find the engine's batch, as TCP does, rather than flood a small engine's queue at startup, where
+	// Initial is an adaptive cap's starting limit while the engine's seats are not stated (Cap.SeatsSource).
+	// Default 8: start low and let slow start (doubling per scrape that shows the engine running all it is sent,
+	// +1 per good first token) find the engine's batch, as TCP does, rather than flood a small engine's queue at startup, where
 	// the gateway can no longer order the requests (a cap of 32 against engines running 16 put the first seconds
 	// of an overload in the engines' queues, and critical requests behind standard ones).
 	Initial float64
-	// Min and Max bound an adaptive cap. Defaults 2 and 1024.
+	// Min and Max bound an adaptive cap. Defaults 2 and 1024. Max bounds the growth on first tokens only: seats
+	// the engine or the policy states, and the doubling while the scrapes show the engine running all it is
+	// sent (Cap.ObserveBatch), may take the limit past it.
 	Min, Max float64
 	// TargetWaiting is the engine queue above which the cap shrinks. Default 2 (routing.md: waiting ~1-2).
 	TargetWaiting int
@@ -104,6 +107,12 @@ type Cap struct {
 	seats    atomic.Int64 // the engine's batch size as last learned (0: unknown)
 	seatsAge atomic.Int64 // observations since the last evidence of seats (>= SeatsTTL: probing)
 	seatsLow atomic.Int64 // evidence of fewer seats than the estimate since the last that confirmed it
+	stated   atomic.Int64 // seats the engine or the policy states (0: neither); wins over seats
+	statedBy atomic.Int32 // a SeatSource: SeatsEngine or SeatsPolicy
+	policy   atomic.Int64 // the policy's max_num_seqs (0: none), stated when the engine states nothing
+	floor    atomic.Int64 // the largest batch the engine ran without a queue: it has at least these seats
+	engine   atomic.Pointer[engineRef]
+	scrapeAt atomic.Int64 // UnixNano of the last scrape the cap consumed (engineRef)
 	gauge    prometheus.Gauge
 }
 
@@ -138,6 +147,7 @@ func (c *Cap) Limit() int {
 	if s := c.static.Load(); s > 0 {
 		return int(s)
 	}
+	c.poll()
 	return int(c.limit.load())
 }
 
@@ -169,7 +179,16 @@ const seatsLowEvidence = 4
 // Seats returns the engine's batch size as last learned, or 0 when unknown. The batch size is the engine's
 // running count while it also keeps requests waiting (vllm:num_requests_running while
 // vllm:num_requests_waiting > 0, judged by ObserveScrape): it runs all it can and queues the rest.
-func (c *Cap) Seats() int { return int(c.seats.Load()) }
+//
+// Seats stated by the engine (Engine's maxSeqs) or the policy (CapConfig.MaxNumSeqs) win over the learned ones:
+// see SeatsSource.
+func (c *Cap) Seats() int {
+	c.poll()
+	if s := c.stated.Load(); s > 0 {
+		return int(s)
+	}
+	return int(c.seats.Load())
+}
 
 // LimitFor returns the slots a request of class c may fill. guard says whether the request's model has critical
 // demand to keep engine seats for (SeatReserve.Seats > 0); critical requests are always guarded.
@@ -190,8 +209,8 @@ func (c *Cap) Seats() int { return int(c.seats.Load()) }
 func (c *Cap) LimitFor(class Class, guard bool) int {
 	limit := c.Limit()
 	if s := c.Seats(); s > 0 && c.static.Load() <= 0 && (guard || class == Critical) {
-		if class != Critical && c.seatsAge.Load() >= SeatsTTL {
-			s++ // the probe
+		if class != Critical && c.stated.Load() <= 0 && c.seatsAge.Load() >= SeatsTTL {
+			s++ // the probe (stated seats are not tested: the engine or its operator said so)
 		}
 		return min(limit, s)
 	}
@@ -287,11 +306,18 @@ func (c *Cap) ObserveEngine(ttft, predicted time.Duration, waiting, running int)
 // ceiling is how far the limit may grow: Max, or Seats + TargetWaiting while the engine's batch size is known.
 // Requests fill at most Seats (and a probe) then, so the limit is not what holds them back, and without the
 // ceiling it would creep up on every good first token.
+//
+// Stated seats are not bounded by Max (the engine or its operator said so), nor is a limit the scrapes grew
+// past Max (ObserveBatch): a good first token never lowers the limit.
 func (c *Cap) ceiling() float64 {
-	if s := c.Seats(); s > 0 {
-		return min(float64(s+c.p.TargetWaiting), c.p.Max)
+	tw := float64(c.p.TargetWaiting)
+	if s := c.stated.Load(); s > 0 {
+		return float64(s) + tw
 	}
-	return c.p.Max
+	if s := c.seats.Load(); s > 0 {
+		return min(float64(s)+tw, max(c.p.Max, c.limit.load()))
+	}
+	return max(c.p.Max, c.limit.load())
 }
 
 // ObserveScrape feeds an attempt's first token with the engine metrics the gateway held then, to learn the
@@ -307,8 +333,8 @@ func (c *Cap) ceiling() float64 {
 // (SeatsTTL), the probe waiting with the estimate running confirms it, and a scrape without a queue that finds
 // more running (the probe ran) raises it. Lock-free.
 func (c *Cap) ObserveScrape(ttft time.Duration, waiting, running int) {
-	if !c.Adaptive() {
-		return
+	if !c.Adaptive() || c.stated.Load() > 0 {
+		return // stated seats are not learned
 	}
 	age := c.seatsAge.Add(1)
 	if running <= 0 {
@@ -362,6 +388,11 @@ type CapConfig struct {
 	Name string
 	// MaxConcurrency is the backend's max_concurrency: > 0 a static cap, 0 adaptive.
 	MaxConcurrency int
+	// MaxNumSeqs is the backend's max_num_seqs, the engine's seats as the policy states them; 0: not stated.
+	MaxNumSeqs int
+	// Engine, when not nil, is read for what the engine says of its batch (seats.go); nil: the cap learns
+	// from first tokens alone.
+	Engine Engine
 }
 
 // Caps holds the Cap of every backend. Caps keep their state (the learned limit, the slots taken) across policy
@@ -403,6 +434,7 @@ func (cs *Caps) Update(backends []CapConfig) {
 			}
 		}
 		c.setStatic(b.MaxConcurrency)
+		c.setEngine(b.Engine, b.MaxNumSeqs)
 		next[b.Name] = c
 	}
 	for name := range old {

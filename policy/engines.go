@@ -63,6 +63,9 @@ type EngineMetrics struct {
 	// StartTime is the engine process's start time in Unix seconds (process_start_time_seconds): a change
 	// means a restart, which empties the backend's share of the prefix index.
 	StartTime Metric `yaml:"start_time"`
+	// MaxSeqs is a gauge (or a label) of the most sequences the engine runs at once, its batch limit (Triton's
+	// nv_trt_llm_request_metrics{request_type="max"}): the concurrency cap's seats from the first scrape.
+	MaxSeqs Metric `yaml:"max_seqs"`
 }
 
 // Metric is the series that may carry one signal, in order of preference; empty when the engine does not export

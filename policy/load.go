@@ -119,6 +119,7 @@ func (c *Config) compile(reg *routing.Registry, prev *proxy.Snapshot, m *metrics
 			Models:               append([]string(nil), b.Models...),
 			Weight:               b.Weight,
 			MaxConcurrency:       b.MaxConcurrency,
+			MaxNumSeqs:           b.MaxNumSeqs,
 			Timeouts: routing.Timeouts{
 				Connect:   b.Timeouts.Connect,
 				FirstByte: b.Timeouts.FirstByte,

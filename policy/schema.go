@@ -122,6 +122,12 @@ type Backend struct {
 	// an adaptive cap (admission.CapParams: starts at 8, within [2, 1024]) that keeps the engine's own queue
 	// shallow. Default 0; >= 0.
 	MaxConcurrency int `yaml:"max_concurrency"`
+	// MaxNumSeqs is the most sequences the engine runs at once (vLLM's --max-num-seqs, SGLang's
+	// --max-running-requests, TGI's --max-batch-size): the adaptive cap starts at these seats and keeps the
+	// seats held for critical requests from the first request, instead of learning the batch from a queue. An
+	// engine that exports its own figure (engines.*.metrics.max_seqs) overrides it. Default 0: the engine's
+	// figure, else a fast probe of its running batch. >= 0.
+	MaxNumSeqs int `yaml:"max_num_seqs"`
 	// Tier is dedicated (capacity this deployment owns, used first) or overflow (used only when the dedicated
 	// backends are saturated). Default dedicated. Not supported yet.
 	Tier string `yaml:"tier"`

@@ -38,6 +38,7 @@ var supported = map[string]bool{
 	"engines.*.metrics.prefix_queries": true,
 	"engines.*.metrics.preemptions":    true,
 	"engines.*.metrics.start_time":     true,
+	"engines.*.metrics.max_seqs":       true,
 
 	"backends":                         true,
 	"backends[].name":                  true,
@@ -53,6 +54,7 @@ var supported = map[string]bool{
 	"backends[].forward_authorization": true,
 	"backends[].weight":                true,
 	"backends[].max_concurrency":       true,
+	"backends[].max_num_seqs":          true,
 	"backends[].tier":                  false, // overflow backends
 	"backends[].cost":                  false, // cost-aware routing
 	"backends[].cost.input":            true,

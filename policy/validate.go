@@ -120,6 +120,9 @@ func (r *report) validateBackends(c *Config, engines map[string]bool) map[string
 		if b.MaxConcurrency < 0 {
 			r.errorf(p+".max_concurrency", "must be >= 0 (0: adaptive)")
 		}
+		if b.MaxNumSeqs < 0 {
+			r.errorf(p+".max_num_seqs", "must be >= 0 (0: from the engine)")
+		}
 		if b.Tier != "dedicated" && b.Tier != "overflow" {
 			r.errorf(p+".tier", fmt.Sprintf("unknown tier %q (one of: dedicated, overflow)", b.Tier))
 		}

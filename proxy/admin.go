@@ -26,6 +26,20 @@ type BackendStatus struct {
 	// EngineSeats is the engine's batch size as the concurrency cap learned it (admission.Cap.Seats; 0: not
 	// known): requests are not sent to wait inside the engine beyond it.
 	EngineSeats int `json:"engine_seats"`
+	// Seats is the cap's best figure of the engine's seats, where it came from and how sure it is
+	// (admission.Cap.SeatsSource).
+	Seats SeatsStatus `json:"seats"`
+}
+
+// SeatsStatus is a backend's seat figure in /debug/backends.
+type SeatsStatus struct {
+	// Figure is the seats (0: none yet).
+	Figure int `json:"figure"`
+	// From is engine (its metrics state them), policy (backends[].max_num_seqs), queue (its running count
+	// while it kept requests waiting), probe (the largest batch it ran without a queue) or unknown.
+	From string `json:"from"`
+	// Sure is stated (engine, policy), measured (queue), at_least (probe) or none.
+	Sure string `json:"sure"`
 }
 
 // Admin serves the admin port: /metrics, /healthz, /readyz, /debug/backends, /debug/config, the status
@@ -85,6 +99,8 @@ func (a *Admin) Backends() []BackendStatus {
 		}
 		if c := a.s.caps.Get(st.Name); c != nil {
 			st.ConcurrencyLimit, st.EngineSeats = c.Limit(), c.Seats()
+			n, from := c.SeatsSource()
+			st.Seats = SeatsStatus{Figure: n, From: from.String(), Sure: from.Sure()}
 		}
 		out = append(out, st)
 	}

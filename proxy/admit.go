@@ -21,7 +21,8 @@ func (s *Server) follow(snap *Snapshot) *resolved {
 	names := make([]string, 0, len(snap.Backends))
 	for _, b := range snap.Backends {
 		c := b.Config()
-		caps = append(caps, admission.CapConfig{Name: c.Name, MaxConcurrency: c.MaxConcurrency})
+		caps = append(caps, admission.CapConfig{Name: c.Name, MaxConcurrency: c.MaxConcurrency,
+			MaxNumSeqs: c.MaxNumSeqs, Engine: b})
 		names = append(names, c.Name)
 	}
 	s.caps.Update(caps)

@@ -68,6 +68,10 @@ type BackendConfig struct {
 	// MaxConcurrency caps requests in flight to this backend; 0 means no fixed cap. The adaptive strategy counts
 	// a backend at its cap as saturated.
 	MaxConcurrency int
+	// MaxNumSeqs is the most sequences the engine runs at once as the policy states it (vLLM's --max-num-seqs,
+	// SGLang's --max-running-requests); 0 means not stated. The concurrency cap takes it as the engine's seats
+	// unless the engine exports its own figure (SignalMaxSeqs).
+	MaxNumSeqs int
 	// PrefixCapacity is how many 64-byte prompt blocks the prefix index may believe the backend holds, before
 	// calibration. 0 means "learn it": the engine's KV size when scraped (vllm:cache_config_info), else
 	// cache.DefaultCapacity.
@@ -223,6 +227,29 @@ func (b *Backend) Failures() uint64 { return b.failures.Load() }
 
 // Engine returns the last engine-metrics snapshot, or nil if b was never scraped. Check Fresh before trusting it.
 func (b *Backend) Engine() *EngineStats { return b.engine.Load() }
+
+// EngineBatch returns what the engine's last successful scrape says of its batch: maxSeqs the most sequences it
+// runs at once as it exports them (SignalMaxSeqs; 0 when it does not), running and waiting its batch and queue
+// then (-1 when the engine does not export them), and at the scrape's time (zero before any scrape). A failed
+// later scrape does not change at: each scrape is reported once, so a reader that remembers at consumes each
+// exactly once. admission.Cap reads it through its admission.Engine interface. Lock-free.
+func (b *Backend) EngineBatch() (maxSeqs, running, waiting int, at time.Time) {
+	e := b.engine.Load()
+	if e == nil {
+		return 0, -1, -1, time.Time{}
+	}
+	running, waiting = -1, -1
+	if e.Has&HasRunning != 0 {
+		running = int(e.Running)
+	}
+	if e.Has&HasWaiting != 0 {
+		waiting = int(e.Waiting)
+	}
+	if e.Has&HasMaxSeqs != 0 {
+		maxSeqs = int(min(e.MaxSeqs, 1<<30))
+	}
+	return maxSeqs, running, waiting, e.At
+}
 
 // RTT returns the round trip to b: the larger of the minimum of the last 8 probes and the minimum of the last 8
 // connection setups. A minimum, not a mean, because delays on either end (a busy host, a scheduling hiccup)

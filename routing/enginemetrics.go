@@ -35,6 +35,9 @@ type EngineStats struct {
 	PrefixHits, PrefixQueries float64
 	// StartTime is the engine process's start (process_start_time_seconds), in Unix seconds.
 	StartTime float64
+	// MaxSeqs is the most sequences the engine runs at once, as it exports it (SignalMaxSeqs), summed over
+	// ranks.
+	MaxSeqs float64
 	// Has says which of the fields above were present (HasWaiting | HasRunning | ...).
 	Has EngineFields
 	// At is when the scrape that produced these values finished.
@@ -55,6 +58,7 @@ const (
 	HasPreemptions
 	HasPrefixCounters
 	HasStartTime
+	HasMaxSeqs
 )
 
 // Fresh reports whether s may be trusted at now: it exists, its scrape succeeded, and it is at most maxAge old.
@@ -201,6 +205,8 @@ func (ps *parseState) add(s *EngineStats, sig Signal, alt int, v float64) {
 		s.Preemptions += v
 	case SignalStartTime:
 		s.StartTime = max(s.StartTime, v)
+	case SignalMaxSeqs:
+		s.MaxSeqs += v
 	}
 	s.Has |= sig.field()
 }
@@ -226,6 +232,8 @@ func (ps *parseState) reset(s *EngineStats, sig Signal) {
 		s.Preemptions = 0
 	case SignalStartTime:
 		s.StartTime = 0
+	case SignalMaxSeqs:
+		s.MaxSeqs = 0
 	}
 }
 

@@ -54,12 +54,17 @@ const (
 	// SignalStartTime is the engine process's start in Unix seconds (EngineStats.StartTime): a change is a
 	// restart, which empties the backend's share of the prefix index.
 	SignalStartTime
+	// SignalMaxSeqs is the most sequences the engine runs at once, its batch limit (EngineStats.MaxSeqs):
+	// Triton's nv_trt_llm_request_metrics{request_type="max"}, NIM's num_request_max. With it the gateway's
+	// concurrency cap knows the engine's seats from the first scrape instead of learning them from a queue.
+	// Summed over samples (data-parallel ranks).
+	SignalMaxSeqs
 	// NumSignals is the number of signals.
 	NumSignals
 )
 
 var signalNames = [NumSignals]string{"running", "waiting", "kv_usage", "kv_blocks", "kv_block_size",
-	"prefix_hits", "prefix_queries", "preemptions", "start_time"}
+	"prefix_hits", "prefix_queries", "preemptions", "start_time", "max_seqs"}
 
 // String returns the signal's name as the policy spells it (running, kv_usage, ...).
 func (s Signal) String() string {
@@ -86,6 +91,8 @@ func (s Signal) field() EngineFields {
 		return HasPreemptions
 	case SignalStartTime:
 		return HasStartTime
+	case SignalMaxSeqs:
+		return HasMaxSeqs
 	}
 	return 0
 }
@@ -231,6 +238,7 @@ var builtinEngines = func() map[string]*EngineSpec {
 			SignalKVUsage:     {labelled("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "fraction")},
 			SignalKVBlocks:    {labelled("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "max")},
 			SignalKVBlockSize: {labelled("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "tokens_per")},
+			SignalMaxSeqs:     {labelled("nv_trt_llm_request_metrics", "request_type", "max")},
 		}},
 		// NIM for LLMs: docs/engines.md#nim (NIM's "Observability" page: /v1/metrics, unprefixed names; NIMs
 		// built on vLLM also export the vllm: names, kept as fallbacks).
@@ -239,6 +247,7 @@ var builtinEngines = func() map[string]*EngineSpec {
 			SignalWaiting:   anyOf("num_requests_waiting", "vllm:num_requests_waiting"),
 			SignalKVUsage:   anyOf("gpu_cache_usage_perc", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
 			SignalStartTime: one("process_start_time_seconds"),
+			SignalMaxSeqs:   one("num_request_max"),
 		}},
 		// llama.cpp's llama-server: docs/engines.md#llamacpp (the server README, "GET /metrics"). Recent builds
 		// no longer export kv_cache_usage_ratio.
@@ -275,7 +284,7 @@ func BuiltinEngineNames() []string {
 }
 
 // SignalsOf returns the names of the signals in f, in Signal order, as /debug/backends shows them: running,
-// waiting, kv_usage, kv_capacity, prefix_cache, preemptions, start_time.
+// waiting, kv_usage, kv_capacity, prefix_cache, preemptions, start_time, max_seqs.
 func SignalsOf(f EngineFields) []string {
 	out := []string{}
 	for _, x := range []struct {
@@ -284,6 +293,7 @@ func SignalsOf(f EngineFields) []string {
 	}{
 		{HasRunning, "running"}, {HasWaiting, "waiting"}, {HasKVUsage, "kv_usage"}, {HasCacheConfig, "kv_capacity"},
 		{HasPrefixCounters, "prefix_cache"}, {HasPreemptions, "preemptions"}, {HasStartTime, "start_time"},
+		{HasMaxSeqs, "max_seqs"},
 	} {
 		if f&x.f != 0 {
 			out = append(out, x.name)
@@ -294,4 +304,4 @@ func SignalsOf(f EngineFields) []string {
 
 // AllSignals is every EngineStats field a scrape can fill.
 const AllSignals = HasWaiting | HasRunning | HasKVUsage | HasCacheConfig | HasPreemptions | HasPrefixCounters |
-	HasStartTime
+	HasStartTime | HasMaxSeqs

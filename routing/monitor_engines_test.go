@@ -22,7 +22,7 @@ var engineExpositions = []struct {
 }{
 	{EngineVLLM, "/metrics", vllmText(2, 7, 0.5, 4096, 1e9, false), EngineStats{
 		Waiting: 2, Running: 7, KVUsage: 0.5, BlockSize: 16, NumGPUBlocks: 4096, Preemptions: 3,
-		PrefixHits: 600, PrefixQueries: 1000, StartTime: 1e9, Has: AllSignals}},
+		PrefixHits: 600, PrefixQueries: 1000, StartTime: 1e9, Has: AllSignals &^ HasMaxSeqs}},
 	{EngineSGLang, "/metrics", `# HELP sglang:num_running_reqs The number of running requests.
 # TYPE sglang:num_running_reqs gauge
 sglang:num_running_reqs{model_name="m",tp_rank="0"} 11.0
@@ -36,7 +36,7 @@ sglang:cached_tokens_total{model_name="m"} 40.0
 sglang:prompt_tokens_total{model_name="m"} 100.0
 process_start_time_seconds 1.2e9
 `, EngineStats{Waiting: 4, Running: 11, KVUsage: 0.9, BlockSize: 16, NumGPUBlocks: 20000, Preemptions: 1,
-		PrefixHits: 40, PrefixQueries: 100, StartTime: 1.2e9, Has: AllSignals}},
+		PrefixHits: 40, PrefixQueries: 100, StartTime: 1.2e9, Has: AllSignals &^ HasMaxSeqs}},
 	{EngineTGI, "/metrics", `# TYPE tgi_batch_current_size gauge
 tgi_batch_current_size 5
 # TYPE tgi_batch_current_max_tokens gauge
@@ -67,8 +67,8 @@ nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="used",model="tensorrt_llm
 nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="free",model="tensorrt_llm",version="1"} 3197
 nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max",model="tensorrt_llm",version="1"} 6239
 nv_inference_pending_request_count{model="tensorrt_llm",version="1"} 2
-`, EngineStats{Waiting: 6, Running: 8, KVUsage: 0.4875, BlockSize: 64, NumGPUBlocks: 6239,
-		Has: HasWaiting | HasRunning | HasKVUsage | HasCacheConfig}},
+`, EngineStats{Waiting: 6, Running: 8, KVUsage: 0.4875, BlockSize: 64, NumGPUBlocks: 6239, MaxSeqs: 512,
+		Has: HasWaiting | HasRunning | HasKVUsage | HasCacheConfig | HasMaxSeqs}},
 	{EngineNIM, "/v1/metrics", `# HELP num_requests_running Number of requests currently running on GPU.
 # TYPE num_requests_running gauge
 num_requests_running{model_name="meta/llama"} 9.0
@@ -76,8 +76,8 @@ num_requests_waiting{model_name="meta/llama"} 1.0
 num_request_max{model_name="meta/llama"} 256.0
 gpu_cache_usage_perc{model_name="meta/llama"} 0.75
 process_start_time_seconds 1.3e9
-`, EngineStats{Waiting: 1, Running: 9, KVUsage: 0.75, StartTime: 1.3e9,
-		Has: HasWaiting | HasRunning | HasKVUsage | HasStartTime}},
+`, EngineStats{Waiting: 1, Running: 9, KVUsage: 0.75, StartTime: 1.3e9, MaxSeqs: 256,
+		Has: HasWaiting | HasRunning | HasKVUsage | HasStartTime | HasMaxSeqs}},
 	{EngineLlamaCpp, "/metrics", `# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
 # TYPE llamacpp:prompt_tokens_total counter
 llamacpp:prompt_tokens_total 6886
@@ -200,7 +200,7 @@ func TestUnscrapedEngineHasNoSignals(t *testing.T) {
 			t.Fatalf("%s: scrapes %v idle %v exports %b", name, sp.Scrapes(), sp.IdleProbes, sp.Exports())
 		}
 		st := NewBackend(cfg).Status()
-		if st.Stale || len(st.Signals) != 0 || len(st.Lacks) != 7 {
+		if st.Stale || len(st.Signals) != 0 || len(st.Lacks) != 8 {
 			t.Fatalf("%s: status %+v", name, st)
 		}
 	}

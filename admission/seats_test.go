@@ -1,0 +1,194 @@
+package admission
+
+import (
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeEngine is an Engine whose scrapes a test publishes, stamped by a virtual clock.
+type fakeEngine struct {
+	mu                        sync.Mutex
+	clock                     *fakeClock
+	maxSeqs, running, waiting int
+	at                        time.Time
+}
+
+func (e *fakeEngine) EngineBatch() (int, int, int, time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.maxSeqs, e.running, e.waiting, e.at
+}
+
+// scrape publishes a scrape a scrape interval after the last one.
+func (e *fakeEngine) scrape(maxSeqs, running, waiting int) {
+	e.clock.Advance(150 * time.Millisecond)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.maxSeqs, e.running, e.waiting, e.at = maxSeqs, running, waiting, e.clock.Now()
+}
+
+func newEngineCap(t *testing.T, maxNumSeqs int) (*Cap, *Caps, *fakeEngine) {
+	t.Helper()
+	e := &fakeEngine{clock: newFakeClock(), running: -1, waiting: -1}
+	cs := NewCaps(CapParams{}, nil)
+	cs.Update([]CapConfig{{Name: "b", MaxNumSeqs: maxNumSeqs, Engine: e}})
+	return cs.Get("b"), cs, e
+}
+
+// takeAll takes slots until the cap refuses one, and returns how many it took.
+func takeAll(c *Cap) int {
+	n := 0
+	for c.TryAcquireFor(Standard, false) {
+		n++
+	}
+	return n
+}
+
+func TestSeatsStated(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		policy, engine    int
+		wantSeats         int
+		wantFrom          SeatSource
+		wantGuardedLimits int // LimitFor(Standard, true)
+	}{
+		{name: "engine", engine: 4096, wantSeats: 4096, wantFrom: SeatsEngine, wantGuardedLimits: 4096},
+		{name: "policy", policy: 64, wantSeats: 64, wantFrom: SeatsPolicy, wantGuardedLimits: 64},
+		{name: "engine over policy", policy: 64, engine: 48, wantSeats: 48, wantFrom: SeatsEngine,
+			wantGuardedLimits: 48},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, _, e := newEngineCap(t, tc.policy)
+			e.scrape(tc.engine, 0, 0)
+			if n, from := c.SeatsSource(); n != tc.wantSeats || from != tc.wantFrom {
+				t.Fatalf("SeatsSource = %d, %v; want %d, %v", n, from, tc.wantSeats, tc.wantFrom)
+			}
+			if got := c.LimitFor(Standard, true); got != tc.wantGuardedLimits {
+				t.Errorf("LimitFor(Standard, guarded) = %d, want %d (no probe seat: the seats are stated)", got,
+					tc.wantGuardedLimits)
+			}
+			if got, want := c.Limit(), tc.wantSeats+DefaultCapParams().TargetWaiting; got != want {
+				t.Errorf("Limit = %d, want seats + TargetWaiting = %d, from the first scrape", got, want)
+			}
+			if f, known := c.Free(); !known || f != tc.wantSeats {
+				t.Errorf("Free = %d, %v; want %d, true", f, known, tc.wantSeats)
+			}
+			// First tokens with a queue do not relearn stated seats.
+			for range 8 {
+				c.ObserveScrape(time.Second, 5, 3)
+			}
+			if n, from := c.SeatsSource(); n != tc.wantSeats || from != tc.wantFrom {
+				t.Errorf("after queued first tokens SeatsSource = %d, %v; want %d, %v", n, from, tc.wantSeats,
+					tc.wantFrom)
+			}
+		})
+	}
+}
+
+func TestSeatsEngineStopsExporting(t *testing.T) {
+	c, cs, e := newEngineCap(t, 32)
+	e.scrape(100, 0, 0)
+	if n, from := c.SeatsSource(); n != 100 || from != SeatsEngine {
+		t.Fatalf("SeatsSource = %d, %v; want 100 from the engine", n, from)
+	}
+	e.scrape(0, 0, 0) // restarted into a version without the metric
+	if n, from := c.SeatsSource(); n != 32 || from != SeatsPolicy {
+		t.Fatalf("SeatsSource = %d, %v; want the policy's 32", n, from)
+	}
+	cs.Update([]CapConfig{{Name: "b", Engine: e}}) // the policy drops max_num_seqs
+	if n, from := c.SeatsSource(); n != 0 || from != SeatsUnknown {
+		t.Fatalf("SeatsSource = %d, %v; want none", n, from)
+	}
+}
+
+// TestSeatsProbeDoubles: a fresh cap in front of an engine that runs everything it is sent doubles per scrape,
+// so that a large engine is filled within a second or two of scrapes, not one first token at a time.
+func TestSeatsProbeDoubles(t *testing.T) {
+	c, _, e := newEngineCap(t, 0)
+	const engineSeats = 4096
+	held := 0
+	var limits []int
+	for range 12 {
+		held += takeAll(c)
+		e.scrape(0, min(held, engineSeats), max(held-engineSeats, 0))
+		limits = append(limits, c.Limit())
+	}
+	want := []int{16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192}
+	for i, w := range want {
+		if limits[i] != w {
+			t.Fatalf("limits per scrape = %v, want %v first", limits, want)
+		}
+	}
+	if limits[10] != 8192 || limits[11] != 8192 {
+		t.Errorf("limits per scrape = %v: growth must stop once the engine keeps requests waiting", limits)
+	}
+	if n, from := c.SeatsSource(); n != engineSeats || from != SeatsFloor || from.Sure() != "at_least" {
+		t.Errorf("SeatsSource = %d, %v (%s); want %d, probe, at_least", n, from, from.Sure(), engineSeats)
+	}
+}
+
+func TestSeatsProbeHolds(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		running, waiting int
+		fillFirst        bool
+	}{
+		{name: "cap not full", running: 3, waiting: 0},
+		{name: "engine queues", running: 8, waiting: 3, fillFirst: true},
+		{name: "engine runs few of them", running: 3, waiting: 0, fillFirst: true},
+		{name: "engine exports no batch", running: -1, waiting: -1, fillFirst: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, _, e := newEngineCap(t, 0)
+			if tc.fillFirst {
+				takeAll(c)
+			} else {
+				c.TryAcquire()
+			}
+			e.scrape(0, tc.running, tc.waiting)
+			if got := c.Limit(); got != 8 {
+				t.Errorf("Limit = %d, want the initial 8", got)
+			}
+		})
+	}
+}
+
+// TestSeatsProbeOncePerScrape: the limit doubles once per scrape however often it is read.
+func TestSeatsProbeOncePerScrape(t *testing.T) {
+	c, _, e := newEngineCap(t, 0)
+	takeAll(c)
+	e.scrape(0, 8, 0)
+	for range 10 {
+		c.Limit()
+		c.Full()
+	}
+	if got := c.Limit(); got != 16 {
+		t.Errorf("Limit = %d, want 16", got)
+	}
+}
+
+// TestSeatsProbeStopsAtTheBatch: once a queue shows the engine's batch (ObserveScrape), the scrapes no longer
+// double the limit, but a slow first token alone does not stop them.
+func TestSeatsProbeStopsAtTheBatch(t *testing.T) {
+	c, _, e := newEngineCap(t, 0)
+	takeAll(c)
+	c.ObserveEngine(time.Second, 100*time.Millisecond, 0, 8) // slow, without a queue: past slow start
+	takeAll(c)
+	e.scrape(0, c.Inflight(), 0)
+	if got := c.Limit(); got != 14 {
+		t.Fatalf("Limit = %d, want 14 (7 after the decrease, doubled)", got)
+	}
+	takeAll(c)
+	for range seatsLowEvidence {
+		c.ObserveScrape(time.Second, 3, 12) // the engine runs 12 and queues the rest
+	}
+	if n, from := c.SeatsSource(); n != 12 || from != SeatsQueue || from.Sure() != "measured" {
+		t.Fatalf("SeatsSource = %d, %v; want 12, queue", n, from)
+	}
+	before := c.Limit()
+	e.scrape(0, 12, 0)
+	if got := c.Limit(); got != before {
+		t.Errorf("Limit = %d, want %d: seats measured, no more doubling", got, before)
+	}
+}
