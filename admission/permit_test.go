@@ -90,12 +90,12 @@ func TestPermitAcquireAllOrNone(t *testing.T) {
 		if r.cap.Inflight() != 1 {
 			t.Fatalf("cap inflight %d after a slotless permit ended, want 1", r.cap.Inflight())
 		}
-		if n := r.reserve.done.count(r.clk.Now()); n != 0 {
+		if n := r.reserve.done.count(r.clk.Now(), ReserveLongWindow); n != 0 {
 			t.Fatalf("reserve completions %d, want 0: a slotless attempt frees no seat", n)
 		}
 		first.End(&Outcome{})
-		if r.cap.Inflight() != 0 || r.reserve.done.count(r.clk.Now()) != 1 {
-			t.Fatalf("cap inflight %d, completions %d after End, want 0 and 1", r.cap.Inflight(), r.reserve.done.count(r.clk.Now()))
+		if r.cap.Inflight() != 0 || r.reserve.done.count(r.clk.Now(), ReserveLongWindow) != 1 {
+			t.Fatalf("cap inflight %d, completions %d after End, want 0 and 1", r.cap.Inflight(), r.reserve.done.count(r.clk.Now(), ReserveLongWindow))
 		}
 	})
 	t.Run("outlier ejected", func(t *testing.T) {
@@ -238,12 +238,12 @@ func TestPermitReserveOnVirtualClock(t *testing.T) {
 		}
 		p.End(&Outcome{Reached: true})
 	}
-	if n := r.reserve.done.count(r.clk.Now()); n != 3 {
+	if n := r.reserve.done.count(r.clk.Now(), ReserveLongWindow); n != 3 {
 		t.Fatalf("completions %d, want 3", n)
 	}
-	r.clk.Advance(reserveWindow * time.Second)
-	if n := r.reserve.done.count(r.clk.Now()); n != 0 {
-		t.Fatalf("completions %d ten seconds later, want 0", n)
+	r.clk.Advance(ReserveLongWindow)
+	if n := r.reserve.done.count(r.clk.Now(), ReserveLongWindow); n != 0 {
+		t.Fatalf("completions %d a window later, want 0", n)
 	}
 }
 

@@ -25,15 +25,15 @@ func play(r *SeatReserve, clk *fakeClock, seconds, crit, other, done int) {
 	}
 }
 
-// TestSeatReserveFollowsCriticalDemand: the reserve is the smallest R with rho^R <= ReserveMiss, rho the critical
-// arrivals over the completions of the last ten seconds; nothing without critical traffic.
+// TestSeatReserveFollowsCriticalDemand: at a steady demand, the reserve is the smallest R with rho^R <=
+// ReserveMiss, rho the critical arrivals over the completions; nothing without critical traffic.
 func TestSeatReserveFollowsCriticalDemand(t *testing.T) {
 	clk := newFakeClock()
 	r := NewSeatReserve(clk)
 	if got := r.Seats(32); got != 0 {
 		t.Fatalf("reserve %d before any traffic, want 0", got)
 	}
-	play(r, clk, 10, 0, 20, 16)
+	play(r, clk, 60, 0, 20, 16)
 	if got := r.Seats(32); got != 0 || r.Active() {
 		t.Errorf("reserve %d (active %v) without critical traffic, want 0: nothing held idle", got, r.Active())
 	}
@@ -46,7 +46,9 @@ func TestSeatReserveFollowsCriticalDemand(t *testing.T) {
 		{10, 10, 16},
 		{30, 10, 16}, // critical demand alone beyond the completions: the whole allowance
 	} {
-		play(r, clk, 10, tc.crit, 5, tc.done) // ten seconds replace the window
+		clk := newFakeClock()
+		r := NewSeatReserve(clk)
+		play(r, clk, 60, tc.crit, 5, tc.done)
 		got := r.Seats(16)
 		if !r.Active() {
 			t.Errorf("%d critical per %d completions: not active", tc.crit, tc.done)
@@ -59,11 +61,73 @@ func TestSeatReserveFollowsCriticalDemand(t *testing.T) {
 			t.Errorf("%d critical per %d completions: %d is not the smallest reserve that runs dry at most %v of the time",
 				tc.crit, tc.done, got, ReserveMiss)
 		}
+		// Critical traffic stops: the reserve is released once the long window has passed.
+		play(r, clk, 61, 0, 5, tc.done)
+		if got := r.Seats(16); got != 0 || r.Active() {
+			t.Errorf("reserve %d (active %v) a minute after the last critical request, want 0", got, r.Active())
+		}
 	}
-	// Critical traffic stops: the reserve is released once the window has passed.
-	play(r, clk, 10, 0, 5, 10)
-	if got := r.Seats(16); got != 0 || r.Active() {
-		t.Errorf("reserve %d (active %v) ten seconds after the last critical request, want 0", got, r.Active())
+}
+
+// TestSeatReserveForecast: the short window sizes the reserve within a spike's first seconds; the long one
+// keeps it through a lull between two spikes.
+func TestSeatReserveForecast(t *testing.T) {
+	clk := newFakeClock()
+	r := NewSeatReserve(clk)
+	play(r, clk, 60, 0, 10, 10) // a quiet minute without critical traffic
+	play(r, clk, 2, 4, 10, 10)  // a spike of critical traffic begins
+	if f := r.Forecast(); f < 2.5 {
+		t.Errorf("forecast %.2f/s two seconds into a spike of 4/s, want the short window's (>= 2.5)", f)
+	}
+	if got := r.Seats(16); got < 4 {
+		t.Errorf("reserve %d two seconds into the spike, want >= 4 (a minute's mean would give 1)", got)
+	}
+	play(r, clk, 58, 4, 10, 10) // the spike lasts a minute
+	if got := r.Seats(16); got != 6 {
+		t.Fatalf("reserve %d at 4 critical per 10 completions, want 6", got)
+	}
+	play(r, clk, 20, 0, 10, 10) // a lull
+	if f := r.Forecast(); f < 2.5 {
+		t.Errorf("forecast %.2f/s after 20 s of lull, want the long window's 40/60 of 4/s", f)
+	}
+	if got := r.Seats(16); got != 4 { // rho 2.67/10: 0.267^4 = 0.005
+		t.Errorf("reserve %d after a 20 s lull, want 4: the next spike finds its seats kept", got)
+	}
+}
+
+// TestSeatReserveAdmits: as the fleet's free seats fall towards the reserve, sheddable requests stop first
+// (at twice the reserve), then standard ones (at the reserve); critical ones take any seat.
+func TestSeatReserveAdmits(t *testing.T) {
+	clk := newFakeClock()
+	r := NewSeatReserve(clk)
+	play(r, clk, 60, 4, 5, 10) // reserve 6 of a 64-seat fleet (Seats(32))
+	if got := r.Seats(32); got != 6 {
+		t.Fatalf("reserve %d, want 6", got)
+	}
+	for _, tc := range []struct {
+		free                          int
+		critical, standard, sheddable bool
+	}{
+		{free: 20, critical: true, standard: true, sheddable: true},
+		{free: 13, critical: true, standard: true, sheddable: true},
+		{free: 12, critical: true, standard: true, sheddable: false},
+		{free: 7, critical: true, standard: true, sheddable: false},
+		{free: 6, critical: true, standard: false, sheddable: false},
+		{free: 1, critical: true, standard: false, sheddable: false},
+	} {
+		for _, c := range []struct {
+			class Class
+			want  bool
+		}{{Critical, tc.critical}, {Standard, tc.standard}, {Sheddable, tc.sheddable}} {
+			if got := r.Admits(c.class, tc.free, 64); got != c.want {
+				t.Errorf("%d free: Admits(%v) = %v, want %v", tc.free, c.class, got, c.want)
+			}
+		}
+	}
+	quiet := NewSeatReserve(clk)
+	play(quiet, clk, 5, 0, 5, 10)
+	if !quiet.Admits(Sheddable, 1, 64) {
+		t.Error("without critical demand a sheddable request was refused the last free seat")
 	}
 }
 
@@ -83,7 +147,7 @@ func TestSeatReserveConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if c, d := r.critical.count(clk.Now()), r.done.count(clk.Now()); c != 8000 || d != 16000 {
+	if c, d := r.critical.count(clk.Now(), time.Second), r.done.count(clk.Now(), time.Second); c != 8000 || d != 16000 {
 		t.Errorf("counted %d critical arrivals and %d completions, want 8000 and 16000 (no reset raced)", c, d)
 	}
 	if got := r.Seats(10); got != 7 { // 0.5^7 = 0.0078
@@ -99,5 +163,24 @@ func TestSeatReserveDoesNotAllocate(t *testing.T) {
 		_ = r.Seats(8)
 	}); n != 0 {
 		t.Errorf("%v allocations per arrival, completion and sizing; want 0", n)
+	}
+}
+
+// TestSeatReserveYoung: a reserve younger than its windows counts from the second of its first event, so that
+// a critical request just before a second's turn is not forgotten after it.
+func TestSeatReserveYoung(t *testing.T) {
+	clk := newFakeClock()
+	clk.Advance(900 * time.Millisecond)
+	r := NewSeatReserve(clk)
+	r.Arrive(Critical)
+	for range 4 {
+		r.Done()
+	}
+	clk.Advance(200 * time.Millisecond) // the next second
+	if f := r.Forecast(); f != 0.5 {
+		t.Errorf("forecast %v/s, want 1 arrival over the 2 seconds since the first = 0.5", f)
+	}
+	if got := r.Seats(8); got != 4 { // rho 1/4: 0.25^4 = 0.0039
+		t.Errorf("reserve %d, want 4", got)
 	}
 }

@@ -354,10 +354,10 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 		}
 		ex.cands = append(ex.cands, t)
 	}
-	if seats > 0 && ex.guard && ex.class != admission.Critical && free <= reserve.Seats(seats/2) {
-		// The fleet's free seats are down to those kept for critical requests (admission.SeatReserve): standard
-		// and sheddable ones wait for a seat beyond them. Backends whose batch size is not known are gated by
-		// their caps alone.
+	if seats > 0 && ex.guard && !reserve.Admits(ex.class, free, seats) {
+		// The fleet's free seats are down to those kept for critical requests (admission.SeatReserve.Admits):
+		// standard and sheddable ones wait for a seat beyond them. Backends whose batch size is not known are
+		// gated by their caps alone.
 		n := 0
 		for _, t := range ex.cands {
 			if c := rec.endpointOf(t.Backend).guards.Cap; c != nil {
