@@ -1,5 +1,7 @@
 package openai
 
+import "strconv"
+
 // AppendUpstreamBody appends body to dst with the "model" value replaced by model (unless model is nil) and, when
 // streamUsage is true, "stream" set to true and, for chat and completions, "stream_options" set so that
 // include_usage is true (its other members kept). For Responses and Messages streamUsage sets "stream" alone:
@@ -112,4 +114,51 @@ func emptyObject(obj []byte) bool {
 		}
 	}
 	return false
+}
+
+// AppendPriority appends body, a JSON object, to dst with its top-level "priority" member set to priority:
+// the value replaced where the member exists (its last occurrence, the one the engines' decoders read;
+// Summary.Parse refuses a repeated one), else the member inserted first. It is the engine scheduling field of
+// vLLM and SGLang (routing.EngineSpec.PriorityValue), set from the request's class so that a waiting critical
+// request runs first. A body that is not a JSON object is appended unchanged. The result aliases nothing; it
+// does not allocate when dst has room.
+func AppendPriority(dst, body []byte, priority int) []byte {
+	sc := scanner{b: body, maxDepth: MaxDepth}
+	open := sc.ws(0)
+	if open >= len(body) || body[open] != '{' {
+		return append(dst, body...)
+	}
+	at := noSpan
+	i, empty, err := sc.open(open, 1)
+	var keyBuf [maxKeyLen]byte
+	for more := !empty; err == nil && more; {
+		raw, flags, v, kerr := sc.key(i)
+		if kerr != nil {
+			return append(dst, body...)
+		}
+		v = sc.ws(v)
+		end, verr := sc.skip(v, 1)
+		if verr != nil {
+			return append(dst, body...)
+		}
+		if string(keyName(raw, flags, &keyBuf)) == "priority" {
+			at = Span{v, end}
+		}
+		i, more, err = sc.next(end, '}')
+	}
+	if err != nil {
+		return append(dst, body...)
+	}
+	if at.Start >= 0 {
+		dst = append(dst, body[:at.Start]...)
+		dst = strconv.AppendInt(dst, int64(priority), 10)
+		return append(dst, body[at.End:]...)
+	}
+	dst = append(dst, body[:open+1]...)
+	dst = append(dst, `"priority":`...)
+	dst = strconv.AppendInt(dst, int64(priority), 10)
+	if !empty {
+		dst = append(dst, ',')
+	}
+	return append(dst, body[open+1:]...)
 }

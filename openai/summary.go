@@ -93,6 +93,9 @@ type Summary struct {
 	// AppendUpstreamBody. IncludeUsageSpan is the value of "include_usage" inside stream_options (never set for
 	// Responses, whose stream_options is recorded but not read, nor for Messages, which has no stream_options).
 	ModelSpan, StreamSpan, StreamOptionsSpan, IncludeUsageSpan Span
+	// PrioritySpan is the position of the top-level "priority" value (noSpan when absent): the engine
+	// scheduling field AppendPriority replaces.
+	PrioritySpan Span
 
 	modelBuf, prevIDBuf []byte
 }
@@ -127,6 +130,7 @@ func (s *Summary) Parse(e Endpoint, body []byte) error {
 		StreamSpan:        noSpan,
 		StreamOptionsSpan: noSpan,
 		IncludeUsageSpan:  noSpan,
+		PrioritySpan:      noSpan,
 	}
 	if e < Chat || e > lastEndpoint {
 		return &RequestError{Message: fmt.Sprintf("unsupported endpoint %v", e)}
@@ -441,6 +445,8 @@ func (p *parser) param(key []byte, v int) (int, error) {
 				s.PreviousResponseID = s.prevIDBuf
 			}
 		}
+	case "priority":
+		s.PrioritySpan = Span{v, end}
 	case "background":
 		if p.e != Responses {
 			break

@@ -30,6 +30,11 @@ type Engine struct {
 	// learn that it recovered from a slowdown. Set it to false for hosted APIs that bill per request. Default:
 	// true for an engine that is scraped, false for one that is not (or the built-in's).
 	IdleProbes *bool `yaml:"idle_probes"`
+	// Priority says how the engine schedules by a request's "priority" field, so that the gateway sends each
+	// request's class there: low_first (vLLM started with --scheduling-policy priority), high_first (SGLang
+	// started with --enable-priority-scheduling) or none. The gateway then replaces a client's own priority.
+	// Default none (or the built-in's, none): an engine not started so may refuse the field.
+	Priority string `yaml:"priority"`
 	// Metrics names, for each signal, the metric that carries it. A signal left out is one the engine does not
 	// export (or the built-in's), and the gateway's own accounting stands in for it.
 	Metrics EngineMetrics `yaml:"metrics"`
@@ -162,6 +167,10 @@ const (
 	scalePercent  = "percent"
 )
 
+// priorityOrders maps engines.*.priority to routing's orders ("" is none).
+var priorityOrders = map[string]routing.PriorityOrder{"": routing.PriorityNone, "none": routing.PriorityNone,
+	"low_first": routing.PriorityLowFirst, "high_first": routing.PriorityHighFirst}
+
 // defaultEngines fills each engine of the file from the built-in of the same name (field by field), or with the
 // defaults of a new engine; and names the canonical engine of backends that use the old "openai" name.
 func (r *report) defaultEngines(c *Config) {
@@ -178,6 +187,9 @@ func (r *report) defaultEngines(c *Config) {
 		}
 		if !r.set(p + ".metrics_port") {
 			e.MetricsPort = base.MetricsPort
+		}
+		if !r.set(p + ".priority") {
+			e.Priority = base.Priority.String()
 		}
 		if e.IdleProbes == nil {
 			idle := base.IdleProbes
@@ -233,6 +245,9 @@ func (r *report) validateEngines(c *Config) map[string]bool {
 		}
 		if e.MetricsPort < 0 || e.MetricsPort > 65535 {
 			r.errorf(p+".metrics_port", "must be between 0 (the URL's port) and 65535")
+		}
+		if _, ok := priorityOrders[e.Priority]; !ok {
+			r.errorf(p+".priority", fmt.Sprintf("unknown priority order %q (one of: none, low_first, high_first)", e.Priority))
 		}
 		for s := range routing.NumSignals {
 			sp := p + ".metrics." + s.String()
@@ -305,7 +320,7 @@ func (c *Config) engineSpecs() map[string]*routing.EngineSpec {
 	}
 	for name, e := range c.Engines {
 		rs := routing.EngineSpec{Name: name, MetricsPath: e.MetricsPath, MetricsPort: e.MetricsPort,
-			IdleProbes: e.IdleProbes != nil && *e.IdleProbes}
+			IdleProbes: e.IdleProbes != nil && *e.IdleProbes, Priority: priorityOrders[e.Priority]}
 		for s := range routing.NumSignals {
 			for _, se := range e.Metrics.metric(s).Series {
 				rs.Signals[s] = append(rs.Signals[s], routing.Series{Name: se.Name, Labels: se.Labels,

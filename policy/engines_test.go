@@ -48,6 +48,17 @@ func TestEngineTable(t *testing.T) {
 				t.Fatalf("running %+v idle %v", s.Signals[routing.SignalRunning], s.IdleProbes)
 			}
 		}},
+		{"priority scheduling turned on", "engines: {vllm: {priority: low_first}}", "vllm", func(t *testing.T, s *routing.EngineSpec) {
+			vllm := routing.BuiltinEngine("vllm")
+			if v, ok := s.PriorityValue(0); !ok || v != -1 || !reflect.DeepEqual(s.Signals, vllm.Signals) {
+				t.Fatalf("priority %v %v, signals kept %v", v, ok, reflect.DeepEqual(s.Signals, vllm.Signals))
+			}
+		}},
+		{"a seat signal", "engines: {sglang: {priority: high_first, metrics: {max_seqs: my_max}}}", "sglang", func(t *testing.T, s *routing.EngineSpec) {
+			if v, ok := s.PriorityValue(0); !ok || v != 1 || s.Exports()&routing.HasMaxSeqs == 0 {
+				t.Fatalf("priority %v %v, exports %b", v, ok, s.Exports())
+			}
+		}},
 		{"new engine defaults", "engines: {mine: {metrics: {running: r}}}", "mine", func(t *testing.T, s *routing.EngineSpec) {
 			if s.MetricsPath != "/metrics" || !s.IdleProbes || s.Exports() != routing.HasRunning {
 				t.Fatalf("%+v", s)

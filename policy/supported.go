@@ -39,6 +39,7 @@ var supported = map[string]bool{
 	"engines.*.metrics.preemptions":    true,
 	"engines.*.metrics.start_time":     true,
 	"engines.*.metrics.max_seqs":       true,
+	"engines.*.priority":               true,
 
 	"backends":                         true,
 	"backends[].name":                  true,

@@ -74,17 +74,18 @@ type clientRequest struct {
 	gen    openai.Generic // what a pass-through route reads of body (rt.api == 0)
 	upBody []byte         // body as sent upstream
 	upFor  string         // the upstream model name upBody was built for ("" = not built)
+	priBuf []byte         // upBody with the engine's priority field (withPriority)
 }
 
 // reset empties r for the next request, keeping its buffers unless the body made them larger than 1 MiB (one
 // huge prompt must not pin memory in the pool).
 func (r *clientRequest) reset() {
-	body, upBody := r.body[:0], r.upBody[:0]
+	body, upBody, priBuf := r.body[:0], r.upBody[:0], r.priBuf[:0]
 	if cap(body) > 1<<20 {
-		body, upBody = nil, nil
+		body, upBody, priBuf = nil, nil, nil
 	}
 	*r = clientRequest{path: r.path[:0], reqID: r.reqID[:0], body: body, ctype: r.ctype[:0], query: r.query[:0],
-		sum: r.sum, gen: r.gen, upBody: upBody}
+		sum: r.sum, gen: r.gen, upBody: upBody, priBuf: priBuf}
 }
 
 // routed is the part of an exchange that holds the request's admission (model, key, class, quota) and its
@@ -466,10 +467,11 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 	if ex.clientIP != nil {
 		req.Header.Set("X-Forwarded-For", ex.clientIP.String())
 	}
+	body := ex.withPriority(cfg.Spec())
 	if copyBody {
-		req.SetBody(ex.upBody)
+		req.SetBody(body)
 	} else {
-		req.SetBodyRaw(ex.upBody)
+		req.SetBodyRaw(body)
 	}
 	ex.attempts++
 	ex.tried = append(ex.tried, t.Backend)
@@ -517,6 +519,18 @@ func (ex *exchange) buildUpstreamBody(upstreamModel string) {
 		ex.upBody = openai.AppendReplaced(ex.upBody[:0], ex.body, ex.gen.ModelSpan, upstreamModel)
 	}
 	ex.upFor = upstreamModel
+}
+
+// withPriority returns the upstream body for an engine that schedules by priority (routing.EngineSpec.Priority):
+// upBody with the "priority" field set from the request's class, so that a critical request waiting in the
+// engine's queue runs first. For other engines, and endpoints other than chat and completions, upBody itself.
+func (ex *exchange) withPriority(spec *routing.EngineSpec) []byte {
+	p, ok := spec.PriorityValue(ex.class.Index())
+	if !ok || ex.endpoint != openai.Chat && ex.endpoint != openai.Completions {
+		return ex.upBody
+	}
+	ex.priBuf = openai.AppendPriority(ex.priBuf[:0], ex.upBody, p)
+	return ex.priBuf
 }
 
 // forceStream reports whether the gateway asks the engine for a stream whatever the client asked, so that it

@@ -133,6 +133,12 @@ type EngineSpec struct {
 	// in a scrape is used and the others are ignored (vllm:kv_cache_usage_perc over the older
 	// vllm:gpu_cache_usage_perc). An empty list: the engine does not export the signal.
 	Signals [NumSignals][]Series
+	// Priority says whether and how the engine schedules by a request's "priority" field, so that the gateway
+	// passes each request's class on (PriorityValue): PriorityNone, the zero value, sends nothing (an engine
+	// without priority scheduling may refuse the field: vLLM rejects a non-zero priority unless started with
+	// --scheduling-policy priority). Off in every built-in entry, since it depends on how the engine was started;
+	// the policy turns it on (engines.*.priority).
+	Priority PriorityOrder
 
 	byName map[string][]seriesRef
 	has    EngineFields
@@ -163,6 +169,49 @@ func NewEngineSpec(e EngineSpec) *EngineSpec {
 		}
 	}
 	return &out
+}
+
+// PriorityOrder is how an engine orders requests by their "priority" field.
+type PriorityOrder uint8
+
+// The orders. docs/engines.md cites the engines' documents.
+const (
+	// PriorityNone: the engine does not schedule by priority, or the gateway does not tell it; the client's
+	// own field, if any, is passed through.
+	PriorityNone PriorityOrder = iota
+	// PriorityLowFirst: a lower value runs first (vLLM with --scheduling-policy priority; SGLang with
+	// --enable-priority-scheduling --schedule-low-priority-values-first).
+	PriorityLowFirst
+	// PriorityHighFirst: a higher value runs first (SGLang with --enable-priority-scheduling, its default
+	// order).
+	PriorityHighFirst
+)
+
+// String returns the order as the policy spells it: none, low_first, high_first.
+func (o PriorityOrder) String() string {
+	switch o {
+	case PriorityLowFirst:
+		return "low_first"
+	case PriorityHighFirst:
+		return "high_first"
+	}
+	return "none"
+}
+
+// PriorityValue returns the "priority" value to send the engine for a request of rank (0 the most urgent,
+// admission's Class.Index: critical 0, standard 1, sheddable 2), and whether to send one. Standard requests get
+// 0, the engines' default, so that traffic that reaches the engine by other paths ranks with them; critical
+// ones run before them and sheddable ones after. The client's own field is replaced: a client must not
+// promote itself past the class the gateway gave it.
+func (e *EngineSpec) PriorityValue(rank int) (int, bool) {
+	if e == nil || e.Priority == PriorityNone {
+		return 0, false
+	}
+	v := rank - 1
+	if e.Priority == PriorityHighFirst {
+		v = -v
+	}
+	return v, true
 }
 
 // Scrapes reports whether the engine has metrics to scrape.

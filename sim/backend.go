@@ -290,6 +290,12 @@ func (b *Backend) serveCompletion(w http.ResponseWriter, r *http.Request, ep ope
 		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
 		return
 	}
+	if req.Priority != 0 && b.cfg.SchedulingPolicy != PolicyPriority {
+		// As vLLM's engine client: a priority needs --scheduling-policy priority.
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("Got priority %d but Priority scheduling is not enabled.",
+			req.Priority))
+		return
+	}
 	prompt, err := openai.AppendPrompt(nil, ep, body)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
@@ -312,6 +318,7 @@ func (b *Backend) serveCompletion(w http.ResponseWriter, r *http.Request, ep ope
 		return
 	}
 	s := newSeq(promptTokens, maxTokens, AppendBlockHashes(nil, prompt))
+	s.priority = req.Priority
 	s.stalled = faults.StallRate > 0 && b.failDraw(faults.StallRate)
 	seed := textSeed(b.cfg.Seed, prompt)
 	if err := b.eng.submit(s); err != nil {

@@ -41,6 +41,11 @@ type Config struct {
 	Overhead time.Duration
 	// MaxNumSeqs caps the sequences running at once (vLLM --max-num-seqs). Default 256.
 	MaxNumSeqs int
+	// SchedulingPolicy is vLLM's --scheduling-policy: "fcfs" (the default, also "") runs waiting requests in arrival
+	// order and preempts the newest running one; "priority" runs them by their request's "priority" (lower
+	// first, then arrival) and preempts the running one with the highest value, the latest on a tie
+	// (engine.startStep). As vLLM, a request with a priority other than 0 is refused with 400 under fcfs.
+	SchedulingPolicy string
 	// MaxBatchedTokens caps the tokens scheduled in one step, one per decoding sequence plus the prefill
 	// chunks (vLLM --max-num-batched-tokens). Default 4096.
 	MaxBatchedTokens int
@@ -77,6 +82,7 @@ func DefaultConfig() Config {
 		ITLPerSeq:        100 * time.Microsecond,
 		Overhead:         10 * time.Millisecond,
 		MaxNumSeqs:       256,
+		SchedulingPolicy: PolicyFCFS,
 		MaxBatchedTokens: 4096,
 		KVBlocks:         8192,
 		DefaultMaxTokens: 256,
@@ -117,6 +123,16 @@ var knobs = []knob{
 		func(c *Config) *time.Duration { return &c.Overhead }, false),
 	intKnob("max-num-seqs", "max_num_seqs", "most sequences running at once (> 0)",
 		func(c *Config) *int { return &c.MaxNumSeqs }),
+	{
+		flag: "scheduling-policy", key: "scheduling_policy",
+		usage: "order of the waiting queue, as vLLM's --scheduling-policy: fcfs or priority (a `policy`)",
+		set: func(c *Config, s string) error {
+			c.SchedulingPolicy = s
+			return checkPolicy(c)
+		},
+		get:   func(c *Config) string { return c.SchedulingPolicy },
+		check: checkPolicy,
+	},
 	intKnob("max-batched-tokens", "max_batched_tokens", "most tokens scheduled in one step (> 0)",
 		func(c *Config) *int { return &c.MaxBatchedTokens }),
 	intKnob("kv-blocks", "kv_blocks", "KV cache size in 16-token blocks (> 0)",
@@ -142,6 +158,19 @@ var knobs = []knob{
 		get:   func(c *Config) string { return strconv.FormatUint(c.Seed, 10) },
 		check: func(*Config) error { return nil },
 	},
+}
+
+// The scheduling policies (Config.SchedulingPolicy).
+const (
+	PolicyFCFS     = "fcfs"
+	PolicyPriority = "priority"
+)
+
+func checkPolicy(c *Config) error {
+	if c.SchedulingPolicy != "" && c.SchedulingPolicy != PolicyFCFS && c.SchedulingPolicy != PolicyPriority {
+		return fmt.Errorf("%q is not fcfs or priority", c.SchedulingPolicy)
+	}
+	return nil
 }
 
 func strKnob(flagName, key, usage string, field func(*Config) *string, required bool) knob {

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"errors"
 	"slices"
 	"sync"
@@ -56,15 +57,19 @@ type seq struct {
 	hashes    []uint64 // chained hashes of the prompt's full blocks
 
 	arrival, ready time.Time
-	state          int
-	computed       int     // tokens whose KV is computed (prompt, then fed-back output)
-	output         int     // tokens generated
-	blocks         []int32 // KV blocks held, in token order
-	registered     int     // leading prompt blocks whose hash has been registered in the cache
-	decoding       bool    // prefill (or recompute) done: each step feeds back the last token
-	stepTokens     int     // tokens scheduled for this sequence in the current step
-	cached         int     // prefix-cache hit in tokens at first scheduling; -1 before
-	lastAt         time.Time
+	// priority is the request's "priority" (lower runs first under the priority policy; set before submit),
+	// order its arrival rank in the engine, which breaks ties as vLLM's arrival_time does.
+	priority   int
+	order      uint64
+	state      int
+	computed   int     // tokens whose KV is computed (prompt, then fed-back output)
+	output     int     // tokens generated
+	blocks     []int32 // KV blocks held, in token order
+	registered int     // leading prompt blocks whose hash has been registered in the cache
+	decoding   bool    // prefill (or recompute) done: each step feeds back the last token
+	stepTokens int     // tokens scheduled for this sequence in the current step
+	cached     int     // prefix-cache hit in tokens at first scheduling; -1 before
+	lastAt     time.Time
 
 	stalled bool // drawn into the StallRate share of stalled requests (set before submit)
 	// pooling marks a prefill-only request (embeddings, rerank, score): it ends when its prompt is computed,
@@ -116,9 +121,10 @@ type engine struct {
 	pool   *blockPool
 
 	pending []*seq // sorted by ready
-	waiting []*seq // FIFO; preempted sequences go back to the front
+	waiting []*seq // FIFO, preempted sequences at the front; by (priority, order) under the priority policy
 	running []*seq // in admission order: the newest is preempted first
 	batch   []*seq // sequences scheduled in the current step
+	arrived uint64 // sequences submitted, for seq.order
 
 	inStep  bool
 	stepEnd time.Time
@@ -265,6 +271,8 @@ func (e *engine) submit(s *seq) error {
 		return errDown
 	}
 	s.arrival = now
+	e.arrived++
+	s.order = e.arrived
 	stall := e.faults.Stall
 	if e.faults.StallRate > 0 && !s.stalled {
 		stall = 0
@@ -415,7 +423,7 @@ func (e *engine) startStep(at time.Time) {
 		s := e.pending[0]
 		e.pending = e.pending[1:]
 		s.state = stateWaiting
-		e.waiting = append(e.waiting, s)
+		e.enqueue(s, false)
 	}
 	budget := e.cfg.MaxBatchedTokens
 	prefill, decoders := 0, 0
@@ -426,8 +434,21 @@ running:
 		s := e.running[i]
 		n := min(s.prompt+s.output-s.computed, budget)
 		for blocksFor(s.computed+n)-len(s.blocks) > e.pool.free {
-			victim := e.running[len(e.running)-1]
-			e.preempt(victim)
+			vi := e.victim()
+			victim := e.running[vi]
+			if vi < i {
+				// Under the priority policy the victim may be scheduled already in this step: vLLM gives
+				// its tokens back to the budget.
+				i--
+				e.batch = deleteSeq(e.batch, victim)
+				budget += victim.stepTokens
+				if victim.decoding {
+					decoders--
+				} else {
+					prefill -= victim.stepTokens
+				}
+			}
+			e.preempt(vi)
 			preempted = true
 			if victim == s {
 				break running
@@ -495,16 +516,52 @@ running:
 	e.stepEnd = at.Add(time.Duration(d + 0.5))
 }
 
-// preempt sends the newest running sequence s back to the front of the waiting queue, freeing its blocks; it will
-// recompute its prompt and output so far (prefix caching may spare part of that).
-func (e *engine) preempt(s *seq) {
-	e.running = e.running[:len(e.running)-1]
+// victim returns the index in running of the sequence to preempt when a block is needed and none is free: the
+// newest (fcfs), or, as vLLM's priority policy, the one with the highest priority value, the latest arrival on
+// a tie (max(running, key=(priority, arrival_time)) in vLLM's v1 scheduler).
+func (e *engine) victim() int {
+	v := len(e.running) - 1
+	if e.cfg.SchedulingPolicy != PolicyPriority {
+		return v
+	}
+	for i, s := range e.running {
+		if w := e.running[v]; s.priority > w.priority || s.priority == w.priority && s.order > w.order {
+			v = i
+		}
+	}
+	return v
+}
+
+// preempt sends running[i] back to the waiting queue (its front under fcfs, its place by priority under the
+// priority policy), freeing its blocks; it will recompute its prompt and output so far (prefix caching may spare
+// part of that).
+func (e *engine) preempt(i int) {
+	s := e.running[i]
+	e.running = slices.Delete(e.running, i, i+1)
 	e.pool.release(s.blocks)
 	s.blocks = s.blocks[:0]
 	s.computed, s.registered, s.decoding = 0, 0, false
 	s.state = stateWaiting
-	e.waiting = slices.Insert(e.waiting, 0, s)
+	e.enqueue(s, true)
 	e.m.preemptions.Inc()
+}
+
+// enqueue puts s in the waiting queue: at its back (front when preempted) under fcfs; under the priority
+// policy after every sequence with a lower (priority, order), as vLLM's heap of (priority, arrival_time) pops
+// them. The waiting queue stays head-of-line either way: admission takes waiting[0].
+func (e *engine) enqueue(s *seq, preempted bool) {
+	if e.cfg.SchedulingPolicy != PolicyPriority {
+		if preempted {
+			e.waiting = slices.Insert(e.waiting, 0, s)
+		} else {
+			e.waiting = append(e.waiting, s)
+		}
+		return
+	}
+	i, _ := slices.BinarySearchFunc(e.waiting, s, func(w, s *seq) int {
+		return cmp.Or(cmp.Compare(w.priority, s.priority), cmp.Compare(w.order, s.order))
+	})
+	e.waiting = slices.Insert(e.waiting, i, s)
 }
 
 // finish ends a running sequence that is done at now, counted under reason.

@@ -35,7 +35,7 @@ func TestParseFleetGood(t *testing.T) {
 	want0 := Config{Name: "use-1", Region: "us-east", Listen: "127.0.0.1:8001", Model: "big", PrefillTPS: 20000,
 		ITL: 12 * time.Millisecond, ITLPerSeq: 50 * time.Microsecond, Overhead: 8 * time.Millisecond,
 		MaxNumSeqs: 128, MaxBatchedTokens: 2048, KVBlocks: 4096, DefaultMaxTokens: 64, FailRate: 0.01, EmbeddingDim: 768,
-		Seed: 7}
+		Seed: 7, SchedulingPolicy: PolicyFCFS}
 	want1 := DefaultConfig()
 	want1.Name, want1.Region, want1.Listen, want1.RTT = "euw-1", "eu-west", "127.0.0.1:8002", 40*time.Millisecond
 	if len(cfgs) != 2 || cfgs[0] != want0 || cfgs[1] != want1 {

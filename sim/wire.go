@@ -20,6 +20,7 @@ type request struct {
 	MaxTokens           *int           `json:"max_tokens"`
 	MaxCompletionTokens *int           `json:"max_completion_tokens"`
 	N                   *int           `json:"n"`
+	Priority            int            `json:"priority"`
 	Messages            presence       `json:"messages"`
 	Prompt              presence       `json:"prompt"`
 }
