@@ -390,8 +390,8 @@ type CapConfig struct {
 	MaxConcurrency int
 	// MaxNumSeqs is the backend's max_num_seqs, the engine's seats as the policy states them; 0: not stated.
 	MaxNumSeqs int
-	// Engine, when not nil, is read for what the engine says of its batch (seats.go); nil: the cap learns
-	// from first tokens alone.
+	// Engine, when not nil, is read for what the engine says of its batch (Cap.ObserveBatch); nil: the cap
+	// learns from first tokens alone.
 	Engine Engine
 }
 

@@ -90,15 +90,13 @@ func (c *Cap) setEngine(e Engine, maxNumSeqs int) {
 		c.engine.Store(&engineRef{e: e})
 	}
 	c.policy.Store(int64(max(maxNumSeqs, 0)))
-	switch SeatSource(c.statedBy.Load()) {
-	case SeatsEngine:
+	switch {
+	case SeatSource(c.statedBy.Load()) == SeatsEngine:
 		// The engine's figure stands until a scrape without it.
+	case maxNumSeqs > 0:
+		c.state(maxNumSeqs, SeatsPolicy)
 	default:
-		if maxNumSeqs > 0 {
-			c.state(maxNumSeqs, SeatsPolicy)
-		} else {
-			c.unstate()
-		}
+		c.unstate()
 	}
 }
 

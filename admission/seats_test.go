@@ -192,3 +192,17 @@ func TestSeatsProbeStopsAtTheBatch(t *testing.T) {
 		t.Errorf("Limit = %d, want %d: seats measured, no more doubling", got, before)
 	}
 }
+
+// TestSeatsPollDoesNotAllocate: reading the engine on the request path costs no allocation.
+func TestSeatsPollDoesNotAllocate(t *testing.T) {
+	c, _, e := newEngineCap(t, 0)
+	if n := testing.AllocsPerRun(100, func() {
+		e.scrape(0, 1, 0)
+		if c.TryAcquireFor(Standard, true) {
+			c.Release()
+		}
+		_, _ = c.SeatsSource()
+	}); n != 0 {
+		t.Errorf("%v allocations per acquire after a scrape, want 0", n)
+	}
+}
