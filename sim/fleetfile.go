@@ -22,9 +22,9 @@ func LoadFleet(path string) ([]Config, error) {
 
 // ParseFleet parses a fleet file named name: a YAML list with one mapping per backend, whose keys are the CLI
 // flags' names in snake case (name, listen, region, model, prefill_tps, itl, itl_per_seq, overhead,
-// max_num_seqs, max_batched_tokens, kv_blocks, default_max_tokens, embedding_dim, rtt, fail_rate, seed);
-// durations are written like 20ms. Each entry starts from DefaultConfig; name is required and unique, listen defaults to a free
-// loopback port. For example:
+// max_num_seqs, scheduling_policy, max_batched_tokens, kv_blocks, default_max_tokens, embedding_dim, rtt,
+// fail_rate, seed); durations are written like 20ms. Each entry starts from DefaultConfig; name is required and
+// unique, listen defaults to a free loopback port. For example:
 //
 //	# fleet.yaml: two regions
 //	- {name: use-1, region: us-east, listen: 127.0.0.1:8001}
