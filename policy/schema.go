@@ -119,8 +119,9 @@ type Backend struct {
 	Weight float64 `yaml:"weight"`
 	// MaxConcurrency is a fixed cap on the requests in flight through the gateway to the backend (first tries,
 	// retries and hedges alike); requests beyond it wait in the gateway queue or go to another backend. 0 means
-	// an adaptive cap (admission.CapParams: starts at 8, within [2, 1024]) that keeps the engine's own queue
-	// shallow. Default 0; >= 0.
+	// an adaptive cap (admission.CapParams) that keeps the engine's own queue shallow: it starts at the
+	// engine's seats when they are known (MaxNumSeqs, or the engine's own figure), else at 8, doubling per
+	// scrape while the engine runs all it is sent. Default 0; >= 0.
 	MaxConcurrency int `yaml:"max_concurrency"`
 	// MaxNumSeqs is the most sequences the engine runs at once (vLLM's --max-num-seqs, SGLang's
 	// --max-running-requests, TGI's --max-batch-size): the adaptive cap starts at these seats and keeps the
