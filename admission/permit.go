@@ -83,8 +83,9 @@ type Outcome struct {
 	Fault bool
 	// Reached says the attempt produced its first content (First was called with Content).
 	Reached bool
-	// Lost says the attempt lost a hedged race before its first token, after waiting Waited: the detector
-	// judges the wait as a lower bound of its TTFT against Predicted, so that hedging hides no slow tail.
+	// Lost says the attempt was cancelled in a hedged race before its first token, after waiting Waited: the
+	// detector judges the wait as a lower bound of its TTFT against Predicted, so that hedging hides no slow tail.
+	// (A race lost to the other attempt reads on and is judged on its real first token, with First.)
 	Lost              bool
 	Waited, Predicted time.Duration
 }

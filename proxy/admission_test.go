@@ -283,12 +283,14 @@ func TestBrownout(t *testing.T) {
 }
 
 // TestHedging: a backend that stalls its first token is raced by a hedge after the model's delay; the hedge's
-// first token wins and the stalled attempt is cancelled (its engine sees the abort).
+// first token wins and answers. The loser reads on to its own first token, teaches routing its real TTFT (not
+// only the hedge delay it had waited when it lost), and is then cancelled (its engine sees the abort).
 func TestHedging(t *testing.T) {
 	t.Parallel()
+	const stall = 1500 * time.Millisecond
 	slow := startSim(t, "slow", func(c *sim.Config) { c.ITL = 5 * time.Millisecond })
 	fast := startSim(t, "fast", func(c *sim.Config) { c.ITL = 5 * time.Millisecond })
-	control(t, slow.URL(), `{"stall":"5s"}`)
+	control(t, slow.URL(), fmt.Sprintf(`{"stall":"%s"}`, stall))
 	snap := snapshotOf(firstHealthy{}, 2, slow.URL(), fast.URL())
 	snap.Models["sim-model"].Hedge = Hedge{After: 150 * time.Millisecond, BudgetPercent: 100}
 	gw := startGateway(t, snap, Options{})
@@ -300,13 +302,13 @@ func TestHedging(t *testing.T) {
 		if resp.StatusCode != 200 || resp.Header.Get("X-Switchyard-Backend") != "b1" {
 			t.Fatalf("stream=%v: status %d backend %q body %s", stream, resp.StatusCode, resp.Header.Get("X-Switchyard-Backend"), body)
 		}
-		if d > 2*time.Second {
-			t.Errorf("stream=%v: answered after %v; the hedge should have answered within a fraction of the 5 s stall", stream, d)
+		if d > stall*2/3 {
+			t.Errorf("stream=%v: answered after %v; the hedge should have answered within a fraction of the %v stall", stream, d, stall)
 		}
 	}
-	waitFor(t, 3*time.Second, func() bool {
-		return simGauge(t, slow.URL(), "vllm:num_requests_running")+simGauge(t, slow.URL(), "vllm:num_requests_waiting")+
-			simGauge(t, slow.URL(), "sim_requests_pending") == 0
+	waitFor(t, 3*stall, func() bool {
+		return gw.s.orphans.len() == 0 && simGauge(t, slow.URL(), "vllm:num_requests_running")+
+			simGauge(t, slow.URL(), "vllm:num_requests_waiting")+simGauge(t, slow.URL(), "sim_requests_pending") == 0
 	})
 	fams, _ := gw.reg.Gather()
 	got := map[string]float64{}
@@ -322,6 +324,10 @@ func TestHedging(t *testing.T) {
 	}
 	if snap.Backends[0].Inflight() != 0 || snap.Backends[1].Inflight() != 0 {
 		t.Errorf("in flight after the races: %d, %d", snap.Backends[0].Inflight(), snap.Backends[1].Inflight())
+	}
+	// Routing learned the stall: cancelled at the hedge's first token, the losers would have taught it 150 ms.
+	if mean, _ := snap.Backends[0].PredictTTFT(10, 0); mean < stall/2 {
+		t.Errorf("the stalling backend's predicted TTFT is %v after two first tokens of %v: routing did not learn from the races it lost", mean, stall)
 	}
 }
 

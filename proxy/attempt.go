@@ -49,6 +49,11 @@ type attempt struct {
 	predP90 time.Duration // routing's p90 TTFT prediction at dispatch, RTT included
 	to      routing.Timeouts
 
+	// What the network part needs of its exchange, copied by prepare (the part may outlive the exchange).
+	streamed bool            // the upstream answer is an SSE stream (exchange.sse)
+	intact   bool            // any 2xx is an answer, and an error body goes back as it is (route.intact)
+	endpoint openai.Endpoint // how to inspect the events
+
 	sse      bool   // the answer is an SSE stream read through events (else read whole, or not at all)
 	gotFirst bool   // a content event arrived
 	complete bool   // the stream ended with [DONE]
@@ -64,9 +69,10 @@ type attempt struct {
 }
 
 const (
-	raceRunning uint32 = iota
-	raceReported
-	raceAbandoned
+	raceRunning   uint32 = iota
+	raceReported         // it finished first and reported to its exchange
+	raceAbandoned        // the exchange killed it and ended its accounting: its goroutine frees it
+	raceOrphaned         // it lost and reads on to its first token, then ends itself (exchange.abandon)
 )
 
 var attempts = sync.Pool{New: func() any { return &attempt{events: openai.NewEventReader(nil, maxEventBytes)} }}
@@ -92,6 +98,7 @@ func (a *attempt) free() {
 	a.up, a.conn = nil, nil
 	a.ci = openai.ChunkInfo{}
 	a.sse, a.gotFirst, a.complete = false, false, false
+	a.streamed, a.intact, a.endpoint = false, false, 0
 	a.pending = a.pending[:0]
 	a.respID = a.respID[:0]
 	a.body = a.body[:0]
@@ -186,6 +193,7 @@ func (a *attempt) statusError(code int, keep bool) error {
 // readFirst reads events into a.pending until one carries content, or the stream ends ([DONE]: an answer with
 // no tokens is still an answer). It may run on the attempt's own goroutine.
 func (a *attempt) readFirst(e openai.Endpoint) error {
+	a.firstDeadline()
 	for {
 		ev, err := a.events.Next()
 		if err != nil {
@@ -305,6 +313,27 @@ func (a *attempt) idleDeadline() {
 	// abort stores its reason before it moves the deadline to the past; checking after our own update means an
 	// abort racing with it is never lost.
 	if a.aborted() != nil {
+		_ = c.SetReadDeadline(time.Unix(1, 0))
+	}
+}
+
+// firstDeadline bounds the wait for the first event with content by the first-byte timeout (counted from the
+// send, like the wait for the headers; the total bound when there is none): an engine that sends its headers at
+// once and then stalls is timed out as one that sends nothing.
+func (a *attempt) firstDeadline() {
+	c := a.conn
+	if c == nil {
+		return
+	}
+	d := a.to.FirstByte
+	if d <= 0 || a.to.Total > 0 && a.to.Total < d {
+		d = a.to.Total
+	}
+	if d <= 0 {
+		return
+	}
+	_ = c.SetReadDeadline(a.started.Add(d))
+	if a.aborted() != nil { // as in idleDeadline: an abort racing with this update is never lost
 		_ = c.SetReadDeadline(time.Unix(1, 0))
 	}
 }

@@ -477,6 +477,7 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 	ex.tried = append(ex.tried, t.Backend)
 	a.acct = t.Backend.Dispatch(&ex.rreq)
 	a.began = true
+	a.streamed, a.intact, a.endpoint = ex.sse(), ex.rt.intact(), ex.endpoint
 	a.started = ex.s.clock.Now()
 	// The concurrency cap judges first tokens against the p90 prediction: against the mean, half of all first
 	// tokens look slow and the noise alone would keep the cap down.
@@ -553,20 +554,20 @@ func (ex *exchange) sse() bool {
 }
 
 // attemptOnce runs an attempt's network part on the calling goroutine: send, then read until the first content
-// (or the whole answer when it does not stream).
-func (ex *exchange) attemptOnce(a *attempt) error {
-	ex.s.testPanic(stageAttempt)
-	if h := ex.s.attemptHook; h != nil {
+// (or the whole answer when it does not stream). It reads only the attempt (prepare copied what it needs of the
+// exchange), so that a hedged attempt can run on after its exchange moved on (abandon).
+func (a *attempt) attemptOnce() error {
+	a.s.testPanic(stageAttempt)
+	if h := a.s.attemptHook; h != nil {
 		return h(a)
 	}
-	streamed := ex.sse()
-	if err := a.send(streamed, ex.rt.intact()); err != nil {
+	if err := a.send(a.streamed, a.intact); err != nil {
 		return err
 	}
-	if !streamed {
+	if !a.streamed {
 		return a.readWhole()
 	}
-	return a.readFirst(ex.endpoint)
+	return a.readFirst(a.endpoint)
 }
 
 // run tries backends until one answers (its first content is in hand, see attempt.readFirst): failures before
@@ -592,7 +593,7 @@ func (ex *exchange) runFrom(last error) error {
 		}
 		err := ex.prepare(a, false)
 		if err == nil {
-			err = ex.safeAttemptOnce(a)
+			err = a.safeAttemptOnce()
 		}
 		if err == nil {
 			ex.won(a)
@@ -732,7 +733,7 @@ func (ex *exchange) runHedged() error {
 			if a.err == nil {
 				for _, o := range racers {
 					if o != nil {
-						ex.abandon(o)
+						ex.abandon(o, true)
 					}
 				}
 				if hedged {
@@ -749,7 +750,7 @@ func (ex *exchange) runHedged() error {
 			if why := ex.cancelled(); why != nil {
 				for _, o := range racers {
 					if o != nil {
-						ex.abandon(o)
+						ex.abandon(o, false)
 					}
 				}
 				return why
@@ -789,24 +790,48 @@ func (ex *exchange) runHedged() error {
 	}
 }
 
-// race runs a hedged attempt's network part on its own goroutine and reports it, unless the exchange abandoned
-// it meanwhile: then it frees itself.
+// race runs a hedged attempt's network part on its own goroutine and reports it, unless the exchange gave it up
+// meanwhile: then the attempt ends itself (abandon) and frees itself. After a give-up it touches only the attempt.
 func (ex *exchange) race(a *attempt) {
-	a.err = ex.safeAttemptOnce(a)
+	a.err = a.safeAttemptOnce()
 	if a.state.CompareAndSwap(raceRunning, raceReported) {
 		ex.results <- a
 		return
+	}
+	if a.state.Load() == raceOrphaned {
+		a.endLost()
+		a.s.orphans.remove(a)
 	}
 	a.closeStream(false)
 	a.free()
 }
 
-// abandon ends a racing attempt that lost: its accounting now, its connection as soon as its goroutine notices.
-func (ex *exchange) abandon(a *attempt) {
+// abandon gives up a racing attempt, because the other attempt won (learn) or the exchange is being aborted.
+//
+// Losing the race is not the backend's failure, but the loser's first token is the evidence of its speed that
+// routing, the concurrency cap and the outlier detector learn from: cancelled at the moment the winner's first
+// token came, a backend that stalls its first tokens would only ever teach them "at least the hedge delay", and
+// keep its traffic with hedging on while it loses it with hedging off. So with learn the loser reads on, on its
+// own goroutine, to its first token or its failure, bounded as any attempt by its first-byte timeout (and ended
+// at shutdown: orphans), and then reports what really happened (endLost); its answer goes nowhere and its
+// connection is closed at that point, which aborts the generation. Hedges are rare (the hedge budget), so the
+// engine work this keeps is small. Without learn (the exchange is aborted: client gone, shutdown) it is killed
+// now, and its wait teaches the lower bound alone.
+func (ex *exchange) abandon(a *attempt, learn bool) {
+	if learn && ex.s.orphans.add(a) {
+		ex.wd.untrack(a) // the exchange's aborts no longer reach it; its own deadline and shutdown do
+		ex.traceAttemptEnd(a, errHedgeLost)
+		if a.state.CompareAndSwap(raceRunning, raceOrphaned) {
+			return // its goroutine ends and frees it
+		}
+		ex.s.orphans.remove(a)
+		<-ex.results // it reported meanwhile: it is this one, and its answer has begun or failed
+		a.endLost()
+		a.closeStream(false)
+		a.free()
+		return
+	}
 	ex.wd.kill(a, errHedgeLost)
-	// Losing is not the backend's failure, but the time it waited without a first token is evidence of its speed:
-	// routing learns it as a lower bound of its TTFT and the outlier detector judges it (admission.Outcome.Lost),
-	// so that hedging does not hide a slow tail from either.
 	lost := admission.Outcome{Err: errHedgeLost, Lost: true, Waited: ex.s.clock.Now().Sub(a.started), Predicted: a.acct.PredictedTTFT()}
 	if a.began {
 		a.acct.Abandon()
@@ -819,6 +844,32 @@ func (ex *exchange) abandon(a *attempt) {
 	<-ex.results // it reported meanwhile: it is this one
 	a.closeStream(false)
 	a.free()
+}
+
+// endLost ends the accounting of an attempt that lost a hedged race (abandon with learn), once its own answer
+// began or failed: routing learns its real TTFT, its permit's First and End judge it as any attempt's, and a
+// failure counts as the backend's as it would without hedging. It touches only the attempt, so it runs on the
+// attempt's goroutine after its exchange moved on.
+func (a *attempt) endLost() {
+	o := admission.Outcome{Err: a.err, Reached: a.err == nil && a.gotFirst}
+	if o.Reached {
+		a.acct.FirstToken()
+		f := admission.First{Content: true, TTFT: a.s.clock.Now().Sub(a.started), Predicted: a.acct.PredictedTTFT(),
+			P90: a.predP90, Hit: a.acct.PredictedHit()}
+		if es := a.target.Backend.Engine(); es != nil && !es.Stale {
+			f.Waiting, f.Running = int(es.Waiting), int(es.Running)
+		}
+		a.permit.First(&f)
+	} else if a.err == nil {
+		o.Err = errHedgeLost // an answer without content: nothing to learn, nothing to blame
+	}
+	var ue *upstreamError
+	o.Fault = errors.As(o.Err, &ue) && ue.backendFault()
+	if a.began {
+		a.acct.End(o.Fault)
+		a.began = false
+	}
+	a.permit.End(&o)
 }
 
 // won records that a reached its first content: the routing model's TTFT, and the first token for its permit

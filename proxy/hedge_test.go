@@ -141,13 +141,24 @@ func TestHedgeOnVirtualClock(t *testing.T) {
 		if sent, won := counterOf(t, s.m.Hedges.WithLabelValues("sent")), counterOf(t, s.m.Hedges.WithLabelValues("hedge_won")); sent != 1 || won != 1 {
 			t.Fatalf("hedges sent %v, won %v; want 1, 1", sent, won)
 		}
+		// The lost primary reads on to its first token (exchange.abandon), holding its slot until then.
+		for _, e := range ex.rec.ends {
+			if got := e.guards.Cap.Inflight(); got != 1 {
+				t.Fatalf("%s holds %d slots, want 1: the hedge answers and the lost primary reads on", e.b.Name(), got)
+			}
+		}
+		if n := s.orphans.len(); n != 1 {
+			t.Fatalf("%d attempts read on after losing, want 1", n)
+		}
+		release <- struct{}{} // the primary's first token comes
+		waitFor(t, 10*time.Second, func() bool { return s.orphans.len() == 0 })
 		for _, e := range ex.rec.ends {
 			want := 0
 			if e.b == ex.cur.target.Backend {
 				want = 1
 			}
 			if got := e.guards.Cap.Inflight(); got != want {
-				t.Fatalf("%s holds %d slots, want %d: the lost primary gives its slot back", e.b.Name(), got, want)
+				t.Fatalf("%s holds %d slots, want %d: the lost primary gives its slot back at its first token", e.b.Name(), got, want)
 			}
 		}
 	})

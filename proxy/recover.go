@@ -119,12 +119,12 @@ func (ex *exchange) safeWriteTo(w io.Writer) (n int64, err error) {
 // safeAttemptOnce is attemptOnce with its panics recovered: a panic while reading a backend's answer is
 // treated as a protocol error of that backend (its answer is what made the code fail), so the request may be
 // retried on another.
-func (ex *exchange) safeAttemptOnce(a *attempt) (err error) {
+func (a *attempt) safeAttemptOnce() (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			ex.s.recovered(stageAttempt, r)
+			a.s.recovered(stageAttempt, r)
 			err = &upstreamError{kind: kindProtocol, backend: a.name, err: fmt.Errorf("proxy: reading the answer: %w", errPanic)}
 		}
 	}()
-	return ex.attemptOnce(a)
+	return a.attemptOnce()
 }

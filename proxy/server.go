@@ -143,10 +143,11 @@ type Server struct {
 	outliers *admission.OutlierDetector
 	retries  *admission.RetryBudget
 	brownout admission.Brownout
-	queues   sync.Map // model name -> *admission.Queue[*exchange]
-	hedges   sync.Map // model name -> *admission.HedgeBudget
-	reserves sync.Map // model name -> *admission.SeatReserve
-	homes    *homes   // where each stored response lives (responses.go)
+	queues   sync.Map  // model name -> *admission.Queue[*exchange]
+	hedges   sync.Map  // model name -> *admission.HedgeBudget
+	reserves sync.Map  // model name -> *admission.SeatReserve
+	homes    *homes    // where each stored response lives (responses.go)
+	orphans  orphanSet // hedges' losers reading on to their first token (exchange.abandon)
 	followMu sync.Mutex
 	followed atomic.Pointer[resolved] // the last snapshot installed, with its records (records.go)
 
@@ -264,6 +265,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		err = ctx.Err()
 	}
 	s.drainExpired.Store(true)
+	s.orphans.close(errShutdown)
 	s.closeQueues()
 	ended := make(chan struct{})
 	go func() { s.active.Wait(); close(ended) }()
