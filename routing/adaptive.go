@@ -107,6 +107,8 @@ const maxTies = 8
 //	         would leave nothing.
 //	cost_b = RTT_b + TTFT_b(uncached_b, queued_b, running_b) + Interference*running_b*prefill_b
 //	         + RegionMargin * tier_b (0 in the gateway's region, i in its i-th failover region)
+//	         + out * ITL_b(running_b+1)              under ObjectiveThroughput
+//	         + SecondsPerDollar * price_b(request)   under ObjectiveCost, which also filters on the TTFT SLO
 //	pick:    among candidates within best*(1+TieRelative)+TieAbsolute: for a prefix no candidate holds, the
 //	         rendezvous-hash winner of the first block (every replica agrees); for a prefix some of them hold,
 //	         the rendezvous winner among those holding the most of it (replicas agree on the owner, and a
@@ -193,7 +195,7 @@ func (s *Adaptive) Pick(r *Request, targets []Target) (Target, error) {
 		if !t.Backend.Healthy() {
 			continue
 		}
-		c := s.evaluate(t.Backend, now, prompt, sc.counts[i], r.ITLSLO, float64(minInflight))
+		c := s.evaluate(r, t.Backend, now, prompt, sc.counts[i], float64(minInflight))
 		c.i = i
 		sc.cands = append(sc.cands, c)
 		best = min(best, c.tier)
@@ -226,8 +228,9 @@ func (s *Adaptive) Pick(r *Request, targets []Target) (Target, error) {
 	return t, nil
 }
 
-// evaluate computes b's tier and cost for a prompt of prompt tokens of which b holds blocks leading blocks.
-func (s *Adaptive) evaluate(b *Backend, now time.Time, prompt, blocks int, itlSLO time.Duration, minInflight float64) cand {
+// evaluate computes b's tier and cost for r, a prompt of prompt tokens of which b holds blocks leading blocks,
+// under r's objective.
+func (s *Adaptive) evaluate(r *Request, b *Backend, now time.Time, prompt, blocks int, minInflight float64) cand {
 	cfg := b.Config()
 	l := b.loadAt(now)
 	hit := hitTokens(blocks, prompt, b.hitScale.load())
@@ -243,13 +246,22 @@ func (s *Adaptive) evaluate(b *Backend, now time.Time, prompt, blocks int, itlSL
 	if k := s.order.tier(cfg.Region); k > 0 {
 		cost += float64(k) * s.p.RegionMargin.Seconds()
 	}
+	switch r.Objective {
+	case ObjectiveThroughput:
+		cost += float64(r.outputTokens()) * b.lat.itlMean(l.running+1)
+	case ObjectiveCost:
+		cost += r.SecondsPerDollar * cfg.Price.estimate(prompt, hit, r.outputTokens())
+	}
 	c := cand{blocks: blocks, hit: hit, cost: cost, ttft: rtt + p90}
+	itlSLO := r.ITLSLO
 	switch {
 	case s.sat.at(b, cfg, l):
 		c.tier = 2
 	case float64(b.Inflight()) > max(minInflight+s.p.ImbalanceAbs, minInflight*s.p.ImbalanceRel):
 		c.tier = 2
 	case itlSLO > 0 && b.lat.itlMean(l.running+1)*b.lat.itlSpread.load() > itlSLO.Seconds():
+		c.tier = 1
+	case r.Objective == ObjectiveCost && r.TTFTSLO > 0 && c.ttft > r.TTFTSLO.Seconds():
 		c.tier = 1
 	}
 	return c
