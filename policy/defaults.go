@@ -90,6 +90,9 @@ func (r *report) applyDefaults(c *Config) {
 		str(&b.Region, c.Region)
 		str(&b.Engine, routing.EngineVLLM)
 		str(&b.Tier, defaultTier)
+		if !r.set(p+".cost.cached_input") && b.Cost.Input >= 0 {
+			b.Cost.CachedInput = b.Cost.Input
+		}
 		if !r.set(p + ".weight") {
 			b.Weight = defaultWeight
 		}

@@ -273,8 +273,6 @@ func TestDefaults(t *testing.T) {
 // notSupportedSnippets sets each field the supported table marks false: the key is the table's path, the value
 // says where the YAML line goes in notSupportedBase ("top", "backend", "model", "limits", "key") and the line.
 var notSupportedSnippets = map[string][2]string{
-	"backends[].tier":          {"backend", "tier: overflow"},
-	"backends[].cost":          {"backend", "cost: {input: 1}"},
 	"models[].prefix_affinity": {"model", "prefix_affinity: false"}, // false too: strategies have affinity by themselves
 }
 

@@ -129,10 +129,13 @@ type Backend struct {
 	// engine that exports its own figure (engines.*.metrics.max_seqs) overrides it. Default 0: the engine's
 	// figure, else a fast probe of its running batch. >= 0.
 	MaxNumSeqs int `yaml:"max_num_seqs"`
-	// Tier is dedicated (capacity this deployment owns, used first) or overflow (used only when the dedicated
-	// backends are saturated). Default dedicated. Not supported yet.
+	// Tier is dedicated (capacity this deployment owns and pays for whether used or not: filled first) or
+	// overflow (a serverless or hosted endpoint paid per token: used only while every dedicated target of a
+	// model is unhealthy or saturated, the cheapest overflow backend first, and left as soon as a dedicated one
+	// has room again, with the hysteresis of region failover: routing.Regional). Default dedicated.
 	Tier string `yaml:"tier"`
-	// Cost is what the backend's tokens cost, for cost-aware routing and reports. Default 0. Not supported yet.
+	// Cost is what the backend's tokens cost: it feeds switchyard_cost_dollars_total, the access log, budgets,
+	// the order of overflow backends and the cost objective. Default 0 (free).
 	Cost Cost `yaml:"cost"`
 	// Timeouts bound each attempt sent to the backend. Default: Limits.Timeouts, field by field.
 	Timeouts Timeouts `yaml:"timeouts"`
@@ -163,6 +166,9 @@ type Discover struct {
 type Cost struct {
 	// Input is the price of one million prompt tokens. Default 0; >= 0.
 	Input float64 `yaml:"input"`
+	// CachedInput is the price of one million prompt tokens the engine reported as served from its prefix
+	// cache (usage.prompt_tokens_details.cached_tokens), which providers discount. Default Input; >= 0.
+	CachedInput float64 `yaml:"cached_input"`
 	// Output is the price of one million generated tokens. Default 0; >= 0.
 	Output float64 `yaml:"output"`
 }

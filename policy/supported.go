@@ -56,9 +56,10 @@ var supported = map[string]bool{
 	"backends[].weight":                true,
 	"backends[].max_concurrency":       true,
 	"backends[].max_num_seqs":          true,
-	"backends[].tier":                  false, // overflow backends
-	"backends[].cost":                  false, // cost-aware routing
+	"backends[].tier":                  true,
+	"backends[].cost":                  true,
 	"backends[].cost.input":            true,
+	"backends[].cost.cached_input":     true,
 	"backends[].cost.output":           true,
 	"backends[].timeouts":              true,
 	"backends[].timeouts.connect":      true,
