@@ -57,6 +57,7 @@ func (r *report) applyDefaults(c *Config) {
 		}
 	}
 	str(&c.Listen, defaultListen)
+	r.defaultCost(c) // cost.go
 	str(&c.AdminListen, defaultAdminListen)
 	str(&c.Region, defaultRegion)
 	str(&c.Auth, AuthAPIKeys)

@@ -157,6 +157,7 @@ func (c *Config) compile(reg *routing.Registry, prev *proxy.Snapshot, m *metrics
 			Created:      now.Unix(),
 			Endpoints:    endpointSet(m.Endpoints),
 		}
+		pm.Objective, _ = routing.ParseObjective(m.Objective)
 		for i, t := range routed {
 			pm.Targets[i] = routing.Target{Backend: byName[t.Backend], Model: t.Model}
 		}

@@ -57,6 +57,9 @@ type Config struct {
 	Tracing Tracing `yaml:"tracing"`
 	// AccessLog configures the access log (see the AccessLog type). Default: on, every request. Static.
 	AccessLog AccessLog `yaml:"access_log"`
+	// Objectives configures how requests choose what routing optimises (latency, throughput or cost) and the
+	// exchange rate between money and time that the cost objective uses (see the Objectives type).
+	Objectives Objectives `yaml:"objectives"`
 	// Reload acknowledges, for the reload that reads this file, the changes to authentication that a reload
 	// otherwise refuses (see the Reload type and authchange.go). It must be the file's last top-level field.
 	// Default: none; ignored when the gateway starts.
@@ -230,6 +233,12 @@ type Model struct {
 	// any key) again from it, without a backend. Shared by the replicas when redis is set. Default: off (see the
 	// ResponseCache type).
 	ResponseCache ResponseCache `yaml:"response_cache"`
+	// Objective is what routing optimises for the model's requests: latency (the adaptive strategy's
+	// predicted time to first token), throughput (adds the predicted decode time: the backend with the most
+	// tokens per second per seat) or cost (adds the predicted price at objectives.seconds_per_dollar, among
+	// the backends predicted to meet slo.ttft). A key's objective, then the request's objective header, win
+	// over it. Only the adaptive strategy reads it. Default latency.
+	Objective string `yaml:"objective"`
 }
 
 // Target is one way to serve a public model: a backend, and the model name the backend knows it by.
@@ -318,6 +327,12 @@ type APIKey struct {
 	// caches sampled requests too (ResponseCache); for a key without it the header's "on" is ignored (no error),
 	// and only temperature-0 requests are cached. Default false.
 	CacheOptIn bool `yaml:"cache_opt_in"`
+	// Budget caps what the key's requests may cost per period (see the Budget type). Default: none.
+	Budget Budget `yaml:"budget"`
+	// Objective is what routing optimises for the key's requests (latency, throughput or cost, as
+	// models[].objective), over the model's; the request's objective header wins over it. Default: the
+	// model's.
+	Objective string `yaml:"objective"`
 }
 
 // KeyLimits are per-key rate limits (admission.LocalLimiter: token buckets refilled continuously, holding at

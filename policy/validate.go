@@ -44,6 +44,7 @@ func (r *report) validate(c *Config) {
 	r.validatePriorities(c)
 	r.validateAuth(c) // auth.go
 	r.validateKeys(c)
+	r.validateCost(c) // cost.go
 	r.validateLimits(c)
 	r.validateReload(c)
 }
