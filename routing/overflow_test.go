@@ -51,17 +51,30 @@ func TestOverflowTier(t *testing.T) {
 			if got := count(); got["ovd"] != 60 {
 				t.Fatalf("with ovc saturated too, picks went to %v, want the next cheapest (ovd)", got)
 			}
-			f.clk.Advance(p.Debounce) // the dedicated tier has now failed: its return is held and ramped
+			f.clk.Advance(2 * p.Debounce) // full for long: not a failure, no Hold
 			count()
 			f.engine("use0", 0, 4, 0.3)
 			f.engine("use1", 0, 4, 0.3)
 			f.engine("ovc", 0, 4, 0.3)
+			if got := count(); got["use0"]+got["use1"] != 60 {
+				t.Fatalf("once the dedicated tier has room again, picks went to %v, want it at once", got)
+			}
+			// Unhealthy is a failure: the return is held and ramped as for regions.
+			f.setHealthy("us-east", false)
+			for _, n := range []string{"ovc", "ovd", "ove"} {
+				f.b(n).SetHealthy(true)
+			}
+			count()
+			f.clk.Advance(p.Debounce)
+			count()
+			f.setHealthy("us-east", true)
 			if got := count(); got["ovc"] != 60 {
-				t.Fatalf("during Hold the dedicated tier got picks: %v", got)
+				t.Fatalf("during Hold after a failure the dedicated tier got picks: %v", got)
 			}
 			f.clk.Advance(p.Hold + p.Ramp + time.Millisecond)
-			f.engine("use0", 0, 4, 0.3)
-			f.engine("use1", 0, 4, 0.3)
+			for _, n := range []string{"use0", "use1", "ovc"} {
+				f.engine(n, 0, 4, 0.3)
+			}
 			if got := count(); got["use0"]+got["use1"] != 60 {
 				t.Fatalf("after Hold and Ramp, picks went to %v, want the dedicated tier only", got)
 			}

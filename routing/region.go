@@ -138,6 +138,10 @@ type regionWeigher interface{ weighsRegions() }
 // overflow spend goes in order of price. When every tier is saturated, the first healthy tier is used (fail
 // open; the adaptive strategy then reports Decision.Saturated).
 //
+// Overflow is paid per token, so for a model with overflow targets (StrategyEnv.Overflow) a tier whose
+// backends are healthy but saturated is left pick by pick and used again as soon as one has room: only a tier
+// whose backends are all unhealthy fails, and gets the Hold and Ramp below.
+//
 // Hysteresis: a tier that stays unavailable for Debounce has failed. Traffic leaves it at once (it already did,
 // pick by pick), and once it is available again it gets nothing for Hold, then a share of picks that grows
 // linearly to 1 over Ramp; the remaining picks skip it and go to the next available tier. A new failure during
@@ -315,7 +319,8 @@ func (g *Regional) Pick(r *Request, targets []Target) (Target, error) {
 	debounce := int64(g.p.Debounce)
 	for k := lo; k <= hi; k++ {
 		if count[k] > 0 {
-			g.states[k].observe(avail[k] > 0, ns, debounce)
+			// With overflow targets, a tier that is only full has not failed: its return needs no Hold.
+			g.states[k].observe(avail[k] > 0 || (g.spill && healthy[k] > 0), ns, debounce)
 		}
 	}
 	// The first available tier that the hysteresis lets this pick use; else the first available one; else (all
