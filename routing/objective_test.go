@@ -59,3 +59,33 @@ func TestParseObjective(t *testing.T) {
 		t.Error("ParseObjective accepted an unknown name")
 	}
 }
+
+// TestThroughputObjective: two backends with the same first-token time, one decoding three times faster. Latency
+// cannot tell them apart; throughput sends a long generation to the fast decoder.
+func TestThroughputObjective(t *testing.T) {
+	f := newFleet(t, local(2)...)
+	for _, n := range []string{"b0", "b1"} {
+		f.train(n, law{a: 0.1}, 300)
+	}
+	for range 200 {
+		f.b("b0").lat.observeITL(4, 0.036)
+		f.b("b1").lat.observeITL(4, 0.012)
+	}
+	s, err := NewAdaptive(StrategyEnv{Clock: f.clk, Model: "m"}, DefaultAdaptiveParams())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for i := range 40 {
+		r := &Request{Model: "m", Prompt: text(uint64(i), 400), MaxTokens: 1000, Objective: ObjectiveThroughput}
+		b, err := s.Pick(r, f.targets)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[b.Backend.Name()]++
+		r.Reset()
+	}
+	if got["b1"] < 39 {
+		t.Fatalf("throughput picks %v, want the fast decoder b1", got)
+	}
+}
