@@ -8,7 +8,7 @@ import (
 	"github.com/switchyard/switchyard/routing"
 )
 
-// Cost as a routing dimension (issue 18; docs/config.md, "Cost"): backends[].cost and backends[].tier
+// Cost as a routing dimension (docs/config.md, "Cost"): backends[].cost and backends[].tier
 // (schema.go), per-key budgets, and the objectives that decide how much a request's price weighs against its
 // latency.
 

@@ -7,7 +7,7 @@ import (
 	"github.com/switchyard/switchyard/routing"
 )
 
-// Cost (issue 18; README.md, "Cost"): each request is priced from the usage the engine reported, at the
+// Cost (docs/config.md, "Cost"): each request is priced from the usage the engine reported, at the
 // answering backend's price (routing.Price), into switchyard_cost_dollars_total, the access log and the status
 // page; a key with a budget reserves the request's dearest estimate at admission and settles what it cost when
 // it ends; and the request's objective (its header, else its key's, else its model's) tells the adaptive
