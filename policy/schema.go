@@ -357,8 +357,8 @@ const (
 )
 
 // Reload holds the acknowledgements a reload needs to loosen authentication: turning it off (auth: none),
-// removing a key, widening a key's models, raising or removing its limits, raising its priority, turning on its
-// cache_opt_in. Such a reload is refused unless the new file names the policy it loosens, so that a half-written
+// removing a key, widening a key's models, raising or removing its limits or its budget (or shortening its
+// budget's period), raising its priority, turning on its cache_opt_in. Such a reload is refused unless the new file names the policy it loosens, so that a half-written
 // file cannot do it, and an acknowledgement cannot outlive the change it was written for: once the reload
 // applies, the policy in force is the new file, whose hash the file cannot contain. Tightening (adding keys,
 // narrowing models, lowering limits) never needs one. Only reloads look at it: at start there is nothing to
