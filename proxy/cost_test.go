@@ -4,7 +4,9 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -193,4 +195,25 @@ func TestBudgetTwoReplicasShareRedis(t *testing.T) {
 		t.Fatalf("the two replicas spent %.6f against a limit of %.2f; want within one request (%.6f)", spent, limit, most)
 	}
 	t.Logf("two replicas spent %.6f of %.2f (one request costs up to %.6f)", spent, limit, most)
+}
+
+// TestAccessLogCost: the access log line carries the request's cost, as the counter adds it.
+func TestAccessLogCost(t *testing.T) {
+	t.Parallel()
+	be := startSim(t, "a", func(c *sim.Config) { c.ITL = time.Millisecond })
+	var buf syncBuffer
+	snap := pricedSnapshot([]string{be.URL()}, []routing.Price{{Input: 2, CachedInput: 2, Output: 8}})
+	gw := startGateway(t, snap, Options{AccessLog: slog.New(slog.NewJSONHandler(&buf, nil))})
+	if a := post(t, gw.url, `{"model":"sim-model","max_tokens":6,"messages":[{"role":"user","content":"hello"}]}`, nil); a.code != 200 {
+		t.Fatalf("%d %s", a.code, a.body)
+	}
+	waitFor(t, 5*time.Second, func() bool { return strings.Count(buf.String(), "\n") >= 1 })
+	line := buf.lines(t)[0]
+	want := (line["tokens_in"].(float64)*2 + line["tokens_out"].(float64)*8) / 1e6
+	if got, _ := line["cost"].(float64); math.Abs(got-want) > 1e-12 || got == 0 {
+		t.Fatalf("access log cost %v, want %v", line["cost"], want)
+	}
+	if c := counterValue(t, gw.reg, "switchyard_cost_dollars_total"); math.Abs(c-want) > 1e-12 {
+		t.Fatalf("counter %v, want %v", c, want)
+	}
 }
