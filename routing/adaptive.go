@@ -165,7 +165,7 @@ func countLookup(lookups, hits prometheus.Counter, longest int) {
 // cand is one candidate backend as a strategy evaluates it.
 type cand struct {
 	i      int     // index in targets
-	tier   uint8   // 0 eligible, 1 misses the ITL objective, 2 saturated
+	tier   uint8   // 0 eligible, 1 eligible overflow, 2 misses an objective, 3 saturated (see evaluate)
 	blocks int     // leading prefix blocks held
 	hit    int     // cached tokens predicted
 	cost   float64 // seconds
@@ -185,17 +185,19 @@ func (s *Adaptive) Pick(r *Request, targets []Target) (Target, error) {
 	now := s.clock.Now()
 	prompt := r.promptTokens()
 	minInflight := int64(math.MaxInt64)
+	overflow := false // Regional offered overflow backends beside dedicated ones
 	for _, t := range targets {
 		if t.Backend.Healthy() {
 			minInflight = min(minInflight, t.Backend.Inflight())
 		}
+		overflow = overflow || t.Backend.Config().Tier == TierOverflow
 	}
 	best := uint8(255)
 	for i, t := range targets {
 		if !t.Backend.Healthy() {
 			continue
 		}
-		c := s.evaluate(r, t.Backend, now, prompt, sc.counts[i], float64(minInflight))
+		c := s.evaluate(r, t.Backend, now, prompt, sc.counts[i], float64(minInflight), overflow)
 		c.i = i
 		sc.cands = append(sc.cands, c)
 		best = min(best, c.tier)
@@ -224,13 +226,23 @@ func (s *Adaptive) Pick(r *Request, targets []Target) (Target, error) {
 	}
 	t := targets[chosen.i]
 	r.dec = Decision{Backend: t.Backend, CachedTokens: chosen.hit, TTFT: duration(chosen.ttft),
-		Cost: duration(chosen.cost), Saturated: best == 2, blocks: chosen.blocks}
+		Cost: duration(chosen.cost), Saturated: best == tierSaturated, blocks: chosen.blocks}
 	return t, nil
 }
 
+// The candidate tiers of a pick; only the best one present is considered (the filters fail open).
+const (
+	tierEligible  = 0 // meets the objectives
+	tierOverflow  = 1 // an overflow backend that meets them: paid per token, so after every eligible dedicated one
+	tierMisses    = 2 // predicted to miss the ITL objective, or the TTFT one (cost objective, or overflow offered)
+	tierSaturated = 3
+)
+
 // evaluate computes b's tier and cost for r, a prompt of prompt tokens of which b holds blocks leading blocks,
-// under r's objective.
-func (s *Adaptive) evaluate(r *Request, b *Backend, now time.Time, prompt, blocks int, minInflight float64) cand {
+// under r's objective. overflow says that Regional offered overflow backends beside the dedicated ones
+// (Request.TTFTSLO set): a dedicated backend predicted to miss the TTFT objective then ranks below them, so
+// that a burst the dedicated tier cannot serve in time goes to overflow rather than queueing on a slow backend.
+func (s *Adaptive) evaluate(r *Request, b *Backend, now time.Time, prompt, blocks int, minInflight float64, overflow bool) cand {
 	cfg := b.Config()
 	l := b.loadAt(now)
 	hit := hitTokens(blocks, prompt, b.hitScale.load())
@@ -256,13 +268,15 @@ func (s *Adaptive) evaluate(r *Request, b *Backend, now time.Time, prompt, block
 	itlSLO := r.ITLSLO
 	switch {
 	case s.sat.at(b, cfg, l):
-		c.tier = 2
+		c.tier = tierSaturated
 	case float64(b.Inflight()) > max(minInflight+s.p.ImbalanceAbs, minInflight*s.p.ImbalanceRel):
-		c.tier = 2
+		c.tier = tierSaturated
 	case itlSLO > 0 && b.lat.itlMean(l.running+1)*b.lat.itlSpread.load() > itlSLO.Seconds():
-		c.tier = 1
-	case r.Objective == ObjectiveCost && r.TTFTSLO > 0 && c.ttft > r.TTFTSLO.Seconds():
-		c.tier = 1
+		c.tier = tierMisses
+	case (r.Objective == ObjectiveCost || overflow) && r.TTFTSLO > 0 && c.ttft > r.TTFTSLO.Seconds():
+		c.tier = tierMisses
+	case cfg.Tier == TierOverflow:
+		c.tier = tierOverflow
 	}
 	return c
 }

@@ -129,3 +129,34 @@ func abs(x float64) float64 {
 	}
 	return x
 }
+
+// TestOverflowForTheSLO: with a TTFT objective, adaptive sends a request to overflow when the dedicated backend
+// with room is predicted to miss it, and to the dedicated one when it meets it.
+func TestOverflowForTheSLO(t *testing.T) {
+	f := newFleet(t, &BackendConfig{Name: "slow", URL: "http://slow", Engine: EngineVLLM},
+		&BackendConfig{Name: "ov", URL: "http://ov", Engine: EngineVLLM, Tier: TierOverflow, Price: Price{Input: 5, Output: 15}})
+	f.train("slow", law{a: 0.8}, 300)
+	f.train("ov", law{a: 0.05}, 300)
+	s, err := NewStrategy(StrategyAdaptive, StrategyEnv{Overflow: true, Clock: f.clk, Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		slo  time.Duration
+		want string
+	}{{0, "slow"}, {2 * time.Second, "slow"}, {300 * time.Millisecond, "ov"}} {
+		got := map[string]int{}
+		for i := range 30 {
+			r := &Request{Model: "m", Prompt: text(uint64(i), 300), TTFTSLO: tc.slo}
+			b, err := s.Pick(r, f.targets)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[b.Backend.Name()]++
+			r.Reset()
+		}
+		if got[tc.want] != 30 {
+			t.Errorf("TTFT objective %v: picks %v, want all on %s", tc.slo, got, tc.want)
+		}
+	}
+}

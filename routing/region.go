@@ -132,8 +132,11 @@ type regionWeigher interface{ weighsRegions() }
 // every overflow backend, TierOverflow) and hands the inner strategy one tier: the first with a backend that is
 // healthy and not saturated (MaxConcurrency reached, or a fresh engine queue or KV usage over the adaptive
 // thresholds). A strategy that weighs regions itself (adaptive) gets that tier and every later dedicated one,
-// so that a remote backend can still win on cost by more than its margin; never the overflow tier, which is
-// paid per token: dedicated capacity, paid for whether used or not, is filled first. In the overflow tier the
+// so that a remote backend can still win on cost by more than its margin. Dedicated capacity, paid for whether
+// used or not, is filled first: the overflow tier is offered to the inner strategy only when no dedicated tier
+// has room, and to adaptive also for a request with a TTFT objective, which it takes only when every dedicated
+// backend with room is predicted to miss that objective (so that a burst goes to overflow rather than queueing on
+// a slow backend). In the overflow tier the
 // inner strategy sees only the cheapest of the available overflow backends (by input plus output price), so
 // overflow spend goes in order of price. When every tier is saturated, the first healthy tier is used (fail
 // open; the adaptive strategy then reports Decision.Saturated).
@@ -357,11 +360,15 @@ func (g *Regional) Pick(r *Request, targets []Target) (Target, error) {
 	if g.span && chosen < g.order.overflow() {
 		last = min(hi, g.order.overflow()-1)
 	}
+	// A strategy that weighs tiers itself (adaptive) is also offered the overflow tier when the request has a
+	// TTFT objective: it ranks overflow below every dedicated backend predicted to meet the objective.
+	ov := g.order.overflow()
+	offer := g.span && chosen < ov && r.TTFTSLO > 0 && avail[ov] > 0
 	// In the overflow tier, only its cheapest available backends (sc.tier marks the others out of range).
-	if chosen == g.order.overflow() && avail[chosen] > 0 {
+	if (chosen == ov || offer) && avail[ov] > 0 {
 		cheapest := math.Inf(1)
 		for i, t := range targets {
-			if int(sc.tier[i]) != chosen {
+			if int(sc.tier[i]) != ov {
 				continue
 			}
 			if cfg := t.Backend.Config(); t.Backend.Healthy() && !g.sat.saturated(t.Backend, cfg, now) {
@@ -371,7 +378,7 @@ func (g *Regional) Pick(r *Request, targets []Target) (Target, error) {
 			}
 		}
 		for i, t := range targets {
-			if int(sc.tier[i]) == chosen && listPrice(t.Backend.Config()) > cheapest {
+			if int(sc.tier[i]) == ov && listPrice(t.Backend.Config()) > cheapest {
 				sc.tier[i] = maxTiers
 			}
 		}
@@ -381,7 +388,7 @@ func (g *Regional) Pick(r *Request, targets []Target) (Target, error) {
 	if chosen > lo || last < hi {
 		sub = sc.sub[:0]
 		for i, t := range targets {
-			if k := int(sc.tier[i]); k >= chosen && k <= last {
+			if k := int(sc.tier[i]); (k >= chosen && k <= last) || (offer && k == ov) {
 				sub = append(sub, t)
 			}
 		}
