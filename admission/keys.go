@@ -25,6 +25,11 @@ type KeyConfig struct {
 	// CacheOptIn lets the key's requests opt in to the response cache with "X-Switchyard-Cache: on"
 	// (proxy.ResponseCache); without it the header's "on" is ignored. Default false.
 	CacheOptIn bool
+	// Budget is the key's money budget per period (Spender); the zero Budget is none.
+	Budget Budget
+	// Objective is what routing optimises for the key's requests when they name none: "latency",
+	// "throughput" or "cost" (the proxy resolves the name); "" leaves it to the model.
+	Objective string
 }
 
 // Key is an authenticated API key: what the request path learns from Authenticate. It is immutable and safe
@@ -39,6 +44,10 @@ type Key struct {
 	TokensPerMinute   int64
 	// CacheOptIn is KeyConfig.CacheOptIn.
 	CacheOptIn bool
+	// Budget is KeyConfig.Budget.
+	Budget Budget
+	// Objective is KeyConfig.Objective.
+	Objective string
 
 	models []string // sorted; nil means all
 	hash   [sha256.Size]byte
@@ -92,7 +101,7 @@ func NewKeys(cfgs []KeyConfig) (*Keys, error) {
 		}
 		names[c.Name] = true
 		k := &Key{Name: c.Name, Class: c.Class, RequestsPerMinute: c.RequestsPerMinute, TokensPerMinute: c.TokensPerMinute,
-			CacheOptIn: c.CacheOptIn, hash: c.Hash}
+			CacheOptIn: c.CacheOptIn, Budget: c.Budget, Objective: c.Objective, hash: c.Hash}
 		if len(c.Models) > 0 {
 			k.models = slices.Clone(c.Models)
 			slices.Sort(k.models)

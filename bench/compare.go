@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 )
 
@@ -160,6 +161,23 @@ func Compare(ctx context.Context, opt CompareOptions) ([]*RunReport, error) {
 	e := opt.Env
 	e.logf("scenario %s: workload %s, %d requests (%d measured) over %v, seed %d", sc.Name, w.Name,
 		len(plan.Items), plan.Requests(), w.Span(), w.Seed)
+	var comps []companionPlan
+	for _, c := range sc.Companions {
+		cw, err := LoadWorkload(sc.Path(c.Workload))
+		if err == nil {
+			cw, err = cw.Apply(Overrides{Duration: w.Duration, Warmup: w.Warmup})
+		}
+		var cp *Plan
+		if err == nil {
+			cp, err = NewPlan(cw)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("bench: companion %s: %w", c.Name, err)
+		}
+		e.logf("companion %s: workload %s, model %s, %d requests (%d measured)", c.Name, cw.Name, cw.Model,
+			len(cp.Items), cp.Requests())
+		comps = append(comps, companionPlan{c, cp})
+	}
 	var runs []*RunReport
 	for i, col := range sc.Columns {
 		if len(opt.Only) > 0 && !slices.Contains(opt.Only, col.Name) {
@@ -177,20 +195,28 @@ func Compare(ctx context.Context, opt CompareOptions) ([]*RunReport, error) {
 			}
 			e.logf("column %s: its own rate, %.1f requests/s (%d requests)", col.Name, col.Rate, len(colPlan.Items))
 		}
-		r, err := runColumn(ctx, &e, sc, col, colPlan, tag)
+		rs, err := runColumn(ctx, &e, sc, col, colPlan, comps, tag)
 		if ctx.Err() != nil {
 			return runs, ctx.Err()
 		}
 		if err != nil {
 			e.logf("column %s: %v", col.Name, err)
-			r = &RunReport{Name: col.Name, Workload: w.Name, Seed: w.Seed, Error: err.Error()}
+			rs = []*RunReport{{Name: col.Name, Workload: w.Name, Seed: w.Seed, Error: err.Error()}}
 		}
-		runs = append(runs, r)
+		runs = append(runs, rs...)
 	}
 	return runs, nil
 }
 
-func runColumn(ctx context.Context, e *Env, sc *Scenario, col Column, plan *Plan, tag string) (*RunReport, error) {
+// companionPlan is a companion workload's plan, the same for every column.
+type companionPlan struct {
+	Companion
+	plan *Plan
+}
+
+// runColumn runs one column: the main plan and every companion's at once against one fleet and gateway. It
+// returns the main run's report, then one per companion.
+func runColumn(ctx context.Context, e *Env, sc *Scenario, col Column, plan *Plan, comps []companionPlan, tag string) ([]*RunReport, error) {
 	w := plan.Workload
 	e.logf("column %s: starting fleet %s", col.Name, sc.Fleet)
 	fleet, backends, err := e.startFleet(ctx, sc.Path(sc.Fleet), tag)
@@ -203,6 +229,10 @@ func runColumn(ctx context.Context, e *Env, sc *Scenario, col Column, plan *Plan
 	if col.Strategy != "direct" {
 		spec := GatewaySpec{Region: sc.Region, Model: w.Model, Strategy: col.Strategy, SLO: w.SLO,
 			Backends: backends, Gateway: col.Gateway, ModelOverlay: col.Model}
+		for _, c := range comps {
+			spec.Companions = append(spec.Companions, CompanionModel{Name: c.plan.Workload.Model, SLO: c.plan.Workload.SLO,
+				Overlay: merge(c.Model, col.Also[c.Name])})
+		}
 		gw, target, err = e.startGateway(ctx, spec, tag)
 		if err != nil {
 			return nil, err
@@ -231,23 +261,48 @@ func runColumn(ctx context.Context, e *Env, sc *Scenario, col Column, plan *Plan
 		cpu0, _ = gw.CPUTime()
 	}
 	e.logf("column %s: running %v against %s", col.Name, w.Span(), target)
-	res, err := Run(ctx, RunConfig{Name: col.Name, BaseURL: target, Plan: plan, Timeout: e.Timeout, Actions: actions})
+	name := col.Name
+	if len(comps) > 0 {
+		name += "/" + w.Name
+	}
+	compRes := make([]*Result, len(comps))
+	compErr := make([]error, len(comps))
+	var wg sync.WaitGroup
+	for i, c := range comps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			compRes[i], compErr[i] = Run(ctx, RunConfig{Name: col.Name + "/" + c.Name, BaseURL: target, Plan: c.plan, Timeout: e.Timeout})
+		}()
+	}
+	res, err := Run(ctx, RunConfig{Name: name, BaseURL: target, Plan: plan, Timeout: e.Timeout, Actions: actions})
+	wg.Wait()
+	if err == nil {
+		err = errors.Join(compErr...)
+	}
 	if err != nil {
 		return nil, err
 	}
 	r := Summary(res, target, w.SLO)
+	r.Cost = costOf(res, backends, w.Bursts)
 	r.PrefixHitRate, r.EngineRequests = probe.Finish(ctx)
+	out := []*RunReport{r}
+	for i, c := range comps {
+		cr := Summary(compRes[i], target, c.plan.Workload.SLO)
+		cr.Cost = costOf(compRes[i], backends, w.Bursts)
+		out = append(out, cr)
+	}
 	if gw != nil {
 		if cpu1, err := gw.CPUTime(); err == nil {
 			r.CPU = cpuUse("gateway", cpu1-cpu0, r.Sent, res.Elapsed)
 		}
 		select {
 		case <-gw.Done():
-			return r, errors.New("bench: the gateway exited during the run:\n" + gw.Tail(2000))
+			return out, errors.New("bench: the gateway exited during the run:\n" + gw.Tail(2000))
 		default:
 		}
 	}
-	return r, nil
+	return out, nil
 }
 
 func cpuUse(name string, d time.Duration, requests int, elapsed time.Duration) *CPUUse {

@@ -314,3 +314,29 @@ func TestReferenceProxyRelativeWorkDir(t *testing.T) {
 		t.Errorf("url %q", url)
 	}
 }
+
+// TestCostOf: answers are priced at the backend that served them, cached prompt tokens at their price, and
+// overflow answers counted by burst phase.
+func TestCostOf(t *testing.T) {
+	cached := 0.5
+	fleet := []FleetBackend{{Name: "a", Price: Price{Input: 2, Output: 10, CachedInput: &cached}},
+		{Name: "o", Price: Price{Input: 5, Output: 20}, Tier: "overflow"}, {Name: "free"}}
+	plan := &Plan{Items: []Item{{PromptTokens: 1000}, {PromptTokens: 100}, {PromptTokens: 100}, {PromptTokens: 100, Warmup: true}}}
+	res := &Result{Plan: plan, Samples: []Sample{
+		{Status: 200, Backend: "a", CachedTokens: 400, OutputTokens: 100, SendAt: time.Second},
+		{Status: 200, Backend: "o", OutputTokens: 50, SendAt: 12 * time.Second},
+		{Status: 200, Backend: "free", OutputTokens: 50},
+		{Status: 200, Backend: "a", OutputTokens: 1000},
+	}}
+	c := costOf(res, fleet, []Burst{{At: 10 * time.Second, Duration: 5 * time.Second}})
+	want := (600*2+400*0.5+100*10)/1e6 + (100*5+50*20)/1e6
+	if abs(c.Dollars-want) > 1e-12 || c.OutputTokens != 150 || c.Unpriced != 1 {
+		t.Fatalf("cost %+v, want %v dollars for 150 tokens, 1 unpriced", c, want)
+	}
+	if c.Overflow["burst"] != 1 || c.Overflow["before_burst"] != 0 {
+		t.Fatalf("overflow phases %v", c.Overflow)
+	}
+	if got := c.PerMOutput; abs(got-want/150*1e6) > 1e-9 {
+		t.Fatalf("per million output %v", got)
+	}
+}

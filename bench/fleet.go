@@ -14,6 +14,36 @@ type FleetBackend struct {
 	URL    string // http://host:port, the OpenAI base without /v1
 	Region string
 	Model  string
+	// Price is the entry's "cost" ({input, output, cached_input} per million tokens, cached_input defaulting to
+	// input) and Tier its "tier" (dedicated or overflow): gateway settings, passed to the generated config and
+	// to the cost columns, never to the simulator.
+	Price Price
+	Tier  string
+	// Gateway is the entry's "gateway" mapping, merged into its generated backends[] entry (max_concurrency,
+	// timeouts): settings of the gateway, not of the simulator.
+	Gateway map[string]any
+}
+
+// Price is a backend's price per million tokens, as the gateway's backends[].cost states it.
+type Price struct {
+	Input       float64  `yaml:"input" json:"input"`
+	Output      float64  `yaml:"output" json:"output"`
+	CachedInput *float64 `yaml:"cached_input" json:"cached_input,omitempty"`
+}
+
+// Of returns the cost of prompt tokens (cached of them from the prefix cache) and out generated.
+func (p Price) Of(prompt, cached, out int) float64 {
+	cin := p.Input
+	if p.CachedInput != nil {
+		cin = *p.CachedInput
+	}
+	cached = min(cached, prompt)
+	return (float64(prompt-cached)*p.Input + float64(cached)*cin + float64(out)*p.Output) / 1e6
+}
+
+// IsZero reports whether p charges nothing.
+func (p Price) IsZero() bool {
+	return p.Input == 0 && p.Output == 0 && (p.CachedInput == nil || *p.CachedInput == 0)
 }
 
 // PrepareFleet reads a simulator fleet file (a YAML list of entries keyed like the "switchyard sim" flags; the
@@ -39,8 +69,22 @@ func PrepareFleet(src, dst string) ([]FleetBackend, error) {
 		}
 		b := FleetBackend{Model: DefaultModel}
 		listen := -1
+		var sim []*yaml.Node // the entry less the gateway's keys
 		for i := 0; i+1 < len(e.Content); i += 2 {
 			switch e.Content[i].Value {
+			case "cost":
+				if err := e.Content[i+1].Decode(&b.Price); err != nil {
+					return nil, &FileError{File: src, Line: e.Content[i+1].Line, Msg: "cost: " + err.Error()}
+				}
+				continue
+			case "tier":
+				b.Tier = e.Content[i+1].Value
+				continue
+			case "gateway":
+				if err := e.Content[i+1].Decode(&b.Gateway); err != nil {
+					return nil, &FileError{File: src, Line: e.Content[i+1].Line, Msg: "gateway: " + err.Error()}
+				}
+				continue
 			case "name":
 				b.Name = e.Content[i+1].Value
 			case "region":
@@ -48,9 +92,11 @@ func PrepareFleet(src, dst string) ([]FleetBackend, error) {
 			case "model":
 				b.Model = e.Content[i+1].Value
 			case "listen":
-				listen = i + 1
+				listen = len(sim) + 1
 			}
+			sim = append(sim, e.Content[i], e.Content[i+1])
 		}
+		e.Content = sim
 		if b.Name == "" {
 			return nil, &FileError{File: src, Line: e.Line, Msg: "fleet entry without a name"}
 		}

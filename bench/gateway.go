@@ -19,6 +19,31 @@ type GatewaySpec struct {
 	// Gateway is deep-merged into the top level of the config, Model into the generated models[0] entry (a
 	// scenario column's overlays), so a column can set anything the gateway's schema has.
 	Gateway, ModelOverlay map[string]any
+	// Companions are more public models, one per companion workload, served by every backend under its own
+	// model name, each with its SLO and overlay.
+	Companions []CompanionModel
+}
+
+// CompanionModel is a companion workload's model in a generated gateway config.
+type CompanionModel struct {
+	Name    string
+	SLO     SLO
+	Overlay map[string]any
+}
+
+// sloMap renders an SLO as the policy writes it (nil when it has no objective).
+func sloMap(s SLO) map[string]any {
+	slo := map[string]any{}
+	if s.TTFT > 0 {
+		slo["ttft"] = s.TTFT.String()
+	}
+	if s.ITL > 0 {
+		slo["itl"] = s.ITL.String()
+	}
+	if len(slo) == 0 {
+		return nil
+	}
+	return slo
 }
 
 // GatewayConfig renders spec as a "switchyard serve" config file.
@@ -33,25 +58,41 @@ func GatewayConfig(spec GatewaySpec) ([]byte, error) {
 		if b.Region != "" {
 			entry["region"] = b.Region
 		}
-		backends = append(backends, entry)
+		if b.Tier != "" {
+			entry["tier"] = b.Tier
+		}
+		if !b.Price.IsZero() {
+			cost := map[string]any{"input": b.Price.Input, "output": b.Price.Output}
+			if b.Price.CachedInput != nil {
+				cost["cached_input"] = *b.Price.CachedInput
+			}
+			entry["cost"] = cost
+		}
+		backends = append(backends, merge(entry, b.Gateway))
 	}
 	model := map[string]any{"name": spec.Model, "strategy": spec.Strategy}
-	slo := map[string]any{}
-	if spec.SLO.TTFT > 0 {
-		slo["ttft"] = spec.SLO.TTFT.String()
-	}
-	if spec.SLO.ITL > 0 {
-		slo["itl"] = spec.SLO.ITL.String()
-	}
-	if len(slo) > 0 {
+	if slo := sloMap(spec.SLO); slo != nil {
 		model["slo"] = slo
 	}
 	model = merge(model, spec.ModelOverlay)
+	models := []any{model}
+	for _, c := range spec.Companions {
+		m := map[string]any{"name": c.Name, "strategy": spec.Strategy}
+		if slo := sloMap(c.SLO); slo != nil {
+			m["slo"] = slo
+		}
+		var targets []any
+		for _, b := range spec.Backends {
+			targets = append(targets, map[string]any{"backend": b.Name, "model": b.Model})
+		}
+		m["targets"] = targets
+		models = append(models, merge(m, c.Overlay))
+	}
 	cfg := map[string]any{
 		"listen":       spec.Listen,
 		"admin_listen": spec.AdminListen,
 		"backends":     backends,
-		"models":       []any{model},
+		"models":       models,
 	}
 	if region != "" {
 		cfg["region"] = region
@@ -83,6 +124,9 @@ func GatewayConfig(spec GatewaySpec) ([]byte, error) {
 // merge returns base with over deep-merged into it: mappings merge key by key, anything else in over replaces.
 func merge(base, over map[string]any) map[string]any {
 	out := maps.Clone(base)
+	if out == nil {
+		out = map[string]any{}
+	}
 	for k, v := range over {
 		if bm, ok := out[k].(map[string]any); ok {
 			if om, ok := v.(map[string]any); ok {

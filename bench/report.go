@@ -106,6 +106,8 @@ type RunReport struct {
 	Events         []EventRecord `json:"events,omitempty"`
 	// CPU is the CPU time the measured proxy process used during the run ("bench overhead" only).
 	CPU *CPUUse `json:"cpu,omitempty"`
+	// Cost is what the answers cost at the fleet's prices; nil when the fleet states none (cost.go).
+	Cost *CostReport `json:"cost,omitempty"`
 
 	ttft []float64 // sorted, for plots
 }
@@ -456,6 +458,20 @@ func PrintCompare(out io.Writer, all []*RunReport) {
 			return *r.EngineRequests / float64(r.SentAll)
 		})
 	}
+	if slices.ContainsFunc(runs, func(r *RunReport) bool { return r.Cost != nil }) {
+		line("cost $/M output tok", func(r *RunReport) float64 {
+			if r.Cost == nil {
+				return 0
+			}
+			return r.Cost.PerMOutput
+		})
+		line("cost $", func(r *RunReport) float64 {
+			if r.Cost == nil {
+				return 0
+			}
+			return r.Cost.Dollars
+		})
+	}
 	if slices.ContainsFunc(runs, func(r *RunReport) bool { return r.PrefixHitRate != nil }) {
 		line("prefix hit %", func(r *RunReport) float64 {
 			if r.PrefixHitRate == nil {
@@ -469,6 +485,10 @@ func PrintCompare(out io.Writer, all []*RunReport) {
 		fmt.Fprintf(out, "%s: status %s errors %s backends %s", r.Name, counts(r.Status), counts(r.Errors), counts(r.Backends))
 		if len(r.Shed) > 0 {
 			fmt.Fprintf(out, " shed %s", shedText(r.Shed))
+		}
+		if r.Cost != nil && r.Cost.Overflow != nil {
+			fmt.Fprintf(out, " overflow before/during/after burst %d/%d/%d", r.Cost.Overflow["before_burst"],
+				r.Cost.Overflow["burst"], r.Cost.Overflow["after_burst"])
 		}
 		fmt.Fprintln(out)
 		writePhases(out, r)

@@ -46,8 +46,22 @@ type Scenario struct {
 	Region  string   `yaml:"region"`
 	Columns []Column `yaml:"columns"`
 	Events  []Event  `yaml:"events"`
+	// Companions are workloads sent at the same time as Workload, each to its own model (the workload file's
+	// model, which the generated config routes to every backend): an interactive and a batch load sharing one
+	// fleet. Each is reported as a run of its own, named COLUMN/NAME, the main workload's as COLUMN/WORKLOAD.
+	// Scenario overrides (rate, duration, warmup, seed) apply to the main workload only, except the seed.
+	Companions []Companion `yaml:"companions"`
 
 	file string
+}
+
+// Companion is a workload run beside the scenario's main one.
+type Companion struct {
+	// Name labels its runs; default the workload's name.
+	Name     string `yaml:"name"`
+	Workload string `yaml:"workload"`
+	// Model is deep-merged into its generated model entry, in every column (a column's also adds to it).
+	Model map[string]any `yaml:"model"`
 }
 
 // Column is one side of a comparison.
@@ -65,6 +79,9 @@ type Column struct {
 	// baseline (an unloaded tail latency) beside the overloaded columns, in the same command. The column then has
 	// its own request sequence (same seed, fewer arrivals).
 	Rate float64 `yaml:"rate"`
+	// Also is deep-merged into the companions' model entries, by companion name: what the column changes for
+	// them (e.g. {batch: {objective: cost}}).
+	Also map[string]map[string]any `yaml:"also"`
 }
 
 // Event is a timed fault: at At on the load's timeline, POST Control as JSON to the named backend's /sim/control.
@@ -118,6 +135,15 @@ func LoadScenario(path string) (*Scenario, error) {
 		seen[c.Name] = true
 		if c.Strategy == "direct" && (c.Gateway != nil || c.Model != nil) {
 			errs.add(fmt.Sprintf("columns[%d]", i), "a direct column has no gateway to configure")
+		}
+	}
+	for i := range s.Companions {
+		c := &s.Companions[i]
+		if c.Workload == "" {
+			errs.add(fmt.Sprintf("companions[%d].workload", i), "missing workload file")
+		}
+		if c.Name == "" {
+			c.Name = baseName(c.Workload)
 		}
 	}
 	for i, e := range s.Events {

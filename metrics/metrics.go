@@ -63,6 +63,10 @@ type Gateway struct {
 	BackendITL *prometheus.HistogramVec
 	// Requests counts finished requests by model, backend and status code (499: the client left first).
 	Requests *prometheus.CounterVec
+	// Cost sums what finished requests cost (in the currency of the policy's backends[].cost, dollars by
+	// convention), priced from the usage the engine reported at the answering backend's price, by the model
+	// that served, backend and API key name ("" without keys).
+	Cost *prometheus.CounterVec
 	// Inflight is the number of requests in flight to each backend.
 	Inflight *prometheus.GaugeVec
 	// QueueDepth is each backend's engine queue as last scraped (vllm:num_requests_waiting).
@@ -175,6 +179,10 @@ func New(reg prometheus.Registerer) *Gateway {
 			Name: "switchyard_requests_total",
 			Help: "Finished requests by model, backend and HTTP status (499: the client left first).",
 		}, []string{"model", "backend", "code"}),
+		Cost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_cost_dollars_total",
+			Help: "What finished requests cost, from the engine's usage at the backend's price, by model, backend and API key.",
+		}, []string{"model", "backend", "key"}),
 		Inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "switchyard_backend_inflight",
 			Help: "Requests in flight to each backend.",
@@ -292,7 +300,7 @@ func New(reg prometheus.Registerer) *Gateway {
 		}),
 	}
 	reg.MustRegister(
-		m.TTFT, m.TPOT, m.Duration, m.ClientDuration, m.Tokens, m.BackendTTFT, m.BackendITL, m.Requests, m.Inflight, m.QueueDepth, m.Retries, m.Overhead,
+		m.TTFT, m.TPOT, m.Duration, m.ClientDuration, m.Tokens, m.BackendTTFT, m.BackendITL, m.Requests, m.Cost, m.Inflight, m.QueueDepth, m.Retries, m.Overhead,
 		m.UpstreamErrors, m.ClientDisconnects, m.UpstreamLimits, m.Panics, m.TTFTPredictionError, m.PrefixLookups, m.PrefixHits, m.Shed,
 		m.Hedges, m.BreakerState, m.QueueWait, m.ConfigReloadSuccess, m.ConfigReloadTime,
 		m.QueueLength, m.ConcurrencyLimit, m.OutlierState, m.OutlierEjections, m.Degraded, m.BudgetDenied,

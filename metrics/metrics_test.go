@@ -21,6 +21,7 @@ func TestNamesAndBuckets(t *testing.T) {
 	m.BackendTTFT.WithLabelValues("b").Observe(0.1)
 	m.BackendITL.WithLabelValues("b").Observe(0.02)
 	m.Requests.WithLabelValues("m", "b", "200").Inc()
+	m.Cost.WithLabelValues("m", "b", "k").Add(0.5)
 	m.Inflight.WithLabelValues("b").Set(1)
 	m.QueueDepth.WithLabelValues("b").Set(1)
 	m.Retries.WithLabelValues("m", "connect").Inc()
@@ -61,7 +62,7 @@ func TestNamesAndBuckets(t *testing.T) {
 		"gen_ai_server_time_to_first_token_seconds", "gen_ai_server_time_per_output_token_seconds",
 		"gen_ai_server_request_duration_seconds", "gen_ai_client_token_usage", "gen_ai_client_operation_duration_seconds",
 		"switchyard_backend_time_to_first_token_seconds", "switchyard_backend_inter_token_latency_seconds",
-		"switchyard_requests_total",
+		"switchyard_requests_total", "switchyard_cost_dollars_total",
 		"switchyard_backend_inflight", "switchyard_backend_queue_depth", "switchyard_ttft_prediction_error_ratio",
 		"switchyard_prefix_cache_lookups_total", "switchyard_prefix_cache_hits_total", "switchyard_shed_total",
 		"switchyard_hedges_total", "switchyard_retries_total", "switchyard_breaker_state",

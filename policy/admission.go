@@ -66,6 +66,8 @@ func (c *Config) keys() (*admission.Keys, error) {
 			RequestsPerMinute: int64(k.Limits.RequestsPerMinute),
 			TokensPerMinute:   int64(k.Limits.TokensPerMinute),
 			CacheOptIn:        k.CacheOptIn,
+			Budget:            budgetOf(&c.APIKeys[i]),
+			Objective:         k.Objective,
 		}
 	}
 	return admission.NewKeys(cfgs)
@@ -105,12 +107,30 @@ func (c *Config) compileAdmission(s *proxy.Snapshot, keys *admission.Keys, prev 
 		// Limiter is an interface: assign only a non-nil limiter, so that "no limiter" stays a nil interface.
 		s.Limiter = admission.NewLocalLimiter(keys, old, nil, m)
 	}
+	s.Objectives = proxy.Objectives{Header: c.Objectives.Header, SecondsPerDollar: c.Objectives.SecondsPerDollar}
+	if c.hasBudgets() { // cost.go
+		var old *admission.LocalSpender
+		if prev != nil {
+			switch sp := prev.Spender.(type) {
+			case *admission.LocalSpender:
+				old = sp
+			case spendLocaler:
+				old = sp.Local()
+			}
+		}
+		s.Spender = admission.NewLocalSpender(keys, old, nil, m)
+	}
 	if c.Limits.Shedding == nil || *c.Limits.Shedding {
 		sp := admission.DefaultShedParams()
 		sp.Priorities = s.Priorities
 		s.Shedder = admission.NewShedder(sp, m)
 	}
 	s.Queue = proxy.QueueSettings{Size: c.Limits.QueueSize, Timeout: c.Limits.QueueTimeout}
+}
+
+// spendLocaler is a shared spender that decides on a local one when it cannot share (admission.RedisSpender).
+type spendLocaler interface {
+	Local() *admission.LocalSpender
 }
 
 // localer is a shared rate limiter that decides on a local one when it cannot share (admission.RedisLimiter).

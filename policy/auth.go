@@ -160,6 +160,22 @@ func authChanges(old, c *Config) []authChange {
 					l.old > 0 && (l.new == 0 || l.new > l.old)})
 			}
 		}
+		for _, l := range []struct {
+			name     string
+			old, new float64
+		}{
+			{"limit", o.Budget.Limit, k.Budget.Limit},
+			{"soft_limit", o.Budget.SoftLimit, k.Budget.SoftLimit},
+		} {
+			if l.old != l.new { // a budget raised or removed lets the key spend more: cost.go
+				out = append(out, authChange{p + ".budget." + l.name, fmt.Sprintf("key %s: budget %s %v -> %v", k.Name, l.name, l.old, l.new),
+					l.old > 0 && (l.new == 0 || l.new > l.old)})
+			}
+		}
+		if o.Budget.Period != k.Budget.Period && (o.Budget.Limit > 0 || o.Budget.SoftLimit > 0) {
+			out = append(out, authChange{p + ".budget.period", fmt.Sprintf("key %s: budget period %v -> %v", k.Name, o.Budget.Period, k.Budget.Period),
+				k.Budget.Period < o.Budget.Period})
+		}
 	}
 	for _, k := range old.APIKeys {
 		if !kept[k.Name] {

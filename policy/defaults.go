@@ -57,6 +57,7 @@ func (r *report) applyDefaults(c *Config) {
 		}
 	}
 	str(&c.Listen, defaultListen)
+	r.defaultCost(c) // cost.go
 	str(&c.AdminListen, defaultAdminListen)
 	str(&c.Region, defaultRegion)
 	str(&c.Auth, AuthAPIKeys)
@@ -90,6 +91,9 @@ func (r *report) applyDefaults(c *Config) {
 		str(&b.Region, c.Region)
 		str(&b.Engine, routing.EngineVLLM)
 		str(&b.Tier, defaultTier)
+		if !r.set(p+".cost.cached_input") && b.Cost.Input >= 0 {
+			b.Cost.CachedInput = b.Cost.Input
+		}
 		if !r.set(p + ".weight") {
 			b.Weight = defaultWeight
 		}

@@ -120,6 +120,8 @@ func (c *Config) compile(reg *routing.Registry, prev *proxy.Snapshot, m *metrics
 			Weight:               b.Weight,
 			MaxConcurrency:       b.MaxConcurrency,
 			MaxNumSeqs:           b.MaxNumSeqs,
+			Tier:                 tierOf(b.Tier),
+			Price:                routing.Price{Input: b.Cost.Input, CachedInput: b.Cost.CachedInput, Output: b.Cost.Output},
 			Timeouts: routing.Timeouts{
 				Connect:   b.Timeouts.Connect,
 				FirstByte: b.Timeouts.FirstByte,
@@ -155,6 +157,7 @@ func (c *Config) compile(reg *routing.Registry, prev *proxy.Snapshot, m *metrics
 			Created:      now.Unix(),
 			Endpoints:    endpointSet(m.Endpoints),
 		}
+		pm.Objective, _ = routing.ParseObjective(m.Objective)
 		for i, t := range routed {
 			pm.Targets[i] = routing.Target{Backend: byName[t.Backend], Model: t.Model}
 		}
@@ -186,4 +189,12 @@ func endpointSet(names []string) proxy.EndpointSet {
 		set |= e
 	}
 	return set
+}
+
+// tierOf maps a validated tier name to routing's tier.
+func tierOf(name string) routing.Tier {
+	if name == "overflow" {
+		return routing.TierOverflow
+	}
+	return routing.TierDedicated
 }

@@ -255,14 +255,15 @@ func TestDefaults(t *testing.T) {
 		Listen: "127.0.0.1:8080", AdminListen: "127.0.0.1:9090", Region: "local", Auth: AuthNone,
 		Backends: []Backend{{Name: "b", URL: "http://h:1", Region: "local", Engine: "vllm", Models: []string{"m"}, Weight: 1, Tier: "dedicated",
 			Timeouts: Timeouts{Connect: 5 * time.Second, FirstByte: time.Minute, Idle: time.Minute, Total: 30 * time.Minute}}},
-		Models: []Model{{Name: "m", Targets: []Target{{"b", "m"}}, Strategy: DefaultStrategy, Retries: 2}},
+		Models: []Model{{Name: "m", Targets: []Target{{"b", "m"}}, Strategy: DefaultStrategy, Retries: 2, Objective: "latency"}},
 		Priorities: Priorities{Header: "x-switchyard-priority", Default: "standard", Classes: []PriorityClass{
 			{"critical", 2}, {"standard", 1}, {"sheddable", 0.5}}},
 		Limits: Limits{MaxBodyBytes: 32 << 20, HeaderReadTimeout: 10 * time.Second, ShutdownGrace: 5 * time.Second, DrainTimeout: time.Minute,
 			Timeouts:  Timeouts{Connect: 5 * time.Second, FirstByte: time.Minute, Idle: time.Minute, Total: 30 * time.Minute},
 			QueueSize: 1024, QueueTimeout: 10 * time.Second},
-		AccessLog: AccessLog{Sample: 1},
-		File:      "min.yaml", Hash: c.Hash,
+		AccessLog:  AccessLog{Sample: 1},
+		Objectives: Objectives{Header: "x-switchyard-objective"},
+		File:       "min.yaml", Hash: c.Hash,
 	}
 	c.lines = authLines{} // where the file set auth: not a default
 	if !reflect.DeepEqual(c, want) {
@@ -273,8 +274,6 @@ func TestDefaults(t *testing.T) {
 // notSupportedSnippets sets each field the supported table marks false: the key is the table's path, the value
 // says where the YAML line goes in notSupportedBase ("top", "backend", "model", "limits", "key") and the line.
 var notSupportedSnippets = map[string][2]string{
-	"backends[].tier":          {"backend", "tier: overflow"},
-	"backends[].cost":          {"backend", "cost: {input: 1}"},
 	"models[].prefix_affinity": {"model", "prefix_affinity: false"}, // false too: strategies have affinity by themselves
 }
 

@@ -57,6 +57,9 @@ type Config struct {
 	Tracing Tracing `yaml:"tracing"`
 	// AccessLog configures the access log (see the AccessLog type). Default: on, every request. Static.
 	AccessLog AccessLog `yaml:"access_log"`
+	// Objectives configures how requests choose what routing optimises (latency, throughput or cost) and the
+	// exchange rate between money and time that the cost objective uses (see the Objectives type).
+	Objectives Objectives `yaml:"objectives"`
 	// Reload acknowledges, for the reload that reads this file, the changes to authentication that a reload
 	// otherwise refuses (see the Reload type and authchange.go). It must be the file's last top-level field.
 	// Default: none; ignored when the gateway starts.
@@ -129,10 +132,13 @@ type Backend struct {
 	// engine that exports its own figure (engines.*.metrics.max_seqs) overrides it. Default 0: the engine's
 	// figure, else a fast probe of its running batch. >= 0.
 	MaxNumSeqs int `yaml:"max_num_seqs"`
-	// Tier is dedicated (capacity this deployment owns, used first) or overflow (used only when the dedicated
-	// backends are saturated). Default dedicated. Not supported yet.
+	// Tier is dedicated (capacity this deployment owns and pays for whether used or not: filled first) or
+	// overflow (a serverless or hosted endpoint paid per token: used only while every dedicated target of a
+	// model is unhealthy or saturated, the cheapest overflow backend first, and left as soon as a dedicated one
+	// has room again, with the hysteresis of region failover: routing.Regional). Default dedicated.
 	Tier string `yaml:"tier"`
-	// Cost is what the backend's tokens cost, for cost-aware routing and reports. Default 0. Not supported yet.
+	// Cost is what the backend's tokens cost: it feeds switchyard_cost_dollars_total, the access log, budgets,
+	// the order of overflow backends and the cost objective. Default 0 (free).
 	Cost Cost `yaml:"cost"`
 	// Timeouts bound each attempt sent to the backend. Default: Limits.Timeouts, field by field.
 	Timeouts Timeouts `yaml:"timeouts"`
@@ -163,6 +169,9 @@ type Discover struct {
 type Cost struct {
 	// Input is the price of one million prompt tokens. Default 0; >= 0.
 	Input float64 `yaml:"input"`
+	// CachedInput is the price of one million prompt tokens the engine reported as served from its prefix
+	// cache (usage.prompt_tokens_details.cached_tokens), which providers discount. Default Input; >= 0.
+	CachedInput float64 `yaml:"cached_input"`
 	// Output is the price of one million generated tokens. Default 0; >= 0.
 	Output float64 `yaml:"output"`
 }
@@ -224,6 +233,12 @@ type Model struct {
 	// any key) again from it, without a backend. Shared by the replicas when redis is set. Default: off (see the
 	// ResponseCache type).
 	ResponseCache ResponseCache `yaml:"response_cache"`
+	// Objective is what routing optimises for the model's requests: latency (the adaptive strategy's
+	// predicted time to first token), throughput (adds the predicted decode time: the backend with the most
+	// tokens per second per seat) or cost (adds the predicted price at objectives.seconds_per_dollar, among
+	// the backends predicted to meet slo.ttft). A key's objective, then the request's objective header, win
+	// over it. Only the adaptive strategy reads it. Default latency.
+	Objective string `yaml:"objective"`
 }
 
 // Target is one way to serve a public model: a backend, and the model name the backend knows it by.
@@ -312,6 +327,12 @@ type APIKey struct {
 	// caches sampled requests too (ResponseCache); for a key without it the header's "on" is ignored (no error),
 	// and only temperature-0 requests are cached. Default false.
 	CacheOptIn bool `yaml:"cache_opt_in"`
+	// Budget caps what the key's requests may cost per period (see the Budget type). Default: none.
+	Budget Budget `yaml:"budget"`
+	// Objective is what routing optimises for the key's requests (latency, throughput or cost, as
+	// models[].objective), over the model's; the request's objective header wins over it. Default: the
+	// model's.
+	Objective string `yaml:"objective"`
 }
 
 // KeyLimits are per-key rate limits (admission.LocalLimiter: token buckets refilled continuously, holding at
@@ -336,8 +357,8 @@ const (
 )
 
 // Reload holds the acknowledgements a reload needs to loosen authentication: turning it off (auth: none),
-// removing a key, widening a key's models, raising or removing its limits, raising its priority, turning on its
-// cache_opt_in. Such a reload is refused unless the new file names the policy it loosens, so that a half-written
+// removing a key, widening a key's models, raising or removing its limits or its budget (or shortening its
+// budget's period), raising its priority, turning on its cache_opt_in. Such a reload is refused unless the new file names the policy it loosens, so that a half-written
 // file cannot do it, and an acknowledgement cannot outlive the change it was written for: once the reload
 // applies, the policy in force is the new file, whose hash the file cannot contain. Tightening (adding keys,
 // narrowing models, lowering limits) never needs one. Only reloads look at it: at start there is nothing to

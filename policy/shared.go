@@ -16,6 +16,10 @@ type Shared struct {
 	// buckets, which become its fallback): the Redis-backed limiter. The returned limiter should have a
 	// Local() *admission.LocalLimiter method, so that the next reload keeps the local buckets.
 	Limiter func(local *admission.LocalLimiter) admission.RateLimiter
+	// Spender, when set, returns the budget spender a snapshot uses around the one it compiled (the local
+	// spend, its fallback): the Redis-backed spender. The result should have a Local() *admission.LocalSpender
+	// method, so that the next reload keeps the local spend.
+	Spender func(local *admission.LocalSpender) admission.Spender
 	// ResponseStore, when set, keeps every model's cached answers (cache.RedisStore, shared by the replicas);
 	// nil gives each model with response_cache a memory store of its own (kept across reloads while its
 	// max_bytes stays the same).
@@ -39,6 +43,11 @@ func (sh Shared) apply(c *Config, s, prev *proxy.Snapshot) {
 	if sh.Limiter != nil {
 		if local, ok := s.Limiter.(*admission.LocalLimiter); ok {
 			s.Limiter = sh.Limiter(local)
+		}
+	}
+	if sh.Spender != nil {
+		if local, ok := s.Spender.(*admission.LocalSpender); ok {
+			s.Spender = sh.Spender(local)
 		}
 	}
 	for _, m := range c.Models {

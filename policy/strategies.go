@@ -22,8 +22,14 @@ func newStrategy(c *Config, m *Model, mt *metrics.Gateway, prev routing.Strategy
 	if len(fo) > routing.MaxFailover {
 		fo = nil // reported by validation at regions.<region>.failover
 	}
+	overflow := false
+	for _, t := range m.Targets {
+		for i := range c.Backends {
+			overflow = overflow || (c.Backends[i].Name == t.Backend && c.Backends[i].Tier == "overflow")
+		}
+	}
 	s, err := routing.NewStrategy(m.Strategy, routing.StrategyEnv{Region: c.Region, Failover: fo, Model: m.Name,
-		Metrics: mt, Previous: prev})
+		Metrics: mt, Previous: prev, Overflow: overflow})
 	if errors.Is(err, routing.ErrUnknownStrategy) {
 		return nil, fmt.Errorf("unknown strategy %q (one of: %s)", m.Strategy, strings.Join(routing.StrategyNames(), ", "))
 	}

@@ -56,9 +56,10 @@ var supported = map[string]bool{
 	"backends[].weight":                true,
 	"backends[].max_concurrency":       true,
 	"backends[].max_num_seqs":          true,
-	"backends[].tier":                  false, // overflow backends
-	"backends[].cost":                  false, // cost-aware routing
+	"backends[].tier":                  true,
+	"backends[].cost":                  true,
 	"backends[].cost.input":            true,
+	"backends[].cost.cached_input":     true,
 	"backends[].cost.output":           true,
 	"backends[].timeouts":              true,
 	"backends[].timeouts.connect":      true,
@@ -93,6 +94,7 @@ var supported = map[string]bool{
 	"models[].response_cache.max_entry_bytes": true,
 	"models[].response_cache.max_bytes":       true,
 	"models[].response_cache.scope":           true,
+	"models[].objective":                      true,
 
 	"regions":            true,
 	"regions.*.failover": true,
@@ -114,6 +116,15 @@ var supported = map[string]bool{
 	"api_keys[].limits.requests_per_minute": true,
 	"api_keys[].limits.tokens_per_minute":   true,
 	"api_keys[].cache_opt_in":               true,
+	"api_keys[].budget":                     true,
+	"api_keys[].budget.limit":               true,
+	"api_keys[].budget.soft_limit":          true,
+	"api_keys[].budget.period":              true,
+	"api_keys[].objective":                  true,
+
+	"objectives":                    true,
+	"objectives.header":             true,
+	"objectives.seconds_per_dollar": true,
 
 	"limits":                     true,
 	"limits.max_body_bytes":      true,

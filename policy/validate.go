@@ -44,6 +44,7 @@ func (r *report) validate(c *Config) {
 	r.validatePriorities(c)
 	r.validateAuth(c) // auth.go
 	r.validateKeys(c)
+	r.validateCost(c) // cost.go
 	r.validateLimits(c)
 	r.validateReload(c)
 }
@@ -128,6 +129,9 @@ func (r *report) validateBackends(c *Config, engines map[string]bool) map[string
 		}
 		if b.Cost.Input < 0 {
 			r.errorf(p+".cost.input", "must be >= 0")
+		}
+		if b.Cost.CachedInput < 0 {
+			r.errorf(p+".cost.cached_input", "must be >= 0")
 		}
 		if b.Cost.Output < 0 {
 			r.errorf(p+".cost.output", "must be >= 0")

@@ -61,6 +61,9 @@ func (ex *exchange) accessLog(code int, backend string, now time.Time, traceID t
 	if in, out, ok := ex.tokenCounts(); ok {
 		a = append(a, slog.Int("tokens_in", in), slog.Int("tokens_out", out))
 	}
+	if ex.cost.charged {
+		a = append(a, slog.Float64("cost", ex.cost.dollars))
+	}
 	if c := ex.cacheState(); c != "" {
 		a = append(a, slog.String("cache", c))
 	}

@@ -35,7 +35,8 @@ type decisionNote struct {
 	cached   int32         // prompt tokens the chosen backend was believed to hold
 	n, total uint8         // candidates kept in cands, and considered
 	cands    [maxCandidates]candidate
-	shed     string // admission.Error.Reason of a refusal; "" when not shed
+	shed     string  // admission.Error.Reason of a refusal; "" when not shed
+	cost     float64 // what the request cost (cost.go's charge); 0 until priced
 }
 
 // dispatched notes attempt a, just dispatched: the candidates of the pick that chose it (ex.cands, less the
@@ -132,6 +133,9 @@ type DecisionEntry struct {
 	// Shed is admission control's reason for refusing it (admission.Reason*), "" when it did not.
 	Shed     string `json:"shed,omitempty"`
 	Attempts int    `json:"attempts"`
+	// Cost is what the request cost at the answering backend's price, from the engine's usage; 0 when free or
+	// not answered.
+	Cost float64 `json:"cost"`
 }
 
 // CandidateEntry is one candidate of a DecisionEntry.
@@ -156,7 +160,7 @@ func (d *decisionRing) recent(limit int) []DecisionEntry {
 			Backend: r.backend, Candidates: make([]CandidateEntry, r.note.n), CandidatesTotal: int(r.note.total),
 			CachedTokens: int(r.note.cached), PredictedTTFTMs: ms(r.note.pred), PredictedP90Ms: ms(r.note.p90),
 			ObservedTTFTMs: ms(r.observed), TTFTMs: ms(r.ttft), Status: int(r.status), Shed: r.note.shed,
-			Attempts: int(r.attempts)}
+			Attempts: int(r.attempts), Cost: r.note.cost}
 		for j, c := range r.note.cands[:r.note.n] {
 			e.Candidates[j] = CandidateEntry{Backend: c.name, PredictedTTFTMs: ms(c.pred)}
 		}

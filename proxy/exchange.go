@@ -51,7 +51,8 @@ type exchange struct {
 	done     bool
 	poisoned bool // code on this exchange panicked: it is discarded, never pooled (recover.go)
 
-	rc respCacheState // the response cache's part (respcache.go)
+	rc   respCacheState // the response cache's part (respcache.go)
+	cost costState      // prices, budget and objective (cost.go)
 
 	obs  observation  // traces and the access log (observe.go)
 	note decisionNote // what the status page keeps of routing and admission (decisions.go)
@@ -181,6 +182,7 @@ func (s *Server) releaseExchange(ex *exchange) {
 	ex.code = 0
 	ex.done, ex.poisoned = false, false
 	ex.rc = respCacheState{}
+	ex.cost = costState{}
 	ex.resetObservation()
 	s.exchanges.Put(ex)
 }
@@ -214,6 +216,9 @@ func (ex *exchange) admit(h *fasthttp.RequestHeader) error {
 			return shedError{ex.quota.Err, ex.quota.RetryAfter}
 		}
 		ex.limited = true
+	}
+	if err := ex.admitCost(h); err != nil { // cost.go: the key's budget, the request's objective
+		return err
 	}
 	if ex.lookupCache(h) { // respcache.go: an answer kept for this exact request needs no backend
 		return errCacheHit
@@ -290,6 +295,7 @@ func (ex *exchange) degrade(d *Model) {
 	ex.rreq.MaxTokens = ex.sum.MaxTokens
 	ex.rreq.Prompt = ex.sum.Prompt
 	ex.rreq.ITLSLO = d.SLO.ITL
+	ex.routeObjective() // cost.go
 	clear(ex.tried)
 	ex.tried = ex.tried[:0]
 }

@@ -309,6 +309,7 @@ func (ex *exchange) finish(fail error) {
 	backend := "none"
 	if a := ex.cur; a != nil {
 		backend = a.name
+		ex.charge(a) // cost.go
 		ex.endAttempt(a, fail)
 		ex.cur = nil
 	}
@@ -331,6 +332,7 @@ func (ex *exchange) record(code int, backend string) {
 		asked = ex.asked.Name
 	}
 	m.Duration.WithLabelValues(op, provider, asked, model, metrics.ErrorType(code)).Observe(time.Since(ex.arrival).Seconds())
+	ex.settleCost()                                  // cost.go
 	ex.s.rings.record(ex, code, backend, time.Now()) // decisions.go: the status page's charts and decisions
 	if ex.hasUsage && model != "" {
 		m.Tokens.WithLabelValues(op, provider, asked, model, "input").Observe(float64(ex.usage.PromptTokens))

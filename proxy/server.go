@@ -488,6 +488,7 @@ func (s *Server) serveExchange(ctx *fasthttp.RequestCtx, ex *exchange, rt *route
 			ctx.Response.Header.SetBytesV(name, value)
 		})
 	}
+	ex.costHeaders(&ctx.Response.Header) // cost.go
 	if err == errCacheHit {
 		s.serveCached(ctx, ex) // respcache.go
 		return false

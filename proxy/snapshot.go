@@ -31,6 +31,11 @@ type Snapshot struct {
 	// Limiter enforces the keys' per-minute request and token limits; nil means none. It keeps its buckets
 	// across reloads (the policy passes the previous snapshot's limiter on).
 	Limiter admission.RateLimiter
+	// Spender keeps the keys' money budgets (cost.go); nil means none. Like Limiter, it keeps each key's
+	// spend across reloads.
+	Spender admission.Spender
+	// Objectives say how a request names its routing objective and the cost objective's exchange rate.
+	Objectives Objectives
 	// Shedder decides admit, queue or shed before any prefill is spent; nil means admit everything.
 	Shedder *admission.Shedder
 	// Queue bounds the gateway queue where requests wait for capacity.
@@ -72,6 +77,9 @@ type Model struct {
 	// Endpoints are the endpoint groups the model serves; a request to another gets 404 naming it. The zero
 	// value means DefaultEndpoints.
 	Endpoints EndpointSet
+	// Objective is what routing optimises for the model's requests when neither their key nor their header
+	// names one; the zero value is routing.ObjectiveLatency.
+	Objective routing.Objective
 }
 
 // Hedge is a model's hedging policy (The Tail at Scale): when an attempt has produced no token after After, a

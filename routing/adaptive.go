@@ -107,6 +107,8 @@ const maxTies = 8
 //	         would leave nothing.
 //	cost_b = RTT_b + TTFT_b(uncached_b, queued_b, running_b) + Interference*running_b*prefill_b
 //	         + RegionMargin * tier_b (0 in the gateway's region, i in its i-th failover region)
+//	         + out * ITL_b(running_b+1)              under ObjectiveThroughput
+//	         + SecondsPerDollar * price_b(request)   under ObjectiveCost, which also filters on the TTFT SLO
 //	pick:    among candidates within best*(1+TieRelative)+TieAbsolute: for a prefix no candidate holds, the
 //	         rendezvous-hash winner of the first block (every replica agrees); for a prefix some of them hold,
 //	         the rendezvous winner among those holding the most of it (replicas agree on the owner, and a
@@ -163,7 +165,7 @@ func countLookup(lookups, hits prometheus.Counter, longest int) {
 // cand is one candidate backend as a strategy evaluates it.
 type cand struct {
 	i      int     // index in targets
-	tier   uint8   // 0 eligible, 1 misses the ITL objective, 2 saturated
+	tier   uint8   // 0 eligible, 1 eligible overflow, 2 misses an objective, 3 saturated (see evaluate)
 	blocks int     // leading prefix blocks held
 	hit    int     // cached tokens predicted
 	cost   float64 // seconds
@@ -183,17 +185,19 @@ func (s *Adaptive) Pick(r *Request, targets []Target) (Target, error) {
 	now := s.clock.Now()
 	prompt := r.promptTokens()
 	minInflight := int64(math.MaxInt64)
+	overflow := false // Regional offered overflow backends beside dedicated ones
 	for _, t := range targets {
 		if t.Backend.Healthy() {
 			minInflight = min(minInflight, t.Backend.Inflight())
 		}
+		overflow = overflow || t.Backend.Config().Tier == TierOverflow
 	}
 	best := uint8(255)
 	for i, t := range targets {
 		if !t.Backend.Healthy() {
 			continue
 		}
-		c := s.evaluate(t.Backend, now, prompt, sc.counts[i], r.ITLSLO, float64(minInflight))
+		c := s.evaluate(r, t.Backend, now, prompt, sc.counts[i], float64(minInflight), overflow)
 		c.i = i
 		sc.cands = append(sc.cands, c)
 		best = min(best, c.tier)
@@ -222,12 +226,23 @@ func (s *Adaptive) Pick(r *Request, targets []Target) (Target, error) {
 	}
 	t := targets[chosen.i]
 	r.dec = Decision{Backend: t.Backend, CachedTokens: chosen.hit, TTFT: duration(chosen.ttft),
-		Cost: duration(chosen.cost), Saturated: best == 2, blocks: chosen.blocks}
+		Cost: duration(chosen.cost), Saturated: best == tierSaturated, blocks: chosen.blocks}
 	return t, nil
 }
 
-// evaluate computes b's tier and cost for a prompt of prompt tokens of which b holds blocks leading blocks.
-func (s *Adaptive) evaluate(b *Backend, now time.Time, prompt, blocks int, itlSLO time.Duration, minInflight float64) cand {
+// The candidate tiers of a pick; only the best one present is considered (the filters fail open).
+const (
+	tierEligible  = 0 // meets the objectives
+	tierOverflow  = 1 // an overflow backend that meets them: paid per token, so after every eligible dedicated one
+	tierMisses    = 2 // predicted to miss the ITL objective, or the TTFT one (cost objective, or overflow offered)
+	tierSaturated = 3
+)
+
+// evaluate computes b's tier and cost for r, a prompt of prompt tokens of which b holds blocks leading blocks,
+// under r's objective. overflow says that Regional offered overflow backends beside the dedicated ones
+// (Request.TTFTSLO set): a dedicated backend predicted to miss the TTFT objective then ranks below them, so
+// that a burst the dedicated tier cannot serve in time goes to overflow rather than queueing on a slow backend.
+func (s *Adaptive) evaluate(r *Request, b *Backend, now time.Time, prompt, blocks int, minInflight float64, overflow bool) cand {
 	cfg := b.Config()
 	l := b.loadAt(now)
 	hit := hitTokens(blocks, prompt, b.hitScale.load())
@@ -243,14 +258,25 @@ func (s *Adaptive) evaluate(b *Backend, now time.Time, prompt, blocks int, itlSL
 	if k := s.order.tier(cfg.Region); k > 0 {
 		cost += float64(k) * s.p.RegionMargin.Seconds()
 	}
+	switch r.Objective {
+	case ObjectiveThroughput:
+		cost += float64(r.outputTokens()) * b.lat.itlMean(l.running+1)
+	case ObjectiveCost:
+		cost += r.SecondsPerDollar * cfg.Price.estimate(prompt, hit, r.outputTokens())
+	}
 	c := cand{blocks: blocks, hit: hit, cost: cost, ttft: rtt + p90}
+	itlSLO := r.ITLSLO
 	switch {
 	case s.sat.at(b, cfg, l):
-		c.tier = 2
+		c.tier = tierSaturated
 	case float64(b.Inflight()) > max(minInflight+s.p.ImbalanceAbs, minInflight*s.p.ImbalanceRel):
-		c.tier = 2
+		c.tier = tierSaturated
 	case itlSLO > 0 && b.lat.itlMean(l.running+1)*b.lat.itlSpread.load() > itlSLO.Seconds():
-		c.tier = 1
+		c.tier = tierMisses
+	case (r.Objective == ObjectiveCost || overflow) && r.TTFTSLO > 0 && c.ttft > r.TTFTSLO.Seconds():
+		c.tier = tierMisses
+	case cfg.Tier == TierOverflow:
+		c.tier = tierOverflow
 	}
 	return c
 }

@@ -78,6 +78,12 @@ type BackendConfig struct {
 	PrefixCapacity int
 	// Timeouts bound each attempt sent to this backend.
 	Timeouts Timeouts
+	// Tier is how the backend's capacity is paid for: TierDedicated (the zero value) is used first,
+	// TierOverflow only when no dedicated backend has room (Regional).
+	Tier Tier
+	// Price is what the backend's tokens cost; the zero Price is free. It feeds the cost counter, budgets and
+	// the cost objective.
+	Price Price
 }
 
 // Spec returns the engine spec the backend is read with: EngineSpec, else the built-in entry named Engine, else

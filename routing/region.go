@@ -48,10 +48,11 @@ func (p RegionParams) Validate() error {
 }
 
 // MaxFailover is the longest failover order a strategy takes (regions after the gateway's own).
-const MaxFailover = maxTiers - 2
+const MaxFailover = maxTiers - 3
 
-// maxTiers bounds the tiers of a region order: the gateway's region, MaxFailover failover regions, the rest.
-const maxTiers = 16
+// maxTiers bounds the tiers of a pick: the gateway's region, MaxFailover failover regions, the rest, and the
+// overflow backends after all of them.
+const maxTiers = 17
 
 // regionOrder is a model's region tiers: tier 0 is the gateway's region (and backends that name no region), tier
 // i the i-th failover region, tier len(names) every other region. Without a gateway region every backend is in
@@ -71,7 +72,18 @@ func newRegionOrder(env StrategyEnv) regionOrder {
 	return regionOrder{names: names}
 }
 
-// tier returns the tier of a backend in region.
+// overflow is the tier of every overflow backend, whatever its region: after all regions' dedicated backends.
+func (o regionOrder) overflow() int { return len(o.names) + 1 }
+
+// tierOf returns the tier of a backend configured as cfg: its region's, or the overflow tier.
+func (o regionOrder) tierOf(cfg *BackendConfig) int {
+	if cfg.Tier == TierOverflow {
+		return o.overflow()
+	}
+	return o.tier(cfg.Region)
+}
+
+// tier returns the tier of a dedicated backend in region.
 func (o regionOrder) tier(region string) int {
 	if region == "" || len(o.names) == 0 {
 		return 0
@@ -114,13 +126,24 @@ func (s saturation) saturated(b *Backend, cfg *BackendConfig, now time.Time) boo
 // per-tier margin): Regional gives it the chosen tier and every later one, not the chosen tier alone.
 type regionWeigher interface{ weighsRegions() }
 
-// Regional puts region failover in front of any strategy (NewStrategy adds it whenever the gateway has a
-// region). Each pick sorts the candidates into region tiers (the gateway's region, then its failover order, then
-// every other region) and hands the inner strategy one tier: the first with a backend that is healthy and not
-// saturated (MaxConcurrency reached, or a fresh engine queue or KV usage over the adaptive thresholds). A
-// strategy that weighs regions itself (adaptive) gets that tier and every later one, so that a remote backend
-// can still win on cost by more than its margin. When every tier is saturated, the first healthy tier is used
-// (fail open; the adaptive strategy then reports Decision.Saturated).
+// Regional puts region failover and overflow tiers in front of any strategy (NewStrategy adds it whenever the
+// gateway has a region or the model has an overflow target). Each pick sorts the candidates into tiers (the
+// dedicated backends of the gateway's region, then of its failover order, then of every other region, and last
+// every overflow backend, TierOverflow) and hands the inner strategy one tier: the first with a backend that is
+// healthy and not saturated (MaxConcurrency reached, or a fresh engine queue or KV usage over the adaptive
+// thresholds). A strategy that weighs regions itself (adaptive) gets that tier and every later dedicated one,
+// so that a remote backend can still win on cost by more than its margin. Dedicated capacity, paid for whether
+// used or not, is filled first: the overflow tier is offered to the inner strategy only when no dedicated tier
+// has room, and to adaptive also for a request with a TTFT objective, which it takes only when every dedicated
+// backend with room is predicted to miss that objective (so that a burst goes to overflow rather than queueing on
+// a slow backend). In the overflow tier the
+// inner strategy sees only the cheapest of the available overflow backends (by input plus output price), so
+// overflow spend goes in order of price. When every tier is saturated, the first healthy tier is used (fail
+// open; the adaptive strategy then reports Decision.Saturated).
+//
+// Overflow is paid per token, so for a model with overflow targets (StrategyEnv.Overflow) a tier whose
+// backends are healthy but saturated is left pick by pick and used again as soon as one has room: only a tier
+// whose backends are all unhealthy fails, and gets the Hold and Ramp below.
 //
 // Hysteresis: a tier that stays unavailable for Debounce has failed. Traffic leaves it at once (it already did,
 // pick by pick), and once it is available again it gets nothing for Hold, then a share of picks that grows
@@ -138,9 +161,10 @@ type Regional struct {
 	p      RegionParams
 	sat    saturation
 	clock  Clock
-	states []*regionState // per tier: len(order.names) + 1, the last for regions outside the order
+	states []*regionState // per tier: len(order.names) + 2: the regions outside the order, then overflow
 	active atomic.Int32   // last published active tier, -1 before the first pick
 	m      *regionMetrics // nil without metrics
+	spill  bool           // the model has overflow targets (StrategyEnv.Overflow): Status shows their tier
 }
 
 var _ Strategy = (*Regional)(nil)
@@ -171,13 +195,13 @@ func NewRegional(inner Strategy, env StrategyEnv) (*Regional, error) {
 	if env.Adaptive != nil {
 		ap = *env.Adaptive
 	}
-	g := &Regional{inner: inner, order: newRegionOrder(env), p: p, sat: saturationOf(ap), clock: env.Clock}
+	g := &Regional{inner: inner, order: newRegionOrder(env), p: p, sat: saturationOf(ap), clock: env.Clock, spill: env.Overflow}
 	_, g.span = inner.(regionWeigher)
 	if g.clock == nil {
 		g.clock = SystemClock{}
 	}
 	prev, _ := env.Previous.(*Regional)
-	g.states = make([]*regionState, len(g.order.names)+1)
+	g.states = make([]*regionState, len(g.order.names)+2)
 	for k := range g.states {
 		if prev != nil {
 			g.states[k] = prev.state(g.regionName(k))
@@ -203,8 +227,11 @@ func (g *Regional) Strategy() Strategy { return g.inner }
 
 // RegionStatus is one tier of a Regional as Status reports it.
 type RegionStatus struct {
-	// Region is the tier's region; "" stands for the regions outside the failover order.
+	// Region is the tier's region; "" stands for the regions outside the failover order, and for the overflow
+	// tier (Overflow).
 	Region string `json:"region"`
+	// Overflow marks the tier of the overflow backends, whatever their regions.
+	Overflow bool `json:"overflow,omitempty"`
 	// Unavailable says the last pick with a candidate there found every one unhealthy or saturated; Failed,
 	// that this has lasted Debounce.
 	Unavailable bool `json:"unavailable"`
@@ -213,21 +240,34 @@ type RegionStatus struct {
 	Share float64 `json:"share"`
 }
 
-// Status returns g's tiers in order, for logs and debugging.
+// Status returns g's tiers in order, for logs and debugging; the overflow tier only when the model has one.
 func (g *Regional) Status() []RegionStatus {
 	ns := g.clock.Now().UnixNano()
-	out := make([]RegionStatus, len(g.states))
-	for k, st := range g.states {
-		out[k] = RegionStatus{Region: g.regionName(k), Unavailable: st.badSince.Load() != 0,
+	states := g.states
+	if !g.spill {
+		states = states[:g.order.overflow()]
+	}
+	out := make([]RegionStatus, len(states))
+	for k, st := range states {
+		out[k] = RegionStatus{Region: g.regionName(k), Overflow: k == g.order.overflow(), Unavailable: st.badSince.Load() != 0,
 			Failed: st.failed(ns, int64(g.p.Debounce)), Share: st.share(ns, &g.p)}
+		if out[k].Overflow {
+			out[k].Region = ""
+		}
 	}
 	return out
 }
 
-// regionName is tier k's region ("" for the regions outside the order).
+// overflowState names the overflow tier's state for a successor's lookup (state); no region is spelt so.
+const overflowState = "\x00overflow"
+
+// regionName is tier k's region ("" for the regions outside the order, overflowState for overflow).
 func (g *Regional) regionName(k int) string {
-	if k < len(g.order.names) {
+	switch {
+	case k < len(g.order.names):
 		return g.order.names[k]
+	case k == g.order.overflow():
+		return overflowState
 	}
 	return ""
 }
@@ -268,7 +308,7 @@ func (g *Regional) Pick(r *Request, targets []Target) (Target, error) {
 	lo, hi := maxTiers, -1
 	for i, t := range targets {
 		cfg := t.Backend.Config()
-		k := g.order.tier(cfg.Region)
+		k := g.order.tierOf(cfg)
 		sc.tier[i] = uint8(k)
 		count[k]++
 		lo, hi = min(lo, k), max(hi, k)
@@ -282,7 +322,8 @@ func (g *Regional) Pick(r *Request, targets []Target) (Target, error) {
 	debounce := int64(g.p.Debounce)
 	for k := lo; k <= hi; k++ {
 		if count[k] > 0 {
-			g.states[k].observe(avail[k] > 0, ns, debounce)
+			// With overflow targets, a tier that is only full has not failed: its return needs no Hold.
+			g.states[k].observe(avail[k] > 0 || (g.spill && healthy[k] > 0), ns, debounce)
 		}
 	}
 	// The first available tier that the hysteresis lets this pick use; else the first available one; else (all
@@ -316,14 +357,38 @@ func (g *Regional) Pick(r *Request, targets []Target) (Target, error) {
 		g.publish(ns, chosen)
 	}
 	last := chosen
-	if g.span {
-		last = hi
+	if g.span && chosen < g.order.overflow() {
+		last = min(hi, g.order.overflow()-1)
+	}
+	// A strategy that weighs tiers itself (adaptive) is also offered the overflow tier when the request has a
+	// TTFT objective: it ranks overflow below every dedicated backend predicted to meet the objective.
+	ov := g.order.overflow()
+	offer := g.span && chosen < ov && r.TTFTSLO > 0 && avail[ov] > 0
+	// In the overflow tier, only its cheapest available backends (sc.tier marks the others out of range).
+	if (chosen == ov || offer) && avail[ov] > 0 {
+		cheapest := math.Inf(1)
+		for i, t := range targets {
+			if int(sc.tier[i]) != ov {
+				continue
+			}
+			if cfg := t.Backend.Config(); t.Backend.Healthy() && !g.sat.saturated(t.Backend, cfg, now) {
+				cheapest = min(cheapest, listPrice(cfg))
+			} else {
+				sc.tier[i] = maxTiers
+			}
+		}
+		for i, t := range targets {
+			if int(sc.tier[i]) == ov && listPrice(t.Backend.Config()) > cheapest {
+				sc.tier[i] = maxTiers
+			}
+		}
+		hi = maxTiers
 	}
 	sub := targets
 	if chosen > lo || last < hi {
 		sub = sc.sub[:0]
 		for i, t := range targets {
-			if k := int(sc.tier[i]); k >= chosen && k <= last {
+			if k := int(sc.tier[i]); (k >= chosen && k <= last) || (offer && k == ov) {
 				sub = append(sub, t)
 			}
 		}
@@ -331,7 +396,7 @@ func (g *Regional) Pick(r *Request, targets []Target) (Target, error) {
 	}
 	t, err := g.inner.Pick(r, sub)
 	if err == nil && g.m != nil {
-		if region := t.Backend.Config().Region; g.order.tier(region) > 0 {
+		if region := t.Backend.Config().Region; region != "" && g.order.tier(region) > 0 {
 			g.m.spill(g.order.tier(region), region)
 		}
 	}
@@ -447,3 +512,6 @@ func (m *regionMetrics) spill(k int, region string) {
 	}
 	m.spillVec.WithLabelValues(m.model, m.from, region).Inc() // a region outside the order: rare
 }
+
+// listPrice orders overflow backends: the price of a million input plus a million output tokens.
+func listPrice(cfg *BackendConfig) float64 { return cfg.Price.Input + cfg.Price.Output }

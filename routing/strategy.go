@@ -44,6 +44,15 @@ type Request struct {
 	// ITLSLO, when set, is the inter-token latency the model promises: the adaptive strategy avoids backends
 	// whose predicted p90 ITL with this request added exceeds it, unless all do.
 	ITLSLO time.Duration
+	// Objective is what the adaptive strategy optimises (ObjectiveLatency, the zero value, is its own cost).
+	Objective Objective
+	// SecondsPerDollar is the cost objective's exchange rate: a backend whose predicted price for the request
+	// is one dollar more must be this many seconds faster to win. 0 under the cost objective compares prices
+	// not at all, leaving only its SLO filter.
+	SecondsPerDollar float64
+	// TTFTSLO, when set, is the time to first token the request is promised: the cost objective demotes the
+	// backends predicted (p90) to miss it, unless all do.
+	TTFTSLO time.Duration
 
 	hb     *cache.HashBuf
 	hashed bool
@@ -140,6 +149,9 @@ type StrategyEnv struct {
 	Failover []string
 	// Regions tunes the failover's hysteresis; nil means DefaultRegionParams.
 	Regions *RegionParams
+	// Overflow says that some of the model's targets are overflow backends (TierOverflow): the strategy is
+	// wrapped in a Regional even without Region, so that they are used only when no dedicated one has room.
+	Overflow bool
 	// Previous is the strategy this one replaces (the same model's, before a policy reload), or nil: the new
 	// strategy keeps its region failover state, so a reload neither forgets a failure nor restarts a return.
 	Previous Strategy
@@ -161,8 +173,8 @@ var strategyTable = map[string]func(StrategyEnv) (Strategy, error){
 }
 
 // NewStrategy returns a new instance of the strategy called name (one of StrategyNames; "" means
-// DefaultStrategy) for one model. With env.Region set, the strategy is wrapped in a Regional: it sees the
-// gateway's region first and the others in env.Failover's order. Each call returns an independent instance
+// DefaultStrategy) for one model. With env.Region or env.Overflow set, the strategy is wrapped in a Regional: it
+// sees the gateway's region first, the others in env.Failover's order, and overflow backends last. Each call returns an independent instance
 // (except for the region state it takes over from env.Previous): give each model its own. The error wraps
 // ErrUnknownStrategy for an unknown name, or says which parameter is invalid.
 func NewStrategy(name string, env StrategyEnv) (Strategy, error) {
@@ -174,7 +186,7 @@ func NewStrategy(name string, env StrategyEnv) (Strategy, error) {
 		return nil, fmt.Errorf("%w %q (known: %v)", ErrUnknownStrategy, name, StrategyNames())
 	}
 	s, err := mk(env)
-	if err != nil || env.Region == "" {
+	if err != nil || (env.Region == "" && !env.Overflow) {
 		return s, err
 	}
 	return NewRegional(s, env)

@@ -11,6 +11,10 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
+// gatewayKeys are fleet-entry keys that configure the gateway in front of the backend, not the simulator:
+// bench's generated config reads them (cost, tier, gateway: bench/fleet.go); ParseFleet skips them.
+var gatewayKeys = map[string]bool{"cost": true, "tier": true, "gateway": true}
+
 // LoadFleet reads and parses a fleet file (see ParseFleet).
 func LoadFleet(path string) ([]Config, error) {
 	data, err := os.ReadFile(path)
@@ -23,8 +27,9 @@ func LoadFleet(path string) ([]Config, error) {
 // ParseFleet parses a fleet file named name: a YAML list with one mapping per backend, whose keys are the CLI
 // flags' names in snake case (name, listen, region, model, prefill_tps, itl, itl_per_seq, overhead,
 // max_num_seqs, scheduling_policy, max_batched_tokens, kv_blocks, default_max_tokens, embedding_dim, rtt,
-// fail_rate, seed); durations are written like 20ms. Each entry starts from DefaultConfig; name is required and
-// unique, listen defaults to a free loopback port. For example:
+// fail_rate, seed); durations are written like 20ms; the keys cost, tier and gateway belong to bench's gateway
+// and are skipped. Each entry starts from DefaultConfig; name is required and unique, listen defaults to a free
+// loopback port. For example:
 //
 //	# fleet.yaml: two regions
 //	- {name: use-1, region: us-east, listen: 127.0.0.1:8001}
@@ -65,6 +70,9 @@ func ParseFleet(name string, data []byte) ([]Config, error) {
 		seen := make(map[string]bool)
 		for i := 0; i+1 < len(entry.Content); i += 2 {
 			key, val := entry.Content[i], entry.Content[i+1]
+			if gatewayKeys[key.Value] && key.Kind == yaml.ScalarNode {
+				continue // the gateway's, for bench's generated config (bench/fleet.go)
+			}
 			k, ok := byKey[key.Value]
 			if !ok || key.Kind != yaml.ScalarNode {
 				return nil, fail(key.Line, "unknown field %q (want one of %s)", key.Value, keyList())

@@ -82,6 +82,9 @@ func (s *sharedState) shared() policy.Shared {
 		Limiter: func(local *admission.LocalLimiter) admission.RateLimiter {
 			return s.limits.WithLocal(local)
 		},
+		Spender: func(local *admission.LocalSpender) admission.Spender {
+			return admission.NewRedisSpender(s.client, s.cfg.KeyPrefix, s.cfg.Timeout, local, s.errs.report)
+		},
 		ResponseStore: cache.NewRedisStore(s.client, s.cfg.KeyPrefix),
 		CacheTimeout:  s.cfg.Timeout,
 		OnError:       s.errs.report,
