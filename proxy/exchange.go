@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"net"
+	"net/netip"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -464,8 +465,9 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 		req.Header.SetContentType("application/json")
 	}
 	req.Header.SetBytesV(headerRequestID, ex.reqID)
-	if ex.clientIP != nil {
-		req.Header.Set("X-Forwarded-For", ex.clientIP.String())
+	if ip, ok := netip.AddrFromSlice(ex.clientIP); ok {
+		ex.scratch = ip.Unmap().AppendTo(ex.scratch[:0]) // net.IP.String allocates; the header copies the bytes
+		req.Header.SetBytesV("X-Forwarded-For", ex.scratch)
 	}
 	body := ex.withPriority(cfg.Spec())
 	if copyBody {
@@ -853,8 +855,8 @@ func (ex *exchange) endAttempt(a *attempt, outcome error) {
 func (ex *exchange) settle(a *attempt, o admission.Outcome) {
 	ex.wd.untrack(a)
 	ex.traceAttemptEnd(a, o.Err)
-	var ue *upstreamError
-	o.Fault = errors.As(o.Err, &ue) && ue.backendFault()
+	ue := asUpstream(o.Err)
+	o.Fault = ue != nil && ue.backendFault()
 	if a.began {
 		a.acct.End(o.Fault)
 		a.began = false
