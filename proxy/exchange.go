@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"errors"
 	"net"
 	"net/netip"
@@ -133,7 +132,6 @@ type relayed struct {
 	upstreamError bool // the upstream sent an error event mid-stream
 	replaying     bool
 	replay        *openai.EventReader
-	replayBuf     bytes.Reader
 	scratch       []byte
 	modelBuf      []byte
 	out           []byte
@@ -146,7 +144,7 @@ type relayed struct {
 // reset empties r for the next request, keeping its reader and buffers.
 func (r *relayed) reset() {
 	r.replay.Reset(nil)
-	*r = relayed{replay: r.replay, replayBuf: r.replayBuf, scratch: r.scratch[:0], modelBuf: r.modelBuf[:0],
+	*r = relayed{replay: r.replay, scratch: r.scratch[:0], modelBuf: r.modelBuf[:0],
 		out: r.out[:0], asm: r.asm, ci: r.ci}
 }
 
