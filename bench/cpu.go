@@ -41,7 +41,11 @@ type CPUOptions struct {
 	// ProxyCPU and LoadCPU are the cores of the proxies and of this process (load and mock backend). Defaults
 	// 0 and 1; LoadCPU < 0 leaves this process unpinned.
 	ProxyCPU, LoadCPU int
-	// Gateway is deep-merged into the generated gateway config.
+	// BaselineExe, when set, is another switchyard binary measured as the gateway column "baseline" in the same
+	// rounds (a before/after comparison on a noisy machine); its serve gets no GatewayArgs.
+	BaselineExe string
+	// Gateway is deep-merged into the generated gateway config. Default: the access log off, as nginx's is
+	// (access_log off); measurement, admission and routing stay as the gateway's defaults have them.
 	Gateway map[string]any
 }
 
@@ -61,7 +65,8 @@ type CPURound struct {
 	CapErrors   int     `json:"capacity_errors"`
 }
 
-// CPUSummary is the median of a proxy's rounds and its ratios to the first reference proxy's medians.
+// CPUSummary is the median of a proxy's rounds and its ratios to the first reference proxy's medians (nginx's
+// by default).
 type CPUSummary struct {
 	Proxy         string  `json:"proxy"`
 	CPUMicros     float64 `json:"cpu_us_per_request"`
@@ -92,6 +97,9 @@ func (o *CPUOptions) defaults() {
 	if o.Rounds <= 0 {
 		o.Rounds = 3
 	}
+	if o.Gateway == nil {
+		o.Gateway = map[string]any{"access_log": map[string]any{"enabled": false}}
+	}
 	if o.Conns <= 0 {
 		o.Conns = 64
 	}
@@ -117,7 +125,11 @@ func CPUOverhead(ctx context.Context, opt CPUOptions) ([]CPURound, []CPUSummary,
 	}
 	defer mock.Close()
 	e.logf("cpu: mock backend %s; proxies on cpu %d, load on cpu %d", mock.URL, opt.ProxyCPU, opt.LoadCPU)
-	kinds := append([]string{"gateway"}, opt.Proxies...)
+	kinds := []string{"gateway"}
+	if opt.BaselineExe != "" {
+		kinds = append(kinds, "baseline")
+	}
+	kinds = append(kinds, opt.Proxies...)
 	var rounds []CPURound
 	for round := 1; round <= opt.Rounds; round++ {
 		for _, kind := range kinds {
@@ -143,8 +155,8 @@ func CPUOverhead(ctx context.Context, opt CPUOptions) ([]CPURound, []CPUSummary,
 		}
 		sums = append(sums, CPUSummary{Proxy: kind, CPUMicros: median(cpu), Capacity: median(capa)})
 	}
-	if len(sums) > 1 {
-		ref := sums[1]
+	if i := slices.Index(kinds, opt.Proxies[0]); i >= 0 {
+		ref := sums[i]
 		for i := range sums {
 			sums[i].CPURatio = safeDiv(sums[i].CPUMicros, ref.CPUMicros)
 			sums[i].CapacityRatio = safeDiv(sums[i].Capacity, ref.Capacity)
@@ -171,8 +183,13 @@ func cpuRound(ctx context.Context, e *Env, opt CPUOptions, mock *MockBackend, ki
 	var p *Proc
 	var target string
 	var err error
-	if kind == "gateway" {
+	if kind == "gateway" || kind == "baseline" {
 		spec := GatewaySpec{Model: opt.Model, Strategy: opt.Strategy, Backends: []FleetBackend{be}, Gateway: opt.Gateway}
+		if kind == "baseline" {
+			be := *e
+			be.Exe, be.GatewayArgs = opt.BaselineExe, nil
+			e = &be
+		}
 		p, target, err = e.startGateway(ctx, spec, tag)
 	} else {
 		p, target, err = startReferenceProxy(ctx, e, kind, be, tag)

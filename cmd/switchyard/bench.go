@@ -244,6 +244,7 @@ func benchOverhead(ctx context.Context, command string, args []string, stdout, s
 	rounds := fs.Int("rounds", 3, "with -cpu: rounds per proxy (medians are reported)")
 	capacity := fs.Duration("capacity", 5*time.Second, "with -cpu: closed-loop window per proxy and round for capacity at saturation (0 skips it)")
 	conns := fs.Int("conns", 64, "with -cpu: closed-loop concurrency")
+	baseline := fs.String("baseline-exe", "", "with -cpu: another switchyard build to measure as column \"baseline\" in the same rounds (before/after)")
 	profile := fs.String("cpuprofile", "", "with -cpu: write a CPU profile of the gateway to FILE (each round overwrites it; docs/profiling.md)")
 	if ok, code := parseFlags(fs, args, stderr); !ok {
 		return code
@@ -258,6 +259,7 @@ func benchOverhead(ctx context.Context, command string, args []string, stdout, s
 		return benchCPU(ctx, command, bench.CPUOptions{
 			Strategy: *strategy, Proxies: strings.Split(*proxies, ","), Rate: wf.rate, Warmup: wf.warmup,
 			Duration: wf.duration, Rounds: *rounds, Capacity: *capacity, Conns: *conns, LoadCPU: 1,
+			BaselineExe: *baseline,
 		}, *out, *profile, wf.timeout, stdout, stderr)
 	}
 	w, err := bench.LoadWorkload(*workload)
