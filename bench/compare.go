@@ -26,6 +26,19 @@ type Env struct {
 	// Timeout bounds each request (RunConfig.Timeout); Ready bounds each wait for readiness (default 30s).
 	Timeout time.Duration
 	Ready   time.Duration
+	// Pin, when set, is a CPU list (taskset -c syntax: "0", "0-1") that the gateway and reference proxies are
+	// started on; empty leaves them to the scheduler.
+	Pin string
+	// GatewayArgs are added to "switchyard serve" (e.g. -cpuprofile FILE).
+	GatewayArgs []string
+}
+
+// argv prefixes argv with taskset when e.Pin is set; taskset execs, so the pid is the proxy's own.
+func (e *Env) argv(argv ...string) []string {
+	if e.Pin == "" {
+		return argv
+	}
+	return append([]string{"taskset", "-c", e.Pin}, argv...)
 }
 
 func (e *Env) logf(format string, args ...any) {
@@ -81,7 +94,8 @@ func (e *Env) startGateway(ctx context.Context, spec GatewaySpec, tag string) (*
 	if err := os.WriteFile(path, cfg, 0o644); err != nil {
 		return nil, "", fmt.Errorf("bench: gateway: %w", err)
 	}
-	p, err := StartProc(ctx, "gateway", filepath.Join(e.WorkDir, tag+"-gateway.log"), e.Exe, "serve", "-config", path)
+	argv := e.argv(append([]string{e.Exe, "serve", "-config", path}, e.GatewayArgs...)...)
+	p, err := StartProc(ctx, "gateway", filepath.Join(e.WorkDir, tag+"-gateway.log"), argv...)
 	if err != nil {
 		return nil, "", err
 	}

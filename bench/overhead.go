@@ -183,7 +183,7 @@ func startReferenceProxy(ctx context.Context, e *Env, kind string, b FleetBacken
 	if err := os.WriteFile(filepath.Join(dir, "proxy.conf"), []byte(conf), 0o644); err != nil {
 		return nil, "", fmt.Errorf("bench: %s: %w", kind, err)
 	}
-	p, err := StartProc(ctx, kind, filepath.Join(e.WorkDir, tag+"-"+kind+".log"), argv...)
+	p, err := StartProc(ctx, kind, filepath.Join(e.WorkDir, tag+"-"+kind+".log"), e.argv(argv...)...)
 	if err != nil {
 		return nil, "", err
 	}

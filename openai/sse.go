@@ -50,6 +50,7 @@ type EventReader struct {
 
 	start, end int
 	err        error // sticky error from r, or ErrEventTooLarge
+	borrowed   bool  // buf is the caller's (ResetBytes): never written, never kept
 
 	// Scanning state of the event at buf[start:], kept across reads so a slow stream is not rescanned.
 	line                   int // offset from start of the first line not yet examined
@@ -74,8 +75,21 @@ func (er *EventReader) Buffered() int { return cap(er.buf) }
 
 // Reset makes er read from r, forgetting any buffered data and error; it keeps its buffers.
 func (er *EventReader) Reset(r io.Reader) {
+	if er.borrowed {
+		er.buf, er.borrowed = nil, false
+	}
 	er.r = r
 	er.start, er.end, er.err = 0, 0, nil
+	er.resetEvent()
+}
+
+// ResetBytes makes er return the events in b, the whole of a stream, scanning them in place instead of copying
+// them into its own buffer (the gateway replays the events it read before an answer's first token this way,
+// once per request). b must not change until the next Reset or ResetBytes; er never writes to it. The Event's
+// slices alias b.
+func (er *EventReader) ResetBytes(b []byte) {
+	er.r, er.buf, er.borrowed = nil, b, true
+	er.start, er.end, er.err = 0, len(b), io.EOF
 	er.resetEvent()
 }
 

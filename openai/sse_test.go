@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -216,3 +217,47 @@ func FuzzEventReader(f *testing.F) {
 
 // strip removes line endings, the only bytes the reader may drop (blank lines between events).
 func strip(s string) string { return strings.NewReplacer("\r", "", "\n", "").Replace(s) }
+
+// TestEventReaderResetBytes reads the same events in place as from a reader, leaves the bytes as they were, and
+// goes back to a buffer of its own on Reset.
+func TestEventReaderResetBytes(t *testing.T) {
+	stream := "data: {\"a\":1}\n\n: ping\n\ndata: [DONE]\n\ndata: {\"tail\":true}"
+	orig := []byte(stream)
+	src := append([]byte(nil), orig...)
+	var want []string
+	ref := NewEventReader(strings.NewReader(stream), 0)
+	for {
+		ev, err := ref.Next()
+		if err != nil {
+			want = append(want, err.Error())
+			break
+		}
+		want = append(want, string(ev.Raw))
+	}
+	er := NewEventReader(nil, 0)
+	for round := range 2 {
+		er.ResetBytes(src)
+		var got []string
+		for {
+			ev, err := er.Next()
+			if err != nil {
+				got = append(got, err.Error())
+				break
+			}
+			got = append(got, string(ev.Raw))
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("round %d: got %q, want %q", round, got, want)
+		}
+	}
+	if !bytes.Equal(src, orig) {
+		t.Fatalf("ResetBytes changed its input: %q", src)
+	}
+	er.Reset(strings.NewReader("data: x\n\n"))
+	if ev, err := er.Next(); err != nil || string(ev.Data) != "x" {
+		t.Fatalf("after Reset: %q, %v", ev.Data, err)
+	}
+	if &er.buf[0] == &src[0] {
+		t.Fatal("Reset kept the borrowed buffer")
+	}
+}

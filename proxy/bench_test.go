@@ -152,8 +152,8 @@ func TestAllocationsPerRequest(t *testing.T) {
 		stream bool
 		budget float64
 	}{
-		{"stream", true, 16},
-		{"non-stream", false, 16},
+		{"stream", true, 8},
+		{"non-stream", false, 8},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			direct, via := newRoundTripper(be, true), newRoundTripper(gw, tc.stream)

@@ -103,8 +103,11 @@ func (bs *breakers) get(b *routing.Backend) *breaker {
 				(c.Requests >= s.MinRequests && float64(c.TotalFailures) >= s.FailureRatio*float64(c.Requests))
 		},
 		IsSuccessful: func(err error) bool {
-			var ue *upstreamError
-			return err == nil || (errors.As(err, &ue) && !ue.backendFault())
+			if err == nil {
+				return true
+			}
+			ue := asUpstream(err)
+			return ue != nil && !ue.backendFault()
 		},
 		IsExcluded: func(err error) bool {
 			// A hedge that lost its race was cancelled by the gateway: not the backend's failure (the slower of

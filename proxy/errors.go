@@ -104,6 +104,29 @@ type apiError struct {
 	noRetry    bool
 }
 
+// asUpstream returns the first *upstreamError in err's tree, or nil: errors.As without the heap-allocated
+// target that errors.As(err, &ue) costs on every call (the request path asks once or twice per attempt).
+func asUpstream(err error) *upstreamError {
+	for err != nil {
+		switch x := err.(type) {
+		case *upstreamError:
+			return x
+		case interface{ Unwrap() error }:
+			err = x.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, e := range x.Unwrap() {
+				if ue := asUpstream(e); ue != nil {
+					return ue
+				}
+			}
+			return nil
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
 // status maps any error of the request path to what the client sees. It is the only place that does.
 func status(err error) apiError {
 	var re *openai.RequestError

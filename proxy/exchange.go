@@ -1,9 +1,9 @@
 package proxy
 
 import (
-	"bytes"
 	"errors"
 	"net"
+	"net/netip"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -133,7 +133,6 @@ type relayed struct {
 	upstreamError bool // the upstream sent an error event mid-stream
 	replaying     bool
 	replay        *openai.EventReader
-	replayBuf     bytes.Reader
 	scratch       []byte
 	modelBuf      []byte
 	out           []byte
@@ -146,7 +145,7 @@ type relayed struct {
 // reset empties r for the next request, keeping its reader and buffers.
 func (r *relayed) reset() {
 	r.replay.Reset(nil)
-	*r = relayed{replay: r.replay, replayBuf: r.replayBuf, scratch: r.scratch[:0], modelBuf: r.modelBuf[:0],
+	*r = relayed{replay: r.replay, scratch: r.scratch[:0], modelBuf: r.modelBuf[:0],
 		out: r.out[:0], asm: r.asm, ci: r.ci}
 }
 
@@ -470,8 +469,9 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 		req.Header.SetContentType("application/json")
 	}
 	req.Header.SetBytesV(headerRequestID, ex.reqID)
-	if ex.clientIP != nil {
-		req.Header.Set("X-Forwarded-For", ex.clientIP.String())
+	if ip, ok := netip.AddrFromSlice(ex.clientIP); ok {
+		ex.scratch = ip.Unmap().AppendTo(ex.scratch[:0]) // net.IP.String allocates; the header copies the bytes
+		req.Header.SetBytesV("X-Forwarded-For", ex.scratch)
 	}
 	body := ex.withPriority(cfg.Spec())
 	if copyBody {
@@ -910,8 +910,8 @@ func (ex *exchange) endAttempt(a *attempt, outcome error) {
 func (ex *exchange) settle(a *attempt, o admission.Outcome) {
 	ex.wd.untrack(a)
 	ex.traceAttemptEnd(a, o.Err)
-	var ue *upstreamError
-	o.Fault = errors.As(o.Err, &ue) && ue.backendFault()
+	ue := asUpstream(o.Err)
+	o.Fault = ue != nil && ue.backendFault()
 	if a.began {
 		a.acct.End(o.Fault)
 		a.began = false

@@ -68,8 +68,7 @@ func (ex *exchange) startReplay() {
 		ex.asm.Reset(ex.endpoint) // a streamed answer is also assembled, for the response cache
 		ex.asm.Limit = ex.s.opts.MaxResponseBytes
 	}
-	ex.replayBuf.Reset(ex.cur.pending)
-	ex.replay.Reset(&ex.replayBuf)
+	ex.replay.ResetBytes(ex.cur.pending)
 	ex.replaying = true
 }
 

@@ -71,14 +71,17 @@ func newUpstreams() *upstreams {
 func (u *upstreams) get(cfg *routing.BackendConfig, connectTimeout time.Duration) (*upstream, error) {
 	rawURL := cfg.URL
 	k := upstreamKey{url: rawURL, connect: connectTimeout}
-	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if cfg.CA != nil {
-		k.ca, tlsCfg.RootCAs = cfg.CA.Sum, cfg.CA.Pool
+		k.ca = cfg.CA.Sum
 	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if up, ok := u.clients[k]; ok {
-		return up, nil
+		return up, nil // every attempt: nothing is allocated before this
+	}
+	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if cfg.CA != nil {
+		tlsCfg.RootCAs = cfg.CA.Pool
 	}
 	parsed, err := url.Parse(rawURL)
 	if err != nil {

@@ -18,7 +18,8 @@ import (
 // to the client (mu), since pings and events go to the same connection.
 //
 // It is allocated per request and never reused, so that a tick that fires while the exchange is released, or a
-// hedged attempt that outlives its exchange, finds a watchdog that is simply done, never another request.
+// hedged attempt that outlives its exchange, finds a watchdog that is simply done, never another request. Its
+// timer is reused (wdTimer), under the rule that makes that safe.
 type watchdog struct {
 	s        *Server
 	client   net.Conn
@@ -26,7 +27,7 @@ type watchdog struct {
 	why      atomic.Pointer[error]
 
 	mu        sync.Mutex
-	t         *time.Timer
+	t         *wdTimer // nil once stopped
 	done      bool
 	live      [2]*attempt        // attempts whose connection an abort must reach
 	cancelQ   context.CancelFunc // cancels a queue wait
@@ -34,23 +35,55 @@ type watchdog struct {
 	lastWrite time.Time
 }
 
+// wdTimer is a watchdog's timer, pooled: a fresh time.AfterFunc per request cost two allocations (the timer
+// and the method value), for a tick that most requests end before. Reuse is safe because a timer goes back to
+// the pool only when Stop reports that it had not fired: then no tick of the old watchdog is running or will
+// run (time.Timer.Stop's contract since Go 1.23), and the next owner stores its own watchdog before it arms it.
+// A timer that had fired (its tick may still be running) is left to the garbage collector.
+type wdTimer struct {
+	t  *time.Timer
+	wd atomic.Pointer[watchdog]
+}
+
+var wdTimers = sync.Pool{New: func() any {
+	wt := &wdTimer{}
+	wt.t = time.AfterFunc(time.Hour, wt.fire)
+	wt.t.Stop()
+	return wt
+}}
+
+func (wt *wdTimer) fire() {
+	if wd := wt.wd.Load(); wd != nil {
+		wd.tick()
+	}
+}
+
 func newWatchdog(s *Server, client net.Conn, interval time.Duration) *watchdog {
 	wd := &watchdog{s: s, client: client, interval: interval}
+	wt := wdTimers.Get().(*wdTimer)
+	wt.wd.Store(wd)
 	wd.mu.Lock() // the first tick must see wd.t
-	wd.t = time.AfterFunc(interval, wd.tick)
+	wd.t = wt
+	wt.t.Reset(interval)
 	wd.mu.Unlock()
 	return wd
 }
 
-// stop ends the watchdog: no more ticks, no more writes.
+// stop ends the watchdog: no more ticks, no more writes. It is idempotent: only the first call touches the
+// timer, which may belong to another request's watchdog afterwards.
 func (wd *watchdog) stop() {
 	wd.mu.Lock()
+	wt := wd.t
 	wd.done = true
+	wd.t = nil
 	wd.w = nil
 	wd.live = [2]*attempt{}
 	wd.cancelQ = nil
 	wd.mu.Unlock()
-	wd.t.Stop()
+	if wt != nil && wt.t.Stop() {
+		wt.wd.Store(nil)
+		wdTimers.Put(wt)
+	}
 }
 
 func (wd *watchdog) tick() {
@@ -69,7 +102,7 @@ func (wd *watchdog) tick() {
 			wd.abortLocked(errClientGone)
 		}
 	}
-	wd.t.Reset(wd.interval)
+	wd.t.t.Reset(wd.interval) // wd.t is set while the watchdog is not done
 }
 
 // reason returns why the exchange was aborted, or nil.

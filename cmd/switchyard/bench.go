@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -239,8 +240,27 @@ func benchOverhead(ctx context.Context, command string, args []string, stdout, s
 	strategy := fs.String("strategy", "round_robin", "the gateway's routing strategy")
 	proxies := fs.String("proxies", "nginx,haproxy", "reference proxies to measure when installed (comma-separated; empty for none)")
 	out := fs.String("out", "", "directory for report.json, the plots and the child logs (default bench/out/overhead)")
+	cpu := fs.Bool("cpu", false, "issue 16's CPU protocol instead: proxies pinned to one core, a mock backend and the load on the other, alternating rounds (uses -rate, -warmup, -duration, -proxies, -strategy)")
+	rounds := fs.Int("rounds", 3, "with -cpu: rounds per proxy (medians are reported)")
+	capacity := fs.Duration("capacity", 5*time.Second, "with -cpu: closed-loop window per proxy and round for capacity at saturation (0 skips it)")
+	conns := fs.Int("conns", 64, "with -cpu: closed-loop concurrency")
+	baseline := fs.String("baseline-exe", "", "with -cpu: another switchyard build to measure as column \"baseline\" in the same rounds (before/after)")
+	profile := fs.String("cpuprofile", "", "with -cpu: write a CPU profile of the gateway to FILE (each round overwrites it; docs/profiling.md)")
 	if ok, code := parseFlags(fs, args, stderr); !ok {
 		return code
+	}
+	if *cpu {
+		if !flagSet(fs, "strategy") {
+			*strategy = "adaptive"
+		}
+		if !flagSet(fs, "proxies") {
+			*proxies = "nginx"
+		}
+		return benchCPU(ctx, command, bench.CPUOptions{
+			Strategy: *strategy, Proxies: strings.Split(*proxies, ","), Rate: wf.rate, Warmup: wf.warmup,
+			Duration: wf.duration, Rounds: *rounds, Capacity: *capacity, Conns: *conns, LoadCPU: 1,
+			BaselineExe: *baseline,
+		}, *out, *profile, wf.timeout, stdout, stderr)
 	}
 	w, err := bench.LoadWorkload(*workload)
 	if err == nil {
@@ -278,6 +298,40 @@ func benchOverhead(ctx context.Context, command string, args []string, stdout, s
 			return 1
 		}
 	}
+	return 0
+}
+
+// benchCPU runs "bench overhead -cpu" and writes cpu.json to out.
+func benchCPU(ctx context.Context, command string, opt bench.CPUOptions, out, profile string, timeout time.Duration, stdout, stderr io.Writer) int {
+	env, code := benchEnv(&out, "bench/out/overhead-cpu", timeout, stderr)
+	if code != 0 {
+		return code
+	}
+	opt.Env = env
+	if profile != "" {
+		abs, err := filepath.Abs(profile)
+		if err != nil {
+			fmt.Fprintln(stderr, "switchyard bench overhead:", err)
+			return 2
+		}
+		opt.Env.GatewayArgs = []string{"-cpuprofile", abs}
+	}
+	rounds, sums, err := bench.CPUOverhead(ctx, opt)
+	bench.PrintCPU(stdout, rounds, sums)
+	if err != nil {
+		fmt.Fprintln(stderr, "switchyard bench overhead:", err)
+		return 1
+	}
+	rep := map[string]any{"command": command, "machine": bench.NewReport(command).Machine, "rounds": rounds, "medians": sums}
+	data, err := json.MarshalIndent(rep, "", "  ")
+	if err == nil {
+		err = os.WriteFile(filepath.Join(out, "cpu.json"), append(data, '\n'), 0o644)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "switchyard bench overhead:", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "wrote %s\n", filepath.Join(out, "cpu.json"))
 	return 0
 }
 

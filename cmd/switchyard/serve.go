@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -29,6 +30,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	config := fs.String("config", "config.yaml", "the policy file (YAML); it is reloaded when it changes and on SIGHUP")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	logFormat := fs.String("log-format", "text", "text or json, for the logs and the access log")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile (pprof) of the whole run to this file; docs/profiling.md")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -43,6 +45,14 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	}
 	// The access log has a level of its own: -log-level quiets the gateway's messages, not its record of requests.
 	access, _ := newLoggerFormat(stderr, "info", *logFormat)
+	if *cpuProfile != "" {
+		stopProfile, err := startCPUProfile(*cpuProfile)
+		if err != nil {
+			fmt.Fprintf(stderr, "switchyard serve: %v\n", err)
+			return 1
+		}
+		defer stopProfile()
+	}
 	ctx, stop := stopOnSignal()
 	defer stop()
 	if err := serveLogs(ctx, *config, log, access, nil); err != nil {
@@ -50,6 +60,22 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// startCPUProfile starts a CPU profile written to path; the returned function ends it and closes the file.
+func startCPUProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpuprofile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
 
 // errTerminated is the cause of a serve context ended by SIGTERM, the signal of an orchestrator (Kubernetes,
