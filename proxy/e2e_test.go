@@ -596,7 +596,22 @@ func TestMetricsAgreeWithClient(t *testing.T) {
 	p0 := histogram(t, gw.reg, "gen_ai_server_time_per_output_token_seconds")
 	var clientTTFT, clientGaps float64
 	gaps := 0
+	// The client's TTFT is the gateway's plus what the client's own side of a round trip costs (the loopback, the
+	// scheduler, -race): measured here beside each request as the round trip of GET /v1/models, whose largest is
+	// the slack allowed on top of the 2 ms the comparison keeps.
+	var rtt time.Duration
+	probe := func() {
+		start := time.Now()
+		resp, err := http.Get(gw.url + "/v1/models")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		rtt = max(rtt, time.Since(start))
+	}
 	for range requests {
+		probe()
 		body := fmt.Sprintf(`{"model":"sim-model","stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"measure me"}]}`, tokens)
 		start := time.Now()
 		resp, err := http.Post(gw.url+"/v1/chat/completions", "application/json", strings.NewReader(body))
@@ -620,14 +635,16 @@ func TestMetricsAgreeWithClient(t *testing.T) {
 			last = now
 		}
 		resp.Body.Close()
+		probe()
 	}
 	h := histogram(t, gw.reg, "gen_ai_server_time_to_first_token_seconds")
 	hCount, hSum := h.GetSampleCount()-h0.GetSampleCount(), h.GetSampleSum()-h0.GetSampleSum()
 	if hCount != requests {
 		t.Fatalf("TTFT samples %d, want %d", hCount, requests)
 	}
-	if d := (hSum - clientTTFT) / requests; d > 0.002 || d < -0.002 {
-		t.Errorf("mean TTFT: gateway %.4fs client %.4fs, differ by %.2f ms", hSum/requests, clientTTFT/requests, d*1000)
+	if d := (hSum - clientTTFT) / requests; d > 0.002 || d < -0.002-rtt.Seconds() {
+		t.Errorf("mean TTFT: gateway %.4fs client %.4fs, differ by %.2f ms (a round trip took at most %v)",
+			hSum/requests, clientTTFT/requests, d*1000, rtt)
 	}
 	p := histogram(t, gw.reg, "gen_ai_server_time_per_output_token_seconds")
 	pCount, pSum := p.GetSampleCount()-p0.GetSampleCount(), p.GetSampleSum()-p0.GetSampleSum()
