@@ -83,6 +83,12 @@ type Gateway struct {
 	// UpstreamLimits counts upstream attempts ended because the engine's answer passed one of the gateway's
 	// bounds, by backend and limit (pre_first_token, event, answer, idle): each is a 502 or an SSE error event.
 	UpstreamLimits *prometheus.CounterVec
+	// StreamEnds counts committed streams (answers whose headers went to a streaming client) as they end, by
+	// the backend that streamed and the cause (complete, client_gone, client_write_timeout,
+	// upstream_idle_timeout, upstream_total_timeout, upstream_closed, upstream_reset, upstream_invalid,
+	// upstream_error_event, gateway_limit, shutdown, panic): whose failure a broken stream was. The request path
+	// resolves its children per backend when a policy snapshot is installed.
+	StreamEnds *prometheus.CounterVec
 	// Panics counts panics recovered on the request path, by stage (handler, relay, attempt, dispatch): each
 	// ended one request with an error and the process kept serving.
 	Panics *prometheus.CounterVec
@@ -212,6 +218,10 @@ func New(reg prometheus.Registerer) *Gateway {
 			Name: "switchyard_upstream_limit_exceeded_total",
 			Help: "Upstream attempts ended because the answer passed a bound of the gateway, by backend and limit.",
 		}, []string{"backend", "limit"}),
+		StreamEnds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_stream_ends_total",
+			Help: "Committed streams by backend and how they ended (complete, or whose timeout or failure ended them).",
+		}, []string{"backend", "cause"}),
 		Panics: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_panics_total",
 			Help: "Panics recovered on the request path, by stage; each ended one request with an error.",
@@ -301,7 +311,7 @@ func New(reg prometheus.Registerer) *Gateway {
 	}
 	reg.MustRegister(
 		m.TTFT, m.TPOT, m.Duration, m.ClientDuration, m.Tokens, m.BackendTTFT, m.BackendITL, m.Requests, m.Cost, m.Inflight, m.QueueDepth, m.Retries, m.Overhead,
-		m.UpstreamErrors, m.ClientDisconnects, m.UpstreamLimits, m.Panics, m.TTFTPredictionError, m.PrefixLookups, m.PrefixHits, m.Shed,
+		m.UpstreamErrors, m.ClientDisconnects, m.UpstreamLimits, m.StreamEnds, m.Panics, m.TTFTPredictionError, m.PrefixLookups, m.PrefixHits, m.Shed,
 		m.Hedges, m.BreakerState, m.QueueWait, m.ConfigReloadSuccess, m.ConfigReloadTime,
 		m.QueueLength, m.ConcurrencyLimit, m.OutlierState, m.OutlierEjections, m.Degraded, m.BudgetDenied,
 		m.RegionSpills, m.RegionActiveTier, m.RegionShare, m.RedisErrors, m.RedisBreakerState,

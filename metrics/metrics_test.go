@@ -34,6 +34,7 @@ func TestNamesAndBuckets(t *testing.T) {
 	m.QueueWait.WithLabelValues("standard").Observe(0.01)
 	m.UpstreamErrors.WithLabelValues("b", "connect").Inc()
 	m.ClientDisconnects.WithLabelValues("streaming").Inc()
+	m.StreamEnds.WithLabelValues("b", "upstream_idle_timeout").Inc()
 	m.QueueLength.WithLabelValues("m", "standard").Set(1)
 	m.ConcurrencyLimit.WithLabelValues("b").Set(32)
 	m.OutlierState.WithLabelValues("b").Set(0)
@@ -70,7 +71,7 @@ func TestNamesAndBuckets(t *testing.T) {
 		"switchyard_queue_length", "switchyard_backend_concurrency_limit", "switchyard_outlier_state",
 		"switchyard_outlier_ejections_total", "switchyard_degraded_total", "switchyard_budget_denied_total", "switchyard_redis_errors_total",
 		"switchyard_region_spill_total", "switchyard_region_active_tier", "switchyard_region_share",
-		"switchyard_redis_breaker_state",
+		"switchyard_redis_breaker_state", "switchyard_stream_ends_total",
 	} {
 		if _, ok := got[name]; !ok {
 			t.Errorf("metric %s is not exported", name)
