@@ -34,6 +34,7 @@ type attempt struct {
 	hedge  bool // started as a hedge
 	retry  bool // started as a retry that took a retry-budget slot (its permit holds it once acquired)
 
+	end    *endpoint // the backend's record (records.go), set with the permit
 	acct   routing.Attempt
 	began  bool             // acct holds a dispatched attempt
 	permit admission.Permit // the breaker, concurrency slot and outlier probe the attempt holds
@@ -48,6 +49,9 @@ type attempt struct {
 	started time.Time     // set by prepare, on the handler goroutine, right before the send
 	predP90 time.Duration // routing's p90 TTFT prediction at dispatch, RTT included
 	to      routing.Timeouts
+	// atTotal: the read deadline idleDeadline set last is the total bound, not the idle one, so that a
+	// timeout says which of the two it was.
+	atTotal bool
 
 	// What the network part needs of its exchange, copied by prepare (the part may outlive the exchange).
 	streamed bool            // the upstream answer is an SSE stream (exchange.sse)
@@ -91,6 +95,7 @@ func (a *attempt) free() {
 	a.whole.Reset(nil)
 	a.wd, a.s = nil, nil
 	a.target = routing.Target{}
+	a.end, a.atTotal = nil, false
 	a.name = ""
 	a.hedge, a.retry, a.began = false, false, false
 	a.acct = routing.Attempt{}
@@ -268,13 +273,24 @@ func (a *attempt) streamError(err error) error {
 			kind = kindFirstByte
 		}
 	}
+	cause := endUpstreamReset
 	switch {
 	case errors.Is(err, openai.ErrEventTooLarge):
 		a.s.m.UpstreamLimits.WithLabelValues(a.name, limitEvent).Inc()
-	case timeout && a.gotFirst:
-		a.s.m.UpstreamLimits.WithLabelValues(a.name, limitIdle).Inc()
+		cause = endGatewayLimit
+	case timeout && a.atTotal:
+		cause = endUpstreamTotal
+	case timeout:
+		if a.gotFirst {
+			a.s.m.UpstreamLimits.WithLabelValues(a.name, limitIdle).Inc()
+		}
+		cause = endUpstreamIdle
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		// The body ended without [DONE] (nextEvent), or the connection closed inside it (fasthttp's chunked
+		// reader): the backend ended the stream, with no error of the transport.
+		cause = endUpstreamClosed
 	}
-	return &upstreamError{kind: kind, backend: a.name, err: err}
+	return &upstreamError{kind: kind, backend: a.name, err: err, cause: cause}
 }
 
 // The bounds on what an engine sends (the label of switchyard_upstream_limit_exceeded_total).
@@ -291,7 +307,7 @@ var errOverLimit = errors.New("proxy: the answer passed a bound of the gateway")
 // overLimit counts and returns the failure of an attempt whose answer passed the bound limit.
 func (a *attempt) overLimit(limit string, kind upstreamKind) error {
 	a.s.m.UpstreamLimits.WithLabelValues(a.name, limit).Inc()
-	return &upstreamError{kind: kind, backend: a.name, err: fmt.Errorf("%w: %s", errOverLimit, limit)}
+	return &upstreamError{kind: kind, backend: a.name, err: fmt.Errorf("%w: %s", errOverLimit, limit), cause: endGatewayLimit}
 }
 
 // idleDeadline moves the read deadline to the next idle bound (and never past the total bound) after an event.
@@ -304,9 +320,10 @@ func (a *attempt) idleDeadline() {
 	if a.to.Idle > 0 {
 		deadline = time.Now().Add(a.to.Idle)
 	}
+	a.atTotal = false
 	if a.to.Total > 0 {
 		if end := a.started.Add(a.to.Total); deadline.IsZero() || end.Before(deadline) {
-			deadline = end
+			deadline, a.atTotal = end, true
 		}
 	}
 	_ = c.SetReadDeadline(deadline)

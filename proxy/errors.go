@@ -32,6 +32,9 @@ type upstreamError struct {
 	message string // the backend's error message for kindStatus, when it gave one
 	typ     string // the backend's error type for kindStatus
 	err     error  // the underlying transport error, if any
+	// cause is how a committed stream that this failure ended ends (streamend.go), decided where the failure
+	// happened; endNone for failures before the commit, which are told apart by kind.
+	cause endCause
 	// body and contentType are the backend's error answer for kindStatus on routes that relay answers intact
 	// (route.intact): the client gets them as they are, at most maxErrorBody bytes.
 	body        []byte

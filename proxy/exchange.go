@@ -130,7 +130,10 @@ type relayed struct {
 	tokens        int
 	usage         openai.Usage
 	hasUsage      bool
-	upstreamError bool // the upstream sent an error event mid-stream
+	upstreamError bool     // the upstream sent an error event mid-stream
+	committed     bool     // the answer streams to the client: its headers are handed to fasthttp
+	end           endCause // how the committed stream ended (streamend.go), once it did
+	sent          int64    // bytes of events written to a streaming client
 	replaying     bool
 	replay        *openai.EventReader
 	scratch       []byte
@@ -394,7 +397,8 @@ func (ex *exchange) take(a *attempt, t routing.Target, force bool) error {
 	if a.retry {
 		c.Retries = ex.s.retries
 	}
-	switch err := a.permit.Acquire(&ex.rec.endpointOf(b).guards, &ex.rec.fleet, c); err {
+	e := ex.rec.endpointOf(b)
+	switch err := a.permit.Acquire(&e.guards, &ex.rec.fleet, c); err {
 	case nil:
 	case admission.ErrCapFull:
 		return errNoCapacity
@@ -402,7 +406,7 @@ func (ex *exchange) take(a *attempt, t routing.Target, force bool) error {
 		ex.tried = append(ex.tried, b) // open, half-open with its probes taken, or ejected
 		return errNoCapacity
 	}
-	a.target, a.name = t, b.Name()
+	a.target, a.name, a.end = t, b.Name(), e
 	return nil
 }
 

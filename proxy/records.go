@@ -15,6 +15,7 @@ import (
 type endpoint struct {
 	b      *routing.Backend
 	guards admission.Endpoint // breaker, concurrency cap, outlier detector: what a Permit acquires
+	ends   *streamEnds        // switchyard_stream_ends_total's children for this backend (streamend.go)
 }
 
 // modelRec is one model of a snapshot with what its backends share. ends[i] guards m.Targets[i].
@@ -53,7 +54,7 @@ func (s *Server) resolve(snap *Snapshot) *resolved {
 			return e
 		}
 		e := &endpoint{b: b, guards: admission.Endpoint{Breaker: s.brk.get(b), Cap: s.caps.Get(b.Name()),
-			Outlier: s.outliers.Get(b.Name())}}
+			Outlier: s.outliers.Get(b.Name())}, ends: newStreamEnds(s.m.StreamEnds, b.Name())}
 		ends[b] = e
 		return e
 	}

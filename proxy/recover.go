@@ -93,6 +93,7 @@ func (ex *exchange) abortStream() (err error) {
 			err = errClientGone
 		}
 	}()
+	ex.end = endPanic // whatever the relay was doing, the gateway's code ended the stream
 	buf := appendStreamError(nil, ex.endpoint, "internal error in the gateway; the answer is incomplete", "server_error", "internal_error")
 	if ex.endpoint != openai.Responses && ex.endpoint != openai.Messages {
 		buf = openai.AppendDone(buf)

@@ -50,6 +50,7 @@ func (ex *exchange) relay(w io.Writer) (int64, error) {
 		}
 		ex.s.testPanic(stageRelay)
 	}
+	ex.noteEnd(fail) // streamend.go: before endStream, whose own write may fail after the real cause
 	if fail != nil && !errors.Is(fail, errClientGone) {
 		fail = ex.endStream(fail)
 	}
@@ -60,7 +61,13 @@ func (ex *exchange) relay(w io.Writer) (int64, error) {
 	return 0, nil
 }
 
-func (ex *exchange) emit(b []byte) error { return ex.wd.write(b) }
+func (ex *exchange) emit(b []byte) error {
+	if err := ex.wd.write(b); err != nil {
+		return err
+	}
+	ex.sent += int64(len(b))
+	return nil
+}
 
 // startReplay makes step read the winning attempt's pending events first.
 func (ex *exchange) startReplay() {
@@ -117,7 +124,7 @@ func (ex *exchange) step(emit func([]byte) error) (done bool, err error) {
 	}
 	ex.ci = openai.ChunkInfo{}
 	if err := openai.InspectEvent(ex.endpoint, data, &ex.ci); err != nil {
-		return false, &upstreamError{kind: kindStream, backend: a.name, err: err}
+		return false, &upstreamError{kind: kindStream, backend: a.name, err: err, cause: endUpstreamInvalid}
 	}
 	if ex.ci.HasUsage {
 		// Merged: an Anthropic stream reports the prompt's usage first and the output's last.
@@ -149,7 +156,7 @@ func (ex *exchange) step(emit func([]byte) error) (done bool, err error) {
 	if emit == nil {
 		if ex.ci.Error {
 			msg, _ := openai.ParseUpstreamError(data)
-			return false, &upstreamError{kind: kindStream, backend: a.name, err: errors.New(msg)}
+			return false, &upstreamError{kind: kindStream, backend: a.name, err: errors.New(msg), cause: endUpstreamErrorEvent}
 		}
 		if ex.endpoint == openai.Responses {
 			return false, nil // only the terminal event's response object is kept
@@ -254,11 +261,7 @@ func (ex *exchange) endStream(fail error) error {
 	buf := ex.scratch[:0]
 	if !ex.upstreamError {
 		e := status(fail)
-		msg := "the backend's stream broke off; the answer is incomplete"
-		if errors.Is(fail, errShutdown) {
-			msg = "the gateway is shutting down; the answer is incomplete"
-		}
-		buf = appendStreamError(buf, ex.endpoint, msg, e.typ, e.code)
+		buf = appendStreamError(buf, ex.endpoint, ex.endMessage(ex.cur), e.typ, e.code) // streamend.go
 	}
 	if ex.endpoint != openai.Responses && ex.endpoint != openai.Messages { // their streams have no [DONE]
 		buf = openai.AppendDone(buf)
@@ -305,6 +308,8 @@ func (ex *exchange) finish(fail error) {
 	if fail == nil && !ex.upstreamError && ex.sum.Stream {
 		ex.storeStreamed() // respcache.go, when the request is cached
 	}
+	ex.noteEnd(fail)
+	ex.countEnd(ex.cur) // streamend.go: the metric and, for a broken stream, its warn line
 	backend := "none"
 	if a := ex.cur; a != nil {
 		backend = a.name

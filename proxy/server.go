@@ -510,6 +510,7 @@ func (s *Server) serveExchange(ctx *fasthttp.RequestCtx, ex *exchange, rt *route
 		ctx.SetContentType("text/event-stream")
 		ctx.Response.Header.Set(fasthttp.HeaderCacheControl, "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
+		ex.committed = true
 		ctx.SetBodyStream(streamBody{ex}, -1) // the relay owns ex from here; Close releases it
 		return true
 	}

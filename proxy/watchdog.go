@@ -2,8 +2,10 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -99,7 +101,7 @@ func (wd *watchdog) tick() {
 		wd.abortLocked(errClientGone)
 	case wd.w != nil && time.Since(wd.lastWrite) >= wd.interval:
 		if err := wd.writeLocked(openai.Ping); err != nil {
-			wd.abortLocked(errClientGone)
+			wd.abortLocked(err) // errClientGone, or errClientSlow: the upstream read it unblocks must not look like the backend's failure
 		}
 	}
 	wd.t.t.Reset(wd.interval) // wd.t is set while the watchdog is not done
@@ -202,7 +204,8 @@ func (wd *watchdog) write(b []byte) error {
 }
 
 // writeLocked writes b to the client within the write timeout (wd.mu held): a client that does not take it in
-// that time is gone, and the relay ends (its upstream attempt with it).
+// that time is gone (errClientSlow), as is one whose connection failed (errClientGone), and the relay ends (its
+// upstream attempt with it).
 func (wd *watchdog) writeLocked(b []byte) error {
 	now := time.Now()
 	if wd.client != nil {
@@ -210,6 +213,9 @@ func (wd *watchdog) writeLocked(b []byte) error {
 	}
 	if _, err := wd.w.Write(b); err != nil {
 		wd.w = nil // nothing more goes to a connection whose write failed or timed out
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return errClientSlow
+		}
 		return errClientGone
 	}
 	wd.lastWrite = now
