@@ -67,6 +67,9 @@ func (ex *exchange) accessLog(code int, backend string, now time.Time, traceID t
 	if c := ex.cacheState(); c != "" {
 		a = append(a, slog.String("cache", c))
 	}
+	if ex.committed {
+		a = append(a, slog.String("stream_end", ex.end.String())) // streamend.go: whose failure a broken stream was
+	}
 	if code >= 400 {
 		typ, shed := ex.errorType(code)
 		a = append(a, slog.String("error", typ))

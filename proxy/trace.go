@@ -62,6 +62,7 @@ const (
 	attrCache         = attribute.Key("switchyard.cache")
 	attrShed          = attribute.Key("switchyard.shed_reason")
 	attrDegraded      = attribute.Key("switchyard.degraded_to")
+	attrStreamEnd     = attribute.Key("switchyard.stream.end")
 )
 
 // traceContext is the W3C propagator: traceparent and tracestate, nothing else.
@@ -302,6 +303,9 @@ func (ex *exchange) spanAttributes(span trace.Span, code int, backend string) {
 	}
 	if c := ex.cacheState(); c != "" {
 		span.SetAttributes(attrCache.String(c))
+	}
+	if ex.committed {
+		span.SetAttributes(attrStreamEnd.String(ex.end.String())) // streamend.go
 	}
 	if code >= 400 {
 		e, shed := ex.errorType(code)

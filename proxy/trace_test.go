@@ -162,6 +162,16 @@ func TestTraceSpansOverOTLP(t *testing.T) {
 	if len(servers) != 2 || len(spans) != 6 {
 		t.Fatalf("got %d spans, %d of them server spans; want 2 requests of a server span and two attempts each", len(spans), len(servers))
 	}
+	// The streamed request's span says how its stream ended (streamend.go); the other has no stream.
+	ends := map[string]int{}
+	for _, srv := range servers {
+		if v, ok := attrs(srv)["switchyard.stream.end"]; ok {
+			ends[v.GetStringValue()]++
+		}
+	}
+	if len(ends) != 1 || ends["complete"] != 1 {
+		t.Errorf("switchyard.stream.end on the server spans: %v, want complete on the streamed one alone", ends)
+	}
 	attemptIDs := map[string]bool{}
 	for _, srv := range servers {
 		if srv.Name != "chat sim-model" || hex.EncodeToString(srv.ParentSpanId) != clientSpan {
