@@ -36,6 +36,13 @@ type gateway struct {
 
 func startGateway(t testing.TB, snap *Snapshot, opts Options) *gateway {
 	t.Helper()
+	return startGatewayWith(t, snap, opts, nil)
+}
+
+// startGatewayWith is startGateway serving on wrap(ln) when wrap is not nil, for tests that shape the client
+// connections (their socket buffers).
+func startGatewayWith(t testing.TB, snap *Snapshot, opts Options, wrap func(net.Listener) net.Listener) *gateway {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	opts.Metrics = metrics.New(reg)
 	s, err := New(Static{snap}, opts)
@@ -45,6 +52,9 @@ func startGateway(t testing.TB, snap *Snapshot, opts Options) *gateway {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if wrap != nil {
+		ln = wrap(ln)
 	}
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ln) }()
