@@ -451,6 +451,8 @@ func TestBackendDiesMidStream(t *testing.T) {
 	if s.Err() == nil {
 		t.Error("the SDK saw a broken stream as a clean end")
 	}
+	// A simulator going down drops its streams without [DONE]: the backend closed them (streamend.go).
+	waitFor(t, 2*time.Second, func() bool { return endsOf(t, gw.reg, "b0", "upstream_closed") == 2 })
 }
 
 func control(t *testing.T, base, body string) {

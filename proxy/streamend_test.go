@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -205,6 +206,12 @@ func TestStreamEndCauses(t *testing.T) {
 				_ = c.Close()
 			},
 			event: "the connection to the backend failed"},
+		{name: "upstream invalid", cause: "upstream_invalid",
+			engine: func(w io.Writer, r *http.Request) {
+				tokens(w, 2, 0)
+				_, _ = io.WriteString(w, "data: {\"choices\": [tok\n\n")
+			},
+			event: "the backend sent an event the gateway cannot read"},
 		{name: "upstream error event", cause: "upstream_error_event",
 			engine: func(w io.Writer, r *http.Request) {
 				tokens(w, 2, 0)
@@ -314,4 +321,33 @@ func (l smallSendListener) Accept() (net.Conn, error) {
 		_ = tc.SetWriteBuffer(4096)
 	}
 	return c, err
+}
+
+// TestCauseOf: the cause of an error is read from what it is, through any wrapping, never from its text; a
+// failure that says nothing more is the connection's.
+func TestCauseOf(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want endCause
+	}{
+		{nil, endComplete},
+		{errClientGone, endClientGone},
+		{errClientSlow, endClientWriteTimeout},
+		{fmt.Errorf("relay: %w", errClientSlow), endClientWriteTimeout},
+		{errShutdown, endShutdown},
+		{errPanic, endPanic},
+		{&upstreamError{kind: kindStream, backend: "b", cause: endUpstreamIdle}, endUpstreamIdle},
+		{fmt.Errorf("relay: %w", &upstreamError{kind: kindStream, cause: endUpstreamTotal}), endUpstreamTotal},
+		{&upstreamError{kind: kindStream, backend: "b", err: io.ErrUnexpectedEOF}, endUpstreamReset},
+		{errors.New("the backend's stream broke off: timeouts.idle"), endUpstreamReset},
+	} {
+		if got := causeOf(tc.err); got != tc.want {
+			t.Errorf("causeOf(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+	for c := endNone; c < numEndCauses; c++ {
+		if endCauseNames[c] == "" {
+			t.Errorf("cause %d has no name", c)
+		}
+	}
 }
