@@ -101,7 +101,8 @@ func (wd *watchdog) tick() {
 		wd.abortLocked(errClientGone)
 	case wd.w != nil && time.Since(wd.lastWrite) >= wd.interval:
 		if err := wd.writeLocked(openai.Ping); err != nil {
-			wd.abortLocked(err) // errClientGone, or errClientSlow: the upstream read it unblocks must not look like the backend's failure
+			// errClientGone or errClientSlow: the upstream read the abort unblocks reports it, not a timeout.
+			wd.abortLocked(err)
 		}
 	}
 	wd.t.t.Reset(wd.interval) // wd.t is set while the watchdog is not done
