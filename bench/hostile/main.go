@@ -10,22 +10,19 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/switchyard/switchyard/bench/internal/childgw"
 )
 
 func main() {
@@ -38,15 +35,6 @@ func main() {
 		fmt.Fprintln(os.Stderr, "hostile:", err)
 		os.Exit(1)
 	}
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // floodEngine answers every chat request with an SSE stream that begins with n bytes of comments; it counts
@@ -73,23 +61,6 @@ func floodEngine(n int64, sent *atomic.Int64) (*http.Server, string, error) {
 	})}
 	go func() { _ = srv.Serve(ln) }()
 	return srv, "http://" + ln.Addr().String(), nil
-}
-
-// rss reads a /proc/PID/status field in KiB (VmRSS, VmHWM).
-func rss(pid int, field string) int64 {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return -1
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
-			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return n
-		}
-	}
-	return -1
 }
 
 // zeros is an endless body of JSON-ish bytes, never held in memory.
@@ -120,11 +91,11 @@ func run(bin string, uploads, uploadMB, floodMB int) error {
 		return err
 	}
 	defer eng.Close()
-	api, err := freePort()
+	api, err := childgw.FreePort()
 	if err != nil {
 		return err
 	}
-	admin, err := freePort()
+	admin, err := childgw.FreePort()
 	if err != nil {
 		return err
 	}
@@ -147,37 +118,15 @@ api_keys:
   - name: bench
     key: ${HOSTILE_KEY}
 `, api, admin, engURL)
-	file := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(file, []byte(policy), 0o600); err != nil {
-		return err
-	}
-	cmd := exec.Command(bin, "serve", "-config", file)
-	cmd.Env = append(os.Environ(), "HOSTILE_KEY=sk-bench") // ${ENV} keys are hashed at load
-	logf, err := os.Create(filepath.Join(dir, "gateway.log"))
+	// ${ENV} keys are hashed at load: the child gets HOSTILE_KEY.
+	gw, err := childgw.Start(bin, dir, policy, fmt.Sprintf("http://127.0.0.1:%d", admin), "HOSTILE_KEY=sk-bench")
 	if err != nil {
 		return err
 	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s: %w", bin, err)
-	}
-	defer func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-		}
-	}()
+	defer gw.Stop()
 	base := fmt.Sprintf("http://127.0.0.1:%d", api)
-	if err := waitReady(fmt.Sprintf("http://127.0.0.1:%d/healthz", admin)); err != nil {
-		log, _ := os.ReadFile(logf.Name())
-		return fmt.Errorf("%w\n%s", err, log)
-	}
-	pid := cmd.Process.Pid
-	before := rss(pid, "VmRSS")
+	pid := gw.PID
+	before := childgw.RSS(pid, "VmRSS")
 	var peak atomic.Int64
 	stop := make(chan struct{})
 	var sampler sync.WaitGroup
@@ -185,7 +134,7 @@ api_keys:
 	go func() {
 		defer sampler.Done()
 		for {
-			if v := rss(pid, "VmRSS"); v > peak.Load() {
+			if v := childgw.RSS(pid, "VmRSS"); v > peak.Load() {
 				peak.Store(v)
 			}
 			select {
@@ -247,8 +196,8 @@ api_keys:
 	time.Sleep(500 * time.Millisecond)
 	close(stop)
 	sampler.Wait()
-	after := rss(pid, "VmRSS")
-	hwm := rss(pid, "VmHWM")
+	after := childgw.RSS(pid, "VmRSS")
+	hwm := childgw.RSS(pid, "VmHWM")
 
 	fmt.Printf("| request | answer | time |\n|---|---|---|\n")
 	for _, r := range results {
@@ -259,18 +208,4 @@ api_keys:
 		float64(before)/1024, float64(hwm)/1024, float64(peak.Load())/1024, float64(after)/1024)
 	fmt.Printf("\nthe engine sent %.1f MB before the gateway closed the stream\n", float64(sent.Load())/(1<<20))
 	return nil
-}
-
-func waitReady(url string) error {
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		if resp, err := http.Get(url); err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return nil
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return errors.New("the gateway did not become healthy")
 }

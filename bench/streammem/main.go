@@ -13,15 +13,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -29,6 +26,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/switchyard/switchyard/bench/internal/childgw"
 )
 
 func main() {
@@ -88,30 +87,6 @@ func slowEngine(tokens int, gap time.Duration) (*http.Server, string, error) {
 	return srv, "http://" + ln.Addr().String(), nil
 }
 
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
-// rss reads a /proc/PID/status field in KiB (VmRSS, VmHWM).
-func rss(pid int, field string) int64 {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return -1
-	}
-	for line := range strings.SplitSeq(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return n
-		}
-	}
-	return -1
-}
-
 // stream sends one streaming request and says how it ended: "complete", the error event's message, or the
 // transport error.
 func stream(ctx context.Context, client *http.Client, base string, open *atomic.Int64) string {
@@ -162,11 +137,11 @@ func run(bin string, n int, ramp time.Duration, tokens int, gap time.Duration) e
 		return err
 	}
 	defer eng.Close()
-	api, err := freePort()
+	api, err := childgw.FreePort()
 	if err != nil {
 		return err
 	}
-	admin, err := freePort()
+	admin, err := childgw.FreePort()
 	if err != nil {
 		return err
 	}
@@ -190,45 +165,23 @@ models:
   - name: m
     retries: 0
 `, api, admin, engURL)
-	file := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(file, []byte(policy), 0o600); err != nil {
-		return err
-	}
-	cmd := exec.Command(bin, "serve", "-config", file)
-	logf, err := os.Create(filepath.Join(dir, "gateway.log"))
+	gw, err := childgw.Start(bin, dir, policy, fmt.Sprintf("http://127.0.0.1:%d", admin))
 	if err != nil {
 		return err
 	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s: %w", bin, err)
-	}
-	defer func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-		}
-	}()
+	defer gw.Stop()
 	base := fmt.Sprintf("http://127.0.0.1:%d", api)
-	if err := waitReady(fmt.Sprintf("http://127.0.0.1:%d/healthz", admin)); err != nil {
-		log, _ := os.ReadFile(logf.Name())
-		return fmt.Errorf("%w\n%s", err, log)
-	}
-	pid := cmd.Process.Pid
+	pid := gw.PID
 	// One warm-up stream, so that "before" counts the pools and code a first stream brings in.
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n, MaxConnsPerHost: 0, DisableCompression: true}}
 	var open atomic.Int64
 	ctx := context.Background()
 	if r := stream(ctx, client, base, &open); r != "complete" {
-		log, _ := os.ReadFile(logf.Name())
+		log, _ := os.ReadFile(gw.Log)
 		return fmt.Errorf("warm-up stream: %s\n%s", r, log)
 	}
 	time.Sleep(500 * time.Millisecond)
-	before := rss(pid, "VmRSS")
+	before := childgw.RSS(pid, "VmRSS")
 
 	var mu sync.Mutex
 	ends := map[string]int{}
@@ -254,7 +207,7 @@ models:
 		o := open.Load()
 		maxOpen = max(maxOpen, o)
 		if o == int64(n) {
-			full = append(full, rss(pid, "VmRSS"))
+			full = append(full, childgw.RSS(pid, "VmRSS"))
 			if len(full) == 10 {
 				fullMetrics, _ = get(fmt.Sprintf("http://127.0.0.1:%d/metrics", admin))
 			}
@@ -263,8 +216,8 @@ models:
 	}
 	wg.Wait()
 	took := time.Since(start)
-	hwm := rss(pid, "VmHWM")
-	after := rss(pid, "VmRSS")
+	hwm := childgw.RSS(pid, "VmHWM")
+	after := childgw.RSS(pid, "VmRSS")
 	metrics, _ := get(fmt.Sprintf("http://127.0.0.1:%d/metrics", admin))
 
 	fmt.Printf("%d streams opened over %v, %d content events %v apart each; all done in %.1f s; at most %d open at once\n\n",
@@ -331,19 +284,4 @@ func get(url string) (string, error) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	return string(b), err
-}
-
-func waitReady(url string) error {
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return errors.New("gateway not ready after 15 s")
 }
