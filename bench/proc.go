@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -80,6 +81,24 @@ func (p *Proc) Stop() error {
 		<-p.done
 	}
 	return nil
+}
+
+// StatusKiB reads a field of /proc/PID/status in KiB (VmRSS, VmHWM); -1 when it cannot (the process is gone,
+// or the system has no /proc).
+func (p *Proc) StatusKiB(field string) int64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", p.Pid()))
+	if err != nil {
+		return -1
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return n
+		}
+	}
+	return -1
 }
 
 // Tail returns the last n bytes of the process's log, for error messages.

@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/switchyard/switchyard/bench"
 	"github.com/switchyard/switchyard/bench/internal/childgw"
 )
 
@@ -91,11 +92,11 @@ func run(bin string, uploads, uploadMB, floodMB int) error {
 		return err
 	}
 	defer eng.Close()
-	api, err := childgw.FreePort()
+	api, err := bench.FreePort()
 	if err != nil {
 		return err
 	}
-	admin, err := childgw.FreePort()
+	admin, err := bench.FreePort()
 	if err != nil {
 		return err
 	}
@@ -118,15 +119,17 @@ api_keys:
   - name: bench
     key: ${HOSTILE_KEY}
 `, api, admin, engURL)
-	// ${ENV} keys are hashed at load: the child gets HOSTILE_KEY.
-	gw, err := childgw.Start(bin, dir, policy, fmt.Sprintf("http://127.0.0.1:%d", admin), "HOSTILE_KEY=sk-bench")
+	// ${ENV} keys are hashed at load: the child inherits HOSTILE_KEY.
+	if err := os.Setenv("HOSTILE_KEY", "sk-bench"); err != nil {
+		return err
+	}
+	gw, err := childgw.Start(bin, dir, policy, fmt.Sprintf("http://127.0.0.1:%d", admin))
 	if err != nil {
 		return err
 	}
 	defer gw.Stop()
 	base := fmt.Sprintf("http://127.0.0.1:%d", api)
-	pid := gw.PID
-	before := childgw.RSS(pid, "VmRSS")
+	before := gw.StatusKiB("VmRSS")
 	var peak atomic.Int64
 	stop := make(chan struct{})
 	var sampler sync.WaitGroup
@@ -134,7 +137,7 @@ api_keys:
 	go func() {
 		defer sampler.Done()
 		for {
-			if v := childgw.RSS(pid, "VmRSS"); v > peak.Load() {
+			if v := gw.StatusKiB("VmRSS"); v > peak.Load() {
 				peak.Store(v)
 			}
 			select {
@@ -196,8 +199,8 @@ api_keys:
 	time.Sleep(500 * time.Millisecond)
 	close(stop)
 	sampler.Wait()
-	after := childgw.RSS(pid, "VmRSS")
-	hwm := childgw.RSS(pid, "VmHWM")
+	after := gw.StatusKiB("VmRSS")
+	hwm := gw.StatusKiB("VmHWM")
 
 	fmt.Printf("| request | answer | time |\n|---|---|---|\n")
 	for _, r := range results {

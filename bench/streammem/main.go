@@ -27,6 +27,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/switchyard/switchyard/bench"
 	"github.com/switchyard/switchyard/bench/internal/childgw"
 )
 
@@ -137,11 +138,11 @@ func run(bin string, n int, ramp time.Duration, tokens int, gap time.Duration) e
 		return err
 	}
 	defer eng.Close()
-	api, err := childgw.FreePort()
+	api, err := bench.FreePort()
 	if err != nil {
 		return err
 	}
-	admin, err := childgw.FreePort()
+	admin, err := bench.FreePort()
 	if err != nil {
 		return err
 	}
@@ -171,17 +172,16 @@ models:
 	}
 	defer gw.Stop()
 	base := fmt.Sprintf("http://127.0.0.1:%d", api)
-	pid := gw.PID
 	// One warm-up stream, so that "before" counts the pools and code a first stream brings in.
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n, MaxConnsPerHost: 0, DisableCompression: true}}
 	var open atomic.Int64
 	ctx := context.Background()
 	if r := stream(ctx, client, base, &open); r != "complete" {
-		log, _ := os.ReadFile(gw.Log)
+		log := gw.Tail(4096)
 		return fmt.Errorf("warm-up stream: %s\n%s", r, log)
 	}
 	time.Sleep(500 * time.Millisecond)
-	before := childgw.RSS(pid, "VmRSS")
+	before := gw.StatusKiB("VmRSS")
 
 	var mu sync.Mutex
 	ends := map[string]int{}
@@ -207,7 +207,7 @@ models:
 		o := open.Load()
 		maxOpen = max(maxOpen, o)
 		if o == int64(n) {
-			full = append(full, childgw.RSS(pid, "VmRSS"))
+			full = append(full, gw.StatusKiB("VmRSS"))
 			if len(full) == 10 {
 				fullMetrics, _ = get(fmt.Sprintf("http://127.0.0.1:%d/metrics", admin))
 			}
@@ -216,8 +216,8 @@ models:
 	}
 	wg.Wait()
 	took := time.Since(start)
-	hwm := childgw.RSS(pid, "VmHWM")
-	after := childgw.RSS(pid, "VmRSS")
+	hwm := gw.StatusKiB("VmHWM")
+	after := gw.StatusKiB("VmRSS")
 	metrics, _ := get(fmt.Sprintf("http://127.0.0.1:%d/metrics", admin))
 
 	fmt.Printf("%d streams opened over %v, %d content events %v apart each; all done in %.1f s; at most %d open at once\n\n",
