@@ -863,39 +863,47 @@ func (ex *exchange) abandon(a *attempt, learn bool) {
 func (a *attempt) endLost() {
 	o := admission.Outcome{Err: a.err, Reached: a.err == nil && a.gotFirst}
 	if o.Reached {
-		a.acct.FirstToken()
-		f := admission.First{Content: true, TTFT: a.s.clock.Now().Sub(a.started), Predicted: a.acct.PredictedTTFT(),
-			P90: a.predP90, Hit: a.acct.PredictedHit()}
-		if es := a.target.Backend.Engine(); es != nil && !es.Stale {
-			f.Waiting, f.Running = int(es.Waiting), int(es.Running)
-		}
-		a.permit.First(&f)
+		a.first()
 	} else if a.err == nil {
 		o.Err = errHedgeLost // an answer without content: nothing to learn, nothing to blame
 	}
-	var ue *upstreamError
-	o.Fault = errors.As(o.Err, &ue) && ue.backendFault()
-	if a.began {
-		a.acct.End(o.Fault)
-		a.began = false
-	}
-	a.permit.End(&o)
+	a.endAccounting(&o)
 }
 
-// won records that a reached its first content: the routing model's TTFT, and the first token for its permit
-// (the concurrency cap's and the outlier detector's observations, the breaker's success, the queue's signal).
-func (ex *exchange) won(a *attempt) {
-	ex.cur = a
+// first records that a's answer began with routing (its TTFT, when it has content) and with its permit (the
+// concurrency cap's and the outlier detector's observations, the breaker's success, the queue's signal).
+func (a *attempt) first() {
 	f := admission.First{Content: a.gotFirst}
 	if a.gotFirst {
 		a.acct.FirstToken()
-		f.TTFT = ex.s.clock.Now().Sub(a.started)
+		f.TTFT = a.s.clock.Now().Sub(a.started)
 		f.Predicted, f.P90, f.Hit = a.acct.PredictedTTFT(), a.predP90, a.acct.PredictedHit()
 		if es := a.target.Backend.Engine(); es != nil && !es.Stale {
 			f.Waiting, f.Running = int(es.Waiting), int(es.Running)
 		}
 	}
 	a.permit.First(&f)
+}
+
+// endAccounting ends a's routing accounting and its permit with o, filling o.Fault (the failure was the
+// backend's). It reports whether the routing accounting was still open.
+func (a *attempt) endAccounting(o *admission.Outcome) bool {
+	ue := asUpstream(o.Err)
+	o.Fault = ue != nil && ue.backendFault()
+	began := a.began
+	if began {
+		a.acct.End(o.Fault)
+		a.began = false
+	}
+	a.permit.End(o)
+	return began
+}
+
+// won records that a reached its first content: the routing model's TTFT, and the first token for its permit
+// (the concurrency cap's and the outlier detector's observations, the breaker's success, the queue's signal).
+func (ex *exchange) won(a *attempt) {
+	ex.cur = a
+	a.first()
 	ex.rememberID(a) // responses.go
 	ex.traceWon(a)   // trace.go
 }
@@ -914,16 +922,11 @@ func (ex *exchange) endAttempt(a *attempt, outcome error) {
 func (ex *exchange) settle(a *attempt, o admission.Outcome) {
 	ex.wd.untrack(a)
 	ex.traceAttemptEnd(a, o.Err)
-	ue := asUpstream(o.Err)
-	o.Fault = ue != nil && ue.backendFault()
-	if a.began {
-		a.acct.End(o.Fault)
-		a.began = false
+	if a.endAccounting(&o) {
 		asked, served := ex.models()
 		ex.s.m.ClientDuration.WithLabelValues(ex.operation(), providerOf(a.target.Backend), asked, served,
 			attemptErrorType(o.Err)).Observe(ex.s.clock.Now().Sub(a.started).Seconds())
 	}
-	a.permit.End(&o)
 }
 
 // shedError is a shedding refusal with the Retry-After its decision computed.
