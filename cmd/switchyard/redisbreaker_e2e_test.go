@@ -177,9 +177,11 @@ func TestSilentRedisCostsNoWaitPerRequest(t *testing.T) {
 		t.Errorf("median latency after the opening %v: requests still wait on Redis", m)
 	}
 	// go-redis drops a connection whose reply is late (the reply may still come) and frees the pool turn just
-	// before it closes the socket, so the black hole may see one more than the pool for a moment.
-	if peak > pool+1 {
-		t.Errorf("%d connections open at once, more than pool_size %d (+1 being closed)", peak, pool)
+	// before it closes the socket, and the black hole sees a close only when its reader goroutine next runs:
+	// on 2 loaded cores (the whole suite under -race) two dropped connections were still counted when the pool
+	// dialled again. The bound still catches a pool that dials past its size.
+	if peak > pool+2 {
+		t.Errorf("%d connections open at once, more than pool_size %d (+2 being closed)", peak, pool)
 	}
 	// Each failed operation costs at most the connection it dropped: the idle two, the streak that opened the
 	// breaker, the operations in flight when it opened (at most the pool), one per probe.
