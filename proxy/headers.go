@@ -34,7 +34,7 @@ func copyRequestHeaders(dst *fasthttp.RequestHeader, src *fasthttp.RequestHeader
 }
 
 func dropRequestHeader(k []byte) bool {
-	if len(k) > 13 && bytes.EqualFold(k[:13], []byte("X-Switchyard-")) {
+	if len(k) >= 13 && bytes.EqualFold(k[:13], []byte("X-Switchyard-")) {
 		return true
 	}
 	switch len(k) {
