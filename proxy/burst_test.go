@@ -90,8 +90,12 @@ func TestBurstFillsALargeEngine(t *testing.T) {
 	if ok*100 < n*99 {
 		t.Errorf("%d of %d streams answered 200, want at least 99%%: the engine had 4,096 seats", ok, n)
 	}
-	if st.Seats.From != "probe" || st.Seats.Sure != "at_least" || st.Seats.Figure < n/2 {
-		t.Errorf("/debug/backends seats = %+v, want at least %d from the probe", st.Seats, n/2)
+	// The probe sees the engine's running batch at each scrape, the test its own in-flight count every 50 ms:
+	// on a loaded machine the peak the scrapes caught trails the test's by a step or two, so the figure must
+	// reach three quarters of the test's peak (and far above the cap's start), not the peak itself.
+	if want := peak * 3 / 4; st.Seats.From != "probe" || st.Seats.Sure != "at_least" || st.Seats.Figure < want {
+		t.Errorf("/debug/backends seats = %+v, want at least %d (3/4 of the peak in flight) from the probe",
+			st.Seats, want)
 	}
 }
 
