@@ -159,6 +159,9 @@ type Server struct {
 	attemptHook func(a *attempt) error
 	// clock reads the time for the request path's decisions (clock.go); tests replace it before serving.
 	clock clock
+	// shutdownListener closes the listener and waits for its connections to end (fasthttp's
+	// ShutdownWithContext); tests that drain a server without connections replace it before Shutdown.
+	shutdownListener func(context.Context) error
 
 	exchanges    sync.Pool
 	active       sync.WaitGroup
@@ -218,6 +221,7 @@ func New(src Source, opts Options) (*Server, error) {
 		DisableHeaderNamesNormalizing: false,
 		Logger:                        fasthttpLogger{opts.Logger},
 	}
+	s.shutdownListener = s.srv.ShutdownWithContext
 	return s, nil
 }
 
@@ -253,14 +257,18 @@ func (s *Server) BeginDrain() { s.draining.Store(true) }
 
 // Shutdown drains the gateway: /readyz fails at once, the listener closes, idle connections close, and
 // in-flight requests may finish until ctx ends. Then the remaining streams get an SSE error event
-// ("shutting_down") and [DONE], and Shutdown waits (at most a few seconds) for them to go.
+// ("shutting_down") and [DONE] at their watchdog's next tick, queued requests get 503 shutting_down, and
+// Shutdown waits for them to go at most drainGrace (three ticks and a second, on the server's clock, so that
+// tests drive it on a virtual one), then at most another second for the listener's own shutdown.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
 	done := make(chan error, 1)
-	go func() { done <- s.srv.ShutdownWithContext(ctx) }()
+	go func() { done <- s.shutdownListener(ctx) }()
 	var err error
+	served := false // done has been read: the listener's connections are all closed
 	select {
 	case err = <-done:
+		served = true
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
@@ -269,22 +277,33 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.closeQueues()
 	ended := make(chan struct{})
 	go func() { s.active.Wait(); close(ended) }()
+	grace := s.clock.NewTimer(s.drainGrace())
 	select {
 	case <-ended:
-	case <-time.After(3*s.opts.PingInterval + time.Second):
+	case <-grace.C():
 	}
-	select {
-	case err2 := <-done:
-		if err == nil {
-			err = err2
+	grace.Stop()
+	if !served {
+		last := s.clock.NewTimer(time.Second)
+		select {
+		case err2 := <-done:
+			if err == nil {
+				err = err2
+			}
+		case <-last.C():
 		}
-	case <-time.After(time.Second):
+		last.Stop()
 	}
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
 		return fmt.Errorf("proxy: shutdown: %w", err)
 	}
 	return nil
 }
+
+// drainGrace is how long Shutdown waits, after the drain timeout, for the requests it ended to go: every
+// watchdog ticks within one PingInterval and then writes its error event and [DONE]; three ticks and a second
+// leave room for a slow client's last write (bounded by the write timeout) without holding a stop for long.
+func (s *Server) drainGrace() time.Duration { return 3*s.opts.PingInterval + time.Second }
 
 // timeouts returns the effective timeouts for a backend: its own, else the gateway's defaults.
 func (s *Server) timeouts(c *routing.BackendConfig) routing.Timeouts {
