@@ -29,7 +29,7 @@ const maxBodyBytes = 64 << 20
 // engine loop and metrics registry.
 //
 // Endpoints: POST /v1/chat/completions and /v1/completions (streaming or not), GET /v1/models, GET /health,
-// GET /metrics, and GET/POST /sim/control (faults); and beyond chat (see the package doc): /v1/embeddings,
+// GET /metrics, GET/POST /sim/control (faults) and POST /sim/predict (an oracle's ground truth); and beyond chat (see the package doc): /v1/embeddings,
 // /v2/embed, /rerank (also /v1/ and /v2/), /score (also /v1/), /v1/responses (with GET /v1/responses/{id} and
 // POST .../cancel), /v1/messages, /tokenize, /detokenize, /v1/audio/transcriptions and /v1/audio/translations. Every response carries X-Sim-Backend: <Name>, and echoes
 // X-Request-Id when the request has one.
@@ -148,8 +148,12 @@ func (b *Backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if id := r.Header.Get("X-Request-Id"); id != "" {
 		h.Set("X-Request-Id", id)
 	}
-	if r.URL.Path == "/sim/control" {
+	switch r.URL.Path {
+	case "/sim/control":
 		b.serveControl(w, r)
+		return
+	case "/sim/predict":
+		b.servePredict(w, r)
 		return
 	}
 	if b.cfg.RTT > 0 {

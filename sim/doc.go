@@ -23,7 +23,7 @@
 // # The wire
 //
 // POST /v1/chat/completions and /v1/completions (stream or not), GET /v1/models, /health, /metrics, and
-// GET/POST /sim/control, and the endpoints listed under "Beyond chat". Every response has X-Sim-Backend: <name>, and X-Request-Id when the request had one
+// GET/POST /sim/control, POST /sim/predict, and the endpoints listed under "Beyond chat". Every response has X-Sim-Backend: <name>, and X-Request-Id when the request had one
 // (it then also names the response: "chatcmpl-<id>"). A chat stream is, as vLLM sends it:
 //
 //	data: {"id":"chatcmpl-7","object":"chat.completion.chunk","created":1767225600,"model":"sim-model","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}
@@ -73,6 +73,21 @@
 // "evict_cache":true} (any subset; {} restores the baseline; unknown fields are a 400) injects faults; see Faults,
 // Backend.Restart and Backend.EvictCache. sim_requests_pending counts requests in their overhead or a stall,
 // which vllm:num_requests_waiting (the scheduler's queue, as in vLLM) does not.
+//
+// POST /sim/predict is the ground truth for an oracle router: its body is exactly what a client would send to
+// /v1/chat/completions or /v1/completions (told apart by "messages" or "prompt"), and it answers 200 with, for
+// a 1,000-token prompt that an idle backend with the defaults has served before,
+//
+//	{"backend":"sim","prompt_tokens":1000,"cached_tokens":992,"ttft_ms":10.8,"running":0,"waiting":0,"max_num_seqs":256}
+//
+// (10ms of overhead and the 8 uncached tokens' prefill), cached_tokens being the prefix-cache hit the prompt would get now, and ttft_ms the engine's own estimate of the
+// request's TTFT if it arrived now: RTT, the overhead, the wait for a seat and the queue ahead, and the prefill
+// of the uncached part, under the backend's physics and faults. The estimate is a run of a copy of the engine
+// on a virtual clock until the probe's first token, so it is exact for a request sent at once when nothing
+// else arrives before its first token (and a stall drawn per request, stall_rate > 0, is not drawn). It changes
+// nothing: no LRU touch, no metric, no request counter, no random draw. Like /sim/control it is not delayed by
+// RTT; unlike it, it is refused while down (503), and a body the completion endpoints would refuse gets their
+// status and error (400, 404, 405, 413).
 //
 // # Use from Go
 //

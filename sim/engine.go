@@ -131,6 +131,8 @@ type engine struct {
 	lastEnd time.Time
 	resyncs int // times the real loop fell more than maxLag behind
 
+	scratch *metrics // the registry of predict's forks (see fork), nobody's /metrics; made by the first fork
+
 	passes atomic.Uint64 // loop passes, so tests can see that an idle engine does not tick
 
 	closed   bool // close was called: submit refuses

@@ -2,6 +2,8 @@ package sim
 
 import (
 	"encoding/binary"
+	"maps"
+	"slices"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -52,6 +54,15 @@ func newBlockPool(n int) *blockPool {
 	}
 	p.reset()
 	return p
+}
+
+// clone returns a copy of p that shares no state with it (for engine.fork).
+func (p *blockPool) clone() *blockPool {
+	return &blockPool{
+		ref: slices.Clone(p.ref), hash: slices.Clone(p.hash), hashed: slices.Clone(p.hashed),
+		prev: slices.Clone(p.prev), next: slices.Clone(p.next), head: p.head, tail: p.tail, free: p.free,
+		cached: maps.Clone(p.cached),
+	}
 }
 
 // reset frees every block and forgets every hash (an engine restart).
