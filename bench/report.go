@@ -93,6 +93,12 @@ type RunReport struct {
 	Shed map[string]map[string]int `json:"shed"`
 	// Priorities breaks the measured requests down by priority class (only when the workload has priorities).
 	Priorities map[string]*ClassReport `json:"priorities,omitempty"`
+	// Bursts gives, for each burst of the workload in order, the measured requests scheduled inside it (from its
+	// first second to its end), all together and by priority class: a spike's own figures, which the whole
+	// run's would dilute.
+	Bursts []BurstReport `json:"bursts,omitempty"`
+	// Pick is how long the oracle's choice of a backend took per request (not part of TTFT); nil without one.
+	Pick *Quantiles `json:"pick_ms,omitempty"`
 	// PrefixHitRate is the simulators' prefix cache hits/queries over the run (with the warm-up), when scraped.
 	PrefixHitRate *float64 `json:"prefix_hit_rate,omitempty"`
 	// CachedTokens is the sum of usage.prompt_tokens_details.cached_tokens the answers reported.
@@ -127,6 +133,23 @@ type ClassReport struct {
 	TTFT     Quantiles `json:"ttft_ms"`
 }
 
+// BurstReport is the requests scheduled inside one burst [At, At+Duration) of the timeline.
+type BurstReport struct {
+	At         time.Duration `json:"at_ns"`
+	Duration   time.Duration `json:"duration_ns"`
+	Multiplier float64       `json:"multiplier"`
+	All        ClassReport   `json:"all"`
+	// Classes is by priority class, when the workload has priorities.
+	Classes map[string]*ClassReport `json:"classes,omitempty"`
+}
+
+// ClassWindow is one priority class within one second of the timeline.
+type ClassWindow struct {
+	N       int     `json:"n"`
+	Errors  int     `json:"errors"`
+	TTFTP99 float64 `json:"ttft_p99_ms"`
+}
+
 // Window is one second of the timeline, by send time (warm-up included).
 type Window struct {
 	T       float64 `json:"t_s"`
@@ -137,6 +160,8 @@ type Window struct {
 	// Backends counts the window's requests by the backend that answered (X-Switchyard-Backend, else
 	// X-Sim-Backend), so a shift of traffic (a slowed backend losing its share) can be timed.
 	Backends map[string]int `json:"backends,omitempty"`
+	// Classes breaks the window down by priority class, when the workload has priorities.
+	Classes map[string]*ClassWindow `json:"classes,omitempty"`
 }
 
 // CPUUse is CPU time of a process over a run.
@@ -168,8 +193,9 @@ func Summary(res *Result, target string, slo SLO) *RunReport {
 			r.Priorities[p.Value] = &ClassReport{}
 		}
 	}
-	var ttft, itl, e2e, late, wait []float64
+	var ttft, itl, e2e, late, wait, pick []float64
 	classTTFT := map[string][]float64{}
+	bursts := newBurstTally(w)
 	var good, tokens int
 	lastEnd := w.Span()
 	for i := range res.Samples {
@@ -185,6 +211,9 @@ func Summary(res *Result, target string, slo SLO) *RunReport {
 		cls := r.Priorities[it.Priority]
 		if cls != nil {
 			cls.Requests++
+		}
+		if s.Pick > 0 {
+			pick = append(pick, ms(s.Pick))
 		}
 		if s.Sent {
 			r.Sent++
@@ -212,6 +241,7 @@ func Summary(res *Result, target string, slo SLO) *RunReport {
 			r.Backends[s.Backend]++
 		}
 		r.Pings += s.Pings
+		bursts.add(it, s, slo)
 		if s.Err != "" {
 			r.Errors[s.Err]++
 			if _, ok := r.ErrorSamples[s.Err]; !ok {
@@ -259,7 +289,82 @@ func Summary(res *Result, target string, slo SLO) *RunReport {
 		r.Priorities[p].TTFT = Summarize(xs)
 	}
 	r.Series = series(res)
+	r.Bursts = bursts.reports()
+	if len(pick) > 0 {
+		q := Summarize(pick)
+		r.Pick = &q
+	}
 	return r
+}
+
+// burstTally collects the requests of each burst of a workload for BurstReport.
+type burstTally struct {
+	w       *Workload
+	classes []map[string]*ClassReport
+	all     []ClassReport
+	ttft    []map[string][]float64 // by class, "" for all
+}
+
+func newBurstTally(w *Workload) *burstTally {
+	t := &burstTally{w: w}
+	for range w.Bursts {
+		cls := map[string]*ClassReport{}
+		for _, p := range w.Priorities {
+			cls[p.Value] = &ClassReport{}
+		}
+		t.classes = append(t.classes, cls)
+		t.all = append(t.all, ClassReport{})
+		t.ttft = append(t.ttft, map[string][]float64{})
+	}
+	return t
+}
+
+// add counts a measured item in every burst its scheduled time falls in.
+func (t *burstTally) add(it *Item, s *Sample, slo SLO) {
+	for i, b := range t.w.Bursts {
+		if it.At < b.At || it.At >= b.At+b.Duration {
+			continue
+		}
+		reps := []*ClassReport{&t.all[i]}
+		keys := []string{""}
+		if c := t.classes[i][it.Priority]; c != nil {
+			reps, keys = append(reps, c), append(keys, it.Priority)
+		}
+		for j, c := range reps {
+			c.Requests++
+			switch {
+			case s.Status == 429 || s.Status == 503:
+				c.Shed++
+			case s.Err != "":
+			default:
+				c.OK++
+				first := s.E2E
+				if s.Stream && s.ContentEvents > 0 {
+					first = s.TTFT
+					t.ttft[i][keys[j]] = append(t.ttft[i][keys[j]], ms(s.TTFT))
+				}
+				if meetsSLO(s, first, slo) {
+					c.Good++
+				}
+			}
+		}
+	}
+}
+
+func (t *burstTally) reports() []BurstReport {
+	var out []BurstReport
+	for i, b := range t.w.Bursts {
+		br := BurstReport{At: b.At, Duration: b.Duration, Multiplier: b.Multiplier, All: t.all[i]}
+		br.All.TTFT = Summarize(t.ttft[i][""])
+		if len(t.classes[i]) > 0 {
+			br.Classes = t.classes[i]
+			for k, c := range br.Classes {
+				c.TTFT = Summarize(t.ttft[i][k])
+			}
+		}
+		out = append(out, br)
+	}
+	return out
 }
 
 // meetsSLO: success is assumed; first is the TTFT (the e2e for a non-streamed answer).
@@ -287,6 +392,9 @@ func series(res *Result) []Window {
 	errs := make([]int, n)
 	count := make([]int, n)
 	byBackend := make([]map[string]int, n)
+	classed := len(res.Plan.Workload.Priorities) > 0
+	classes := make([]map[string]*ClassWindow, n)
+	classTTFT := make([]map[string][]float64, n)
 	for i := range res.Samples {
 		s := &res.Samples[i]
 		if !s.Sent {
@@ -301,16 +409,41 @@ func series(res *Result) []Window {
 			}
 			byBackend[b][s.Backend]++
 		}
+		var cw *ClassWindow
+		if p := res.Plan.Items[i].Priority; classed && p != "" {
+			if classes[b] == nil {
+				classes[b], classTTFT[b] = map[string]*ClassWindow{}, map[string][]float64{}
+			}
+			if cw = classes[b][p]; cw == nil {
+				cw = &ClassWindow{}
+				classes[b][p] = cw
+			}
+			cw.N++
+		}
 		switch {
 		case s.Err != "":
 			errs[b]++
+			if cw != nil {
+				cw.Errors++
+			}
 		case s.Stream && s.ContentEvents > 0:
 			ttft[b] = append(ttft[b], ms(s.TTFT))
+			if cw != nil {
+				p := res.Plan.Items[i].Priority
+				classTTFT[b][p] = append(classTTFT[b][p], ms(s.TTFT))
+			}
+		}
+	}
+	for b := range classes {
+		for p, cw := range classes[b] {
+			if xs := classTTFT[b][p]; len(xs) > 0 {
+				cw.TTFTP99 = Summarize(xs).P99
+			}
 		}
 	}
 	out := make([]Window, 0, n)
 	for b := range n {
-		w := Window{T: float64(b), N: count[b], Errors: errs[b], Backends: byBackend[b]}
+		w := Window{T: float64(b), N: count[b], Errors: errs[b], Backends: byBackend[b], Classes: classes[b]}
 		if len(ttft[b]) > 0 {
 			q := Summarize(ttft[b])
 			w.TTFTP50, w.TTFTP99 = q.P50, q.P99
