@@ -199,15 +199,16 @@ func Compare(ctx context.Context, opt CompareOptions) ([]*RunReport, error) {
 		}
 		tag := fmt.Sprintf("%02d-%s", i, col.Name)
 		colPlan := plan
-		if col.Rate > 0 {
-			cw, err := w.Apply(Overrides{Rate: col.Rate})
+		if col.Rate > 0 || col.NoBursts {
+			cw, err := w.Apply(Overrides{Rate: col.Rate, NoBursts: col.NoBursts})
 			if err == nil {
 				colPlan, err = NewPlan(cw)
 			}
 			if err != nil {
 				return runs, fmt.Errorf("bench: column %s: %w", col.Name, err)
 			}
-			e.logf("column %s: its own rate, %.1f requests/s (%d requests)", col.Name, col.Rate, len(colPlan.Items))
+			e.logf("column %s: its own load, %.1f requests/s, bursts %v (%d requests)", col.Name, cw.Arrival.Rate,
+				!col.NoBursts, len(colPlan.Items))
 		}
 		rs, err := runColumn(ctx, &e, sc, col, colPlan, comps, tag)
 		if ctx.Err() != nil {

@@ -39,6 +39,9 @@ type Scenario struct {
 	Warmup      time.Duration `yaml:"warmup"`
 	Seed        uint64        `yaml:"seed"`
 	SLO         SLO           `yaml:"slo"`
+	// Bursts, when present, replace the workload's bursts: a spike of the scenario's own (the matrix writes its
+	// spikes here).
+	Bursts []Burst `yaml:"bursts"`
 	// Timeout bounds each request (send to last byte) when the command line sets no -timeout; default 2m. A
 	// request over it counts as a timeout error, so an overloaded column ends instead of draining for minutes.
 	Timeout time.Duration `yaml:"timeout"`
@@ -68,21 +71,28 @@ type Companion struct {
 type Column struct {
 	Name string `yaml:"name"`
 	// Strategy is a gateway routing strategy (round_robin, least_request, adaptive, ...), or "direct": no gateway,
-	// load straight to the fleet's first backend.
+	// load straight to the fleet's first backend, or "oracle": no gateway, the harness routes each request itself
+	// to the backend whose simulator predicts the lowest TTFT for it (oracle.go).
 	Strategy string         `yaml:"strategy"`
-	Gateway  map[string]any `yaml:"gateway"`
-	Model    map[string]any `yaml:"model"`
+	Gateway  map[string]any `yaml:"gateway,omitempty"`
+	Model    map[string]any `yaml:"model,omitempty"`
 	// NoEvents runs the column without the scenario's events: the undisturbed baseline of a fault scenario,
 	// measured in the same command (same workload, seed and fleet).
-	NoEvents bool `yaml:"no_events"`
+	NoEvents bool `yaml:"no_events,omitempty"`
 	// Rate, when set, runs the column at its own arrival rate (requests/s) instead of the scenario's: a low-load
 	// baseline (an unloaded tail latency) beside the overloaded columns, in the same command. The column then has
 	// its own request sequence (same seed, fewer arrivals).
-	Rate float64 `yaml:"rate"`
+	Rate float64 `yaml:"rate,omitempty"`
+	// NoBursts runs the column without the workload's (or scenario's) bursts: the same steady load without its
+	// spike, for each class's unloaded latency in the same command.
+	NoBursts bool `yaml:"no_bursts,omitempty"`
 	// Also is deep-merged into the companions' model entries, by companion name: what the column changes for
 	// them (e.g. {batch: {objective: cost}}).
-	Also map[string]map[string]any `yaml:"also"`
+	Also map[string]map[string]any `yaml:"also,omitempty"`
 }
+
+// gateway reports whether the column runs through a gateway (every strategy but direct and oracle).
+func (c *Column) gateway() bool { return c.Strategy != "direct" && c.Strategy != "oracle" }
 
 // Event is a timed fault: at At on the load's timeline, POST Control as JSON to the named backend's /sim/control.
 type Event struct {
@@ -133,8 +143,13 @@ func LoadScenario(path string) (*Scenario, error) {
 			errs.add(fmt.Sprintf("columns[%d].name", i), "duplicate column name %q", c.Name)
 		}
 		seen[c.Name] = true
-		if c.Strategy == "direct" && (c.Gateway != nil || c.Model != nil) {
-			errs.add(fmt.Sprintf("columns[%d]", i), "a direct column has no gateway to configure")
+		if !c.gateway() && (c.Gateway != nil || c.Model != nil) {
+			errs.add(fmt.Sprintf("columns[%d]", i), "a %s column has no gateway to configure", c.Strategy)
+		}
+	}
+	for i, b := range s.Bursts {
+		if b.At < 0 || b.Duration <= 0 || b.Multiplier <= 0 {
+			errs.add(fmt.Sprintf("bursts[%d]", i), "a burst needs at >= 0, duration > 0 and multiplier > 0")
 		}
 	}
 	for i := range s.Companions {
@@ -171,5 +186,5 @@ func (s *Scenario) Path(p string) string {
 
 // Overrides returns the workload overrides the scenario sets.
 func (s *Scenario) Overrides() Overrides {
-	return Overrides{Rate: s.Rate, Duration: s.Duration, Warmup: s.Warmup, Seed: s.Seed, SLO: s.SLO}
+	return Overrides{Rate: s.Rate, Duration: s.Duration, Warmup: s.Warmup, Seed: s.Seed, SLO: s.SLO, Bursts: s.Bursts}
 }

@@ -127,6 +127,10 @@ type Overrides struct {
 	Warmup   time.Duration
 	Seed     uint64
 	SLO      SLO
+	// Bursts, when not nil, replaces the workload's bursts (a scenario's spike); NoBursts drops them all (the
+	// same load without its spike: an unloaded baseline).
+	Bursts   []Burst
+	NoBursts bool
 }
 
 // LoadWorkload reads, strictly decodes, defaults and validates a workload file. Errors are FileErrors
@@ -324,6 +328,12 @@ func (w *Workload) Apply(o Overrides) (*Workload, error) {
 	}
 	if o.SLO.ITL > 0 {
 		c.SLO.ITL = o.SLO.ITL
+	}
+	if o.Bursts != nil {
+		c.Bursts = o.Bursts
+	}
+	if o.NoBursts {
+		c.Bursts = nil
 	}
 	var errs fieldErrors
 	c.validate(&errs)
