@@ -24,6 +24,7 @@ const (
 	ErrTimeout    = "timeout"     // the per-request timeout expired
 	ErrCanceled   = "canceled"    // the run was stopped (Ctrl-C)
 	ErrOverload   = "client_overload"
+	ErrPick       = "pick" // the oracle could not choose a backend (every prediction failed); not sent
 )
 
 // Sample is what one request measured. Durations count from the request's scheduled time (so a late send shows in
@@ -55,6 +56,9 @@ type Sample struct {
 	OutputTokens  int
 	CachedTokens  int
 	Pings         int
+	// Pick is how long choosing the target took (the oracle's predictions), before the send; it is not part of
+	// TTFT or E2E. Zero without a Picker.
+	Pick time.Duration
 }
 
 // Client is the harness's own OpenAI client over plain HTTP/1.1. It is safe for concurrent use; Close releases
@@ -91,8 +95,14 @@ func (c *Client) Close() { c.hc.CloseIdleConnections() }
 // Do sends it and measures it. origin is the instant latencies count from (the scheduled time, or a session turn's
 // release); start is the start of the load. Do never returns an error: failures are recorded in the Sample.
 func (c *Client) Do(ctx context.Context, it *Item, start, origin time.Time) Sample {
+	return c.DoAt(ctx, c.base, it, start, origin)
+}
+
+// DoAt is Do against another base URL than the client's (a per-request pick), on the same connection pool.
+func (c *Client) DoAt(ctx context.Context, base string, it *Item, start, origin time.Time) Sample {
 	s := Sample{Index: it.Index, Stream: it.Stream, Sent: true}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+it.Endpoint.String(), bytes.NewReader(it.Body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+it.Endpoint.String(),
+		bytes.NewReader(it.Body))
 	if err != nil {
 		s.Err, s.ErrMsg = ErrTransport, err.Error()
 		return s

@@ -240,8 +240,13 @@ func runColumn(ctx context.Context, e *Env, sc *Scenario, col Column, plan *Plan
 	}
 	defer fleet.Stop()
 	target := backends[0].URL
+	var picker Picker
+	if col.Strategy == "oracle" {
+		picker = NewOracle(backends, e.Timeout)
+		target = "oracle"
+	}
 	var gw *Proc
-	if col.Strategy != "direct" {
+	if col.gateway() {
 		spec := GatewaySpec{Region: sc.Region, Model: w.Model, Strategy: col.Strategy, SLO: w.SLO,
 			Backends: backends, Gateway: col.Gateway, ModelOverlay: col.Model}
 		for _, c := range comps {
@@ -287,10 +292,11 @@ func runColumn(ctx context.Context, e *Env, sc *Scenario, col Column, plan *Plan
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			compRes[i], compErr[i] = Run(ctx, RunConfig{Name: col.Name + "/" + c.Name, BaseURL: target, Plan: c.plan, Timeout: e.Timeout})
+			compRes[i], compErr[i] = Run(ctx, RunConfig{Name: col.Name + "/" + c.Name, BaseURL: target, Plan: c.plan, Timeout: e.Timeout, Picker: picker})
 		}()
 	}
-	res, err := Run(ctx, RunConfig{Name: name, BaseURL: target, Plan: plan, Timeout: e.Timeout, Actions: actions})
+	res, err := Run(ctx, RunConfig{Name: name, BaseURL: target, Plan: plan, Timeout: e.Timeout, Actions: actions,
+		Picker: picker})
 	wg.Wait()
 	if err == nil {
 		err = errors.Join(compErr...)

@@ -43,9 +43,18 @@ type RunConfig struct {
 	Headers http.Header
 	// Actions run at their times during the load.
 	Actions []Action
+	// Picker, when set, chooses each request's base URL just before it is sent (the oracle column); BaseURL then
+	// only labels the run. The pick's own time does not count in the request's latencies (Sample.Pick).
+	Picker Picker
 	// Lead is the delay between Run being called and time 0 of the timeline, so that the first arrivals are not
 	// late because of set-up; default 20ms.
 	Lead time.Duration
+}
+
+// Picker chooses the target of one request: the base URL of the OpenAI API (without /v1) to send it to. It is
+// called from the request's own goroutine, concurrently for requests in flight, and must return when ctx is done.
+type Picker interface {
+	Pick(ctx context.Context, it *Item) (string, error)
 }
 
 // Result is the raw outcome of a run: one Sample per plan item, in plan order.
@@ -176,7 +185,12 @@ schedule:
 					wait, origin = now.Sub(due), now
 				}
 			}
-			s := client.Do(ctx, it, start, origin)
+			var s Sample
+			if cfg.Picker == nil {
+				s = client.Do(ctx, it, start, origin)
+			} else {
+				s = pickAndDo(ctx, cfg.Picker, client, it, start, origin)
+			}
 			s.SessionWait = wait
 			finish(i, s)
 		})
@@ -187,4 +201,20 @@ schedule:
 	wg.Wait()
 	res.Elapsed = time.Duration(lastEnd.Load())
 	return res, ctx.Err()
+}
+
+// pickAndDo asks p where to send it, then sends it there. The pick's time is taken out of the latencies: they
+// count from origin plus the pick (so from the real request's send when it was on time), and a late send stays
+// late by what it was late before the pick. A failed pick is recorded as ErrPick, not sent.
+func pickAndDo(ctx context.Context, p Picker, c *Client, it *Item, start, origin time.Time) Sample {
+	t0 := time.Now()
+	base, err := p.Pick(ctx, it)
+	pick := time.Since(t0)
+	if err != nil {
+		return Sample{Index: it.Index, Stream: it.Stream, Err: ErrPick, ErrMsg: err.Error(), SendAt: t0.Sub(start),
+			Pick: pick}
+	}
+	s := c.DoAt(ctx, base, it, start, origin.Add(pick))
+	s.Pick = pick
+	return s
 }
