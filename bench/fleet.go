@@ -125,3 +125,70 @@ func PrepareFleet(src, dst string) ([]FleetBackend, error) {
 	}
 	return out, nil
 }
+
+// ReplicateFleet reads the fleet file src and writes to dst a fleet of n backends made from its entries, with
+// every key of set (simulator keys, e.g. {max_num_seqs: 16}) written over each entry. It returns the new
+// fleet's entry names in order.
+//
+// With n at most the file's length, it takes n entries spread evenly over the file (entry i*len/n), so a mixed
+// fleet's first half and second half both stay represented (two of heterogeneous.yaml's fast-a, fast-b,
+// slow-a, slow-b are fast-a and slow-a). With n larger, entry i is the file's i%len: whole copies of the fleet
+// in order, the first keeping the file's names and seeds, copy k (k >= 1) named NAME-rK with seed+K, so that
+// replicas draw different text and faults while their physics stay the file's.
+func ReplicateFleet(src, dst string, n int, set map[string]any) ([]string, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("bench: fleet: replicate %s to %d backends: need at least one", src, n)
+	}
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return nil, fmt.Errorf("bench: fleet: %w", err)
+	}
+	var entries []map[string]any
+	if err := yaml.Unmarshal(data, &entries); err != nil {
+		return nil, yamlErrors(src, err)
+	}
+	if len(entries) == 0 {
+		return nil, &FileError{File: src, Line: 1, Msg: "empty fleet"}
+	}
+	out := make([]map[string]any, n)
+	names := make([]string, n)
+	for i := range n {
+		j, copyN := i%len(entries), i/len(entries)
+		if n <= len(entries) {
+			j, copyN = i*len(entries)/n, 0
+		}
+		e := map[string]any{}
+		for k, v := range entries[j] {
+			e[k] = v
+		}
+		for k, v := range set {
+			e[k] = v
+		}
+		name, _ := e["name"].(string)
+		if name == "" {
+			return nil, &FileError{File: src, Line: 1, Msg: fmt.Sprintf("fleet entry %d without a name", j)}
+		}
+		if copyN > 0 {
+			name += "-r" + strconv.Itoa(copyN)
+			seed := uint64(1) // the simulator's default seed
+			switch v := e["seed"].(type) {
+			case int:
+				seed = uint64(v)
+			case uint64:
+				seed = v
+			}
+			e["seed"] = seed + uint64(copyN)
+		}
+		e["name"] = name
+		delete(e, "listen") // PrepareFleet gives each its own port
+		out[i], names[i] = e, name
+	}
+	outData, err := yaml.Marshal(out)
+	if err != nil {
+		return nil, fmt.Errorf("bench: fleet: %w", err)
+	}
+	if err := os.WriteFile(dst, outData, 0o644); err != nil {
+		return nil, fmt.Errorf("bench: fleet: %w", err)
+	}
+	return names, nil
+}

@@ -1,0 +1,84 @@
+package bench
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"time"
+
+	"github.com/switchyard/switchyard/sim"
+)
+
+// Capacity is the rate a fleet saturates at under a workload, computed from the fleet file's parameters and the
+// workload's plan (never measured, never typed by hand), so that a matrix can state its loads and spikes as
+// multiples of it on any fleet size and any seat count.
+type Capacity struct {
+	// PromptTokens and OutputTokens are the mean prompt (shared prefix, session history and long documents
+	// included) and max_tokens over the workload's plan.
+	PromptTokens float64 `json:"prompt_tokens"`
+	OutputTokens float64 `json:"output_tokens"`
+	// PerBackend is each backend's saturation rate in requests/s, in fleet order; RequestsPS is their sum and
+	// OutputTPS the output tokens/s at that rate.
+	PerBackend []float64 `json:"per_backend_rps"`
+	RequestsPS float64   `json:"requests_per_s"`
+	OutputTPS  float64   `json:"output_tokens_per_s"`
+}
+
+// FleetCapacity computes Capacity for the fleet file at path under w.
+//
+// The model is the simulator's step (sim/engine.go, engine.startStep): a step prefills its chunk at PrefillTPS
+// and, when sequences decode, adds ITL + ITLPerSeq*(decoders-1). A saturated backend holds S sequences, S =
+// min(MaxNumSeqs, KVBlocks*16 / (P+O)) (the seats, or the KV cache when it fills first). Each request costs
+// P/PrefillTPS of prefill time and O decode tokens, and a full step yields S of them in d = ITL +
+// ITLPerSeq*(S-1); at rate L the engine spends L*P/PrefillTPS of each second on prefill and the rest on
+// decoding, which must make L*O tokens, so
+//
+//	L*O = S * (1 - L*P/PrefillTPS) / d   =>   L = S / (O*d + S*P/PrefillTPS).
+//
+// P counts the whole prompt as uncached: this is the capacity without prefix reuse, the floor that a router
+// which keeps prefixes cached raises (so a shared-prefix workload at 0.6 of it is a heavy load for round
+// robin and a lighter one for a cache-following router). The API overhead and RTT delay the first token but use
+// no engine time, so they do not enter.
+func FleetCapacity(path string, w *Workload) (Capacity, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Capacity{}, fmt.Errorf("bench: capacity: %w", err)
+	}
+	cfgs, err := sim.ParseFleet(path, data)
+	if err != nil {
+		return Capacity{}, fmt.Errorf("bench: capacity: %w", err)
+	}
+	plan, err := NewPlan(w)
+	if err != nil {
+		return Capacity{}, fmt.Errorf("bench: capacity: %w", err)
+	}
+	var c Capacity
+	for _, it := range plan.Items {
+		c.PromptTokens += float64(it.PromptTokens)
+		c.OutputTokens += float64(it.MaxTokens)
+	}
+	if n := float64(len(plan.Items)); n > 0 {
+		c.PromptTokens /= n
+		c.OutputTokens /= n
+	}
+	if c.OutputTokens <= 0 {
+		return Capacity{}, fmt.Errorf("bench: capacity: workload %s plans no requests", w.Name)
+	}
+	for _, cfg := range cfgs {
+		l := backendRate(cfg, c.PromptTokens, c.OutputTokens)
+		c.PerBackend = append(c.PerBackend, l)
+		c.RequestsPS += l
+	}
+	c.OutputTPS = c.RequestsPS * c.OutputTokens
+	return c, nil
+}
+
+// backendRate is FleetCapacity's L for one backend.
+func backendRate(cfg sim.Config, p, o float64) float64 {
+	s := float64(cfg.MaxNumSeqs)
+	if kv := math.Floor(float64(cfg.KVBlocks*sim.BlockTokens) / (p + o)); kv < s {
+		s = max(kv, 1)
+	}
+	d := (cfg.ITL + time.Duration(float64(cfg.ITLPerSeq)*(s-1))).Seconds()
+	return s / (o*d + s*p/cfg.PrefillTPS)
+}
