@@ -18,7 +18,13 @@
 //   - Compare runs a Scenario (bench/scenarios/README.md): per column a fresh simulator fleet ("switchyard sim
 //     -fleet") and gateway ("switchyard serve -config", generated) as child processes, events posted to the
 //     simulators' /sim/control on schedule, prefix hit rates scraped from their /metrics. Overhead measures what
-//     the gateway (and nginx or HAProxy, when installed) adds to a simulator's latency, and its CPU time.
+//     the gateway (and nginx or HAProxy, when installed) adds to a simulator's latency, and its CPU time. An
+//     "oracle" column has no gateway: an Oracle (a Picker of Run) sends each request to the backend whose
+//     /sim/predict answers the lowest TTFT, its prediction time kept out of the latencies.
+//   - RunMatrix runs a Matrix (bench/scenarios/README.md, "Matrices"): the cross product of fleets, sizes
+//     (ReplicateFleet), seats, workloads, loads and events, each cell a generated scenario whose rates are
+//     multiples of its FleetCapacity, run with Compare several times and judged by Judge (the routing or the
+//     protect checks); PrintMatrix prints the markdown table, matrix.json holds every run's figures.
 //
 // Concurrency: a Plan is immutable and may be run any number of times, also concurrently; Run owns every
 // goroutine it starts and returns only after they have ended. Every child process (Proc) is stopped by its owner,

@@ -1,0 +1,559 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/switchyard/switchyard/sim"
+)
+
+// Matrix is one YAML file in bench/matrix: axes whose cross product (less the excluded combinations) are the
+// cells, the columns every cell compares, and the check set that judges each cell. Each cell runs as a
+// generated compare scenario (Compare, on a fleet made from the cell's fleet file and size), Runs times; see
+// bench/scenarios/README.md, "Matrices". Paths are relative to the matrix file.
+//
+//	name: protect
+//	checks: {kind: protect}
+//	runs: 3
+//	warmup: 5s
+//	fleets: [{file: ../fleets/small-batch.yaml}]
+//	sizes: [{n: 1}, {n: 4}]
+//	seats: [8, 64]                              # optional: max_num_seqs on every backend
+//	workloads: [{file: ../workloads/overload-mix.yaml}]
+//	loads: [{name: 3x-10s, load: 0.5, spike: 3, for: 10s}]
+//	events: [{name: steady}, {name: one-down, backend: 0, at_spike: 0.5, control: {down: true}}]
+//	exclude: [{event: one-down, size: "!4"}]     # "!" negates; every named axis must match
+//	columns: [{name: shedding, strategy: adaptive}, ...]
+type Matrix struct {
+	Name        string `yaml:"name"`
+	Description string `yaml:"description"`
+	Checks      Checks `yaml:"checks"`
+	// Runs is how many times each cell runs (same seed: the spread is the system's, not the workload's);
+	// default 3, the -runs flag overrides it.
+	Runs int `yaml:"runs"`
+	// Warmup and Duration replace the workloads' (Duration is the measured window of a steady load; a spike's
+	// window is its At + For + After). Seed, when set, replaces theirs.
+	Warmup   time.Duration `yaml:"warmup"`
+	Duration time.Duration `yaml:"duration"`
+	Seed     uint64        `yaml:"seed"`
+	// Timeout bounds each request (the scenario's timeout).
+	Timeout time.Duration `yaml:"timeout"`
+	// MaxRate is the highest arrival rate (requests/s, at a spike's peak) a cell may ask of this machine; a cell
+	// over it is refused when the matrix is expanded, naming its rate, rather than measuring a late load
+	// generator. Default 200.
+	MaxRate float64 `yaml:"max_rate"`
+
+	Fleets    []FleetAxis    `yaml:"fleets"`
+	Sizes     []SizeAxis     `yaml:"sizes"`
+	Seats     []int          `yaml:"seats"`
+	Workloads []WorkloadAxis `yaml:"workloads"`
+	Loads     []LoadAxis     `yaml:"loads"`
+	Events    []EventAxis    `yaml:"events"`
+	// Exclude drops the cells that match any entry: an entry maps axis names (fleet, size, seats, workload,
+	// load, event) to a value's name ("!name": any other value), and matches when every axis it names does.
+	Exclude []map[string]string `yaml:"exclude"`
+	Columns []Column            `yaml:"columns"`
+
+	file string
+}
+
+// Checks names the check set of a matrix and the roles of its columns (by column name).
+type Checks struct {
+	// Kind is "routing" (issue 19: the subject against every other column, the oracle apart) or "protect"
+	// (issue 15: the subject with shedding against the reference without it and the unloaded column).
+	Kind string `yaml:"kind"`
+	// Subject is the column judged; default adaptive (routing) or shedding (protect).
+	Subject string `yaml:"subject"`
+	// Oracle is the routing ground-truth column; default oracle. Every other routing column is a baseline.
+	Oracle string `yaml:"oracle"`
+	// Reference (default no-shedding) and Unloaded (default unloaded) are the protect columns; Critical and
+	// Standard the priority values of those classes (default critical, standard).
+	Reference string `yaml:"reference"`
+	Unloaded  string `yaml:"unloaded"`
+	Critical  string `yaml:"critical"`
+	Standard  string `yaml:"standard"`
+}
+
+// FleetAxis is one fleet file; Name defaults to the file name.
+type FleetAxis struct {
+	Name string `yaml:"name"`
+	File string `yaml:"file"`
+}
+
+// SizeAxis is a fleet size: N backends made from the fleet file (ReplicateFleet), with Set written over every
+// entry (simulator keys). Name defaults to "nN".
+type SizeAxis struct {
+	Name string         `yaml:"name"`
+	N    int            `yaml:"n"`
+	Set  map[string]any `yaml:"set"`
+}
+
+// WorkloadAxis is one workload file; Name defaults to the file name.
+type WorkloadAxis struct {
+	Name string `yaml:"name"`
+	File string `yaml:"file"`
+}
+
+// LoadAxis is how hard a cell is driven, in multiples of the cell's own Capacity (FleetCapacity): a steady
+// Load, or with Spike a base of Load and a spike of Spike times capacity lasting For, starting At after the
+// warm-up (default 2s) and followed by After of the base load (default 5s).
+type LoadAxis struct {
+	Name  string        `yaml:"name"`
+	Load  float64       `yaml:"load"`
+	Spike float64       `yaml:"spike"`
+	For   time.Duration `yaml:"for"`
+	At    time.Duration `yaml:"at"`
+	After time.Duration `yaml:"after"`
+}
+
+// EventAxis is a fault in a cell: at At on the timeline (or, with AtSpike, that fraction into the spike), POST
+// Control to the cell's Backend-th backend's /sim/control (0 = the first). An entry without Control is the
+// cell without a fault.
+type EventAxis struct {
+	Name    string         `yaml:"name"`
+	Backend int            `yaml:"backend"`
+	At      time.Duration  `yaml:"at"`
+	AtSpike float64        `yaml:"at_spike"`
+	Control map[string]any `yaml:"control"`
+}
+
+// Cell is one combination of axis values.
+type Cell struct {
+	// Name is the values' names joined by "/" in axis order (fleet/size[/seats]/workload/load[/event]).
+	Name     string
+	Axes     map[string]string
+	Fleet    FleetAxis
+	Size     SizeAxis
+	Seats    int // 0: the fleet file's
+	Workload WorkloadAxis
+	Load     LoadAxis
+	Event    *EventAxis
+}
+
+// defaultMaxRate is Matrix.MaxRate's default: about what one core of the 2-core machine the bench runs on can
+// send and read while the other runs the gateway and the simulators (bench/results/README.md).
+const defaultMaxRate = 200
+
+// LoadMatrix reads and validates a matrix file (errors as FileErrors).
+func LoadMatrix(path string) (*Matrix, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("bench: matrix: %w", err)
+	}
+	var m Matrix
+	doc, err := decodeStrict(path, data, &m)
+	if err != nil {
+		return nil, err
+	}
+	m.file = path
+	m.setDefaults(baseName(path))
+	var errs fieldErrors
+	m.validate(&errs)
+	if err := errs.resolve(path, doc); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+func (m *Matrix) setDefaults(name string) {
+	if m.Name == "" {
+		m.Name = name
+	}
+	if m.Runs == 0 {
+		m.Runs = 3
+	}
+	if m.MaxRate == 0 {
+		m.MaxRate = defaultMaxRate
+	}
+	c := &m.Checks
+	switch c.Kind {
+	case "routing":
+		c.Subject = cmpOr(c.Subject, "adaptive")
+		c.Oracle = cmpOr(c.Oracle, "oracle")
+	case "protect":
+		c.Subject = cmpOr(c.Subject, "shedding")
+		c.Reference = cmpOr(c.Reference, "no-shedding")
+		c.Unloaded = cmpOr(c.Unloaded, "unloaded")
+		c.Critical = cmpOr(c.Critical, "critical")
+		c.Standard = cmpOr(c.Standard, "standard")
+	}
+	for i := range m.Fleets {
+		m.Fleets[i].Name = cmpOr(m.Fleets[i].Name, baseName(m.Fleets[i].File))
+	}
+	for i := range m.Sizes {
+		m.Sizes[i].Name = cmpOr(m.Sizes[i].Name, "n"+strconv.Itoa(m.Sizes[i].N))
+	}
+	for i := range m.Workloads {
+		m.Workloads[i].Name = cmpOr(m.Workloads[i].Name, baseName(m.Workloads[i].File))
+	}
+	for i := range m.Loads {
+		l := &m.Loads[i]
+		if l.Spike > 0 {
+			l.At = cmp0(l.At, 2*time.Second)
+			l.After = cmp0(l.After, 5*time.Second)
+		}
+		if l.Name == "" {
+			l.Name = "load" + strconv.FormatFloat(l.Load, 'g', 3, 64)
+			if l.Spike > 0 {
+				l.Name = strconv.FormatFloat(l.Spike, 'g', 3, 64) + "x-" + l.For.String()
+			}
+		}
+	}
+	for i := range m.Columns {
+		m.Columns[i].Name = cmpOr(m.Columns[i].Name, m.Columns[i].Strategy)
+	}
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func cmp0(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+// axisNames are the axes in cell-name order.
+var axisNames = []string{"fleet", "size", "seats", "workload", "load", "event"}
+
+func (m *Matrix) validate(errs *fieldErrors) {
+	names := map[string]bool{}
+	for _, c := range m.Columns {
+		names[c.Name] = true
+	}
+	need := func(path, col string) {
+		if !names[col] {
+			errs.add(path, "no column named %q", col)
+		}
+	}
+	switch c := m.Checks; c.Kind {
+	case "routing":
+		need("checks.subject", c.Subject)
+	case "protect":
+		need("checks.subject", c.Subject)
+		need("checks.reference", c.Reference)
+		need("checks.unloaded", c.Unloaded)
+	default:
+		errs.add("checks.kind", "unknown check set %q (routing or protect)", c.Kind)
+	}
+	if m.Runs < 1 || m.MaxRate < 0 || m.Warmup < 0 || m.Duration < 0 || m.Timeout < 0 {
+		errs.add("runs", "runs must be >= 1; max_rate, warmup, duration and timeout >= 0")
+	}
+	if len(m.Fleets) == 0 || len(m.Sizes) == 0 || len(m.Workloads) == 0 || len(m.Loads) == 0 {
+		errs.add("fleets", "fleets, sizes, workloads and loads each need at least one entry")
+	}
+	if len(m.Columns) == 0 {
+		errs.add("columns", "at least one column is needed")
+	}
+	for i, f := range m.Fleets {
+		if f.File == "" {
+			errs.add(fmt.Sprintf("fleets[%d].file", i), "missing fleet file")
+		}
+	}
+	for i, s := range m.Sizes {
+		if s.N < 1 {
+			errs.add(fmt.Sprintf("sizes[%d].n", i), "a fleet size must be >= 1, got %d", s.N)
+		}
+	}
+	for i, s := range m.Seats {
+		if s < 1 {
+			errs.add(fmt.Sprintf("seats[%d]", i), "seats must be >= 1, got %d", s)
+		}
+	}
+	for i, w := range m.Workloads {
+		if w.File == "" {
+			errs.add(fmt.Sprintf("workloads[%d].file", i), "missing workload file")
+		}
+	}
+	for i, l := range m.Loads {
+		switch {
+		case !(l.Load > 0):
+			errs.add(fmt.Sprintf("loads[%d].load", i), "load must be > 0 (a multiple of the cell's capacity)")
+		case l.Spike < 0 || (l.Spike > 0 && l.For <= 0):
+			errs.add(fmt.Sprintf("loads[%d]", i), "a spike needs spike > 0 and for > 0")
+		}
+	}
+	for i, e := range m.Events {
+		if e.Name == "" || e.Backend < 0 || e.At < 0 || e.AtSpike < 0 || e.AtSpike > 1 {
+			errs.add(fmt.Sprintf("events[%d]", i), "an event needs a name, backend >= 0, at >= 0, at_spike in [0, 1]")
+		}
+	}
+	for i, ex := range m.Exclude {
+		for k := range ex {
+			if !slices.Contains(axisNames, k) {
+				errs.add(fmt.Sprintf("exclude[%d].%s", i, k), "unknown axis (one of %s)", strings.Join(axisNames, ", "))
+			}
+		}
+	}
+	seen := map[string]bool{}
+	for i, c := range m.Columns {
+		if c.Strategy == "" {
+			errs.add(fmt.Sprintf("columns[%d].strategy", i), "missing strategy")
+		}
+		if seen[c.Name] {
+			errs.add(fmt.Sprintf("columns[%d].name", i), "duplicate column name %q", c.Name)
+		}
+		seen[c.Name] = true
+	}
+}
+
+// Path resolves a path named in the matrix file.
+func (m *Matrix) Path(p string) string {
+	if filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(filepath.Dir(m.file), p)
+}
+
+// Cells expands the matrix: the cross product of its axes in file order (the last axis varies fastest), less
+// the excluded cells, less those whose name the filter does not match (nil: all).
+func (m *Matrix) Cells(filter *regexp.Regexp) []Cell {
+	seats := []int{0}
+	if len(m.Seats) > 0 {
+		seats = m.Seats
+	}
+	events := []*EventAxis{nil}
+	for i := range m.Events {
+		if i == 0 {
+			events = events[:0]
+		}
+		events = append(events, &m.Events[i])
+	}
+	var out []Cell
+	for _, f := range m.Fleets {
+		for _, sz := range m.Sizes {
+			for _, st := range seats {
+				for _, w := range m.Workloads {
+					for _, l := range m.Loads {
+						for _, ev := range events {
+							c := Cell{Fleet: f, Size: sz, Seats: st, Workload: w, Load: l, Event: ev,
+								Axes: map[string]string{"fleet": f.Name, "size": sz.Name, "workload": w.Name, "load": l.Name}}
+							parts := []string{f.Name, sz.Name}
+							if st > 0 {
+								c.Axes["seats"] = "s" + strconv.Itoa(st)
+								parts = append(parts, c.Axes["seats"])
+							}
+							parts = append(parts, w.Name, l.Name)
+							if ev != nil {
+								c.Axes["event"] = ev.Name
+								parts = append(parts, ev.Name)
+							}
+							c.Name = strings.Join(parts, "/")
+							if m.excluded(c) || (filter != nil && !filter.MatchString(c.Name)) {
+								continue
+							}
+							out = append(out, c)
+						}
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// excluded reports whether an exclude entry matches c. A seats or size value matches its name or its number.
+func (m *Matrix) excluded(c Cell) bool {
+	for _, ex := range m.Exclude {
+		all := true
+		for axis, want := range ex {
+			neg := strings.HasPrefix(want, "!")
+			want = strings.TrimPrefix(want, "!")
+			got, ok := c.Axes[axis]
+			match := ok && (got == want || (axis == "size" && strconv.Itoa(c.Size.N) == want) ||
+				(axis == "seats" && strconv.Itoa(c.Seats) == want))
+			if match == neg {
+				all = false
+				break
+			}
+		}
+		if all && len(ex) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// CellPlan is a cell made concrete: its generated fleet and scenario, and what the checks need to know of it.
+type CellPlan struct {
+	Cell
+	Scenario *Scenario
+	Capacity Capacity
+	// Rate is the base arrival rate (requests/s) and Peak the highest (at the spike's or a workload burst's top).
+	Rate, Peak float64
+	// Backends are the generated fleet's names, in order.
+	Backends []string
+	// Mixed is true when the fleet's backends differ in physics (any simulator setting but name, listen, region
+	// and seed); SharedPrefix when the workload sends shared prefixes or multi-turn sessions (prefix hits are
+	// possible).
+	Mixed, SharedPrefix bool
+	// Spike is the spike's window on the timeline, when the load has one.
+	Spike *Burst
+}
+
+// Prepare writes the cell's fleet (fleet.yaml) and scenario (scenario.yaml) to dir and loads the scenario: the
+// same files "switchyard bench compare -scenario DIR/scenario.yaml" runs by hand. The rate follows from the
+// cell's capacity; a cell whose peak rate is over MaxRate is an error.
+func (m *Matrix) Prepare(c Cell, dir string) (*CellPlan, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("bench: matrix: %w", err)
+	}
+	p := &CellPlan{Cell: c}
+	set := map[string]any{}
+	for k, v := range c.Size.Set {
+		set[k] = v
+	}
+	if c.Seats > 0 {
+		set["max_num_seqs"] = c.Seats
+	}
+	fleetPath := filepath.Join(dir, "fleet.yaml")
+	names, err := ReplicateFleet(m.Path(c.Fleet.File), fleetPath, c.Size.N, set)
+	if err != nil {
+		return nil, err
+	}
+	p.Backends = names
+	if p.Mixed, err = mixedFleet(fleetPath); err != nil {
+		return nil, err
+	}
+	wpath, err := filepath.Abs(m.Path(c.Workload.File))
+	if err != nil {
+		return nil, fmt.Errorf("bench: matrix: %w", err)
+	}
+	w, err := LoadWorkload(wpath)
+	if err != nil {
+		return nil, err
+	}
+	p.SharedPrefix = w.Prefix != nil || w.Sessions != nil
+	if w, err = w.Apply(Overrides{Warmup: m.Warmup, Duration: m.Duration, Seed: m.Seed}); err != nil {
+		return nil, err
+	}
+	if p.Capacity, err = FleetCapacity(fleetPath, w); err != nil {
+		return nil, err
+	}
+	p.Rate = c.Load.Load * p.Capacity.RequestsPS
+	sc := scenarioFile{
+		Name:     m.Name + "/" + c.Name,
+		Fleet:    fleetPath,
+		Workload: wpath,
+		Rate:     p.Rate,
+		Warmup:   w.Warmup.String(),
+		Duration: w.Duration.String(),
+		Seed:     w.Seed,
+		Columns:  m.Columns,
+	}
+	if m.Timeout > 0 {
+		sc.Timeout = m.Timeout.String()
+	}
+	span := w.Span()
+	p.Peak = p.Rate
+	if c.Load.Spike > 0 {
+		b := Burst{At: w.Warmup + c.Load.At, Duration: c.Load.For, Multiplier: c.Load.Spike / c.Load.Load}
+		p.Spike = &b
+		span = b.At + b.Duration + c.Load.After
+		sc.Duration = (span - w.Warmup).String()
+		sc.Bursts = []burstFile{{At: b.At.String(), Duration: b.Duration.String(), Multiplier: b.Multiplier}}
+		p.Peak = c.Load.Spike * p.Capacity.RequestsPS
+	} else {
+		for _, b := range w.Bursts {
+			if b.At+b.Duration > span {
+				return nil, fmt.Errorf("bench: matrix: cell %s: workload %s bursts until %v, past the cell's %v",
+					c.Name, w.Name, b.At+b.Duration, span)
+			}
+			p.Peak = max(p.Peak, p.Rate*b.Multiplier)
+		}
+	}
+	if m.MaxRate > 0 && p.Peak > m.MaxRate {
+		return nil, fmt.Errorf("bench: matrix: cell %s asks %.0f requests/s at its peak (capacity %.1f), over "+
+			"max_rate %.0f: fewer or smaller backends, or a lower load", c.Name, p.Peak, p.Capacity.RequestsPS, m.MaxRate)
+	}
+	if ev := c.Event; ev != nil && ev.Control != nil {
+		if ev.Backend >= len(names) {
+			return nil, fmt.Errorf("bench: matrix: cell %s: event %s names backend %d of %d", c.Name, ev.Name,
+				ev.Backend, len(names))
+		}
+		at := ev.At
+		if ev.AtSpike > 0 && p.Spike != nil {
+			at = p.Spike.At + time.Duration(ev.AtSpike*float64(p.Spike.Duration))
+		}
+		sc.Events = []eventFile{{At: at.String(), Backend: names[ev.Backend], Control: ev.Control, Label: ev.Name}}
+	}
+	data, err := yaml.Marshal(sc)
+	if err != nil {
+		return nil, fmt.Errorf("bench: matrix: %w", err)
+	}
+	head := fmt.Sprintf("# Generated by switchyard bench matrix from %s, cell %s: capacity %.2f requests/s "+
+		"(mean prompt %.0f, output %.0f tokens), base rate %.2f (%gx capacity).\n", m.file, c.Name,
+		p.Capacity.RequestsPS, p.Capacity.PromptTokens, p.Capacity.OutputTokens, p.Rate, c.Load.Load)
+	path := filepath.Join(dir, "scenario.yaml")
+	if err := os.WriteFile(path, append([]byte(head), data...), 0o644); err != nil {
+		return nil, fmt.Errorf("bench: matrix: %w", err)
+	}
+	if p.Scenario, err = LoadScenario(path); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// scenarioFile is the YAML form of a generated scenario (Scenario's fields as its file spells them).
+type scenarioFile struct {
+	Name     string      `yaml:"name"`
+	Fleet    string      `yaml:"fleet"`
+	Workload string      `yaml:"workload"`
+	Rate     float64     `yaml:"rate"`
+	Warmup   string      `yaml:"warmup"`
+	Duration string      `yaml:"duration"`
+	Seed     uint64      `yaml:"seed"`
+	Timeout  string      `yaml:"timeout,omitempty"`
+	Bursts   []burstFile `yaml:"bursts,omitempty"`
+	Columns  []Column    `yaml:"columns"`
+	Events   []eventFile `yaml:"events,omitempty"`
+}
+
+type burstFile struct {
+	At         string  `yaml:"at"`
+	Duration   string  `yaml:"duration"`
+	Multiplier float64 `yaml:"multiplier"`
+}
+
+type eventFile struct {
+	At      string         `yaml:"at"`
+	Backend string         `yaml:"backend"`
+	Control map[string]any `yaml:"control"`
+	Label   string         `yaml:"label"`
+}
+
+// mixedFleet reports whether the fleet file's backends differ in any simulator setting but their identity.
+func mixedFleet(path string) (bool, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return false, fmt.Errorf("bench: matrix: %w", err)
+	}
+	cfgs, err := sim.ParseFleet(path, data)
+	if err != nil {
+		return false, fmt.Errorf("bench: matrix: %w", err)
+	}
+	norm := func(c sim.Config) sim.Config {
+		c.Name, c.Listen, c.Region, c.Seed = "", "", "", 0
+		return c
+	}
+	for _, c := range cfgs[1:] {
+		if !reflect.DeepEqual(norm(c), norm(cfgs[0])) {
+			return true, nil
+		}
+	}
+	return false, nil
+}

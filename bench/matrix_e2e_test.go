@@ -1,0 +1,99 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A one-cell, one-run matrix through real child processes (the test binary as "switchyard sim -fleet" and as
+// the fake gateway of compare_test.go): the cell's fleet is replicated, its rate follows from its capacity,
+// every column runs, and matrix.json and matrix.md hold the judged cell.
+func TestMatrixEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts child processes for a few seconds")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(helperEnv, "1")
+	dir := writeFiles(t, map[string]string{
+		"fleet.yaml": "- {name: sim-x, region: here, prefill_tps: 50000, itl: 5ms, overhead: 1ms, max_num_seqs: 4, seed: 1}\n",
+		"wl.yaml": `
+arrival: {process: fixed, rate: 1}
+warmup: 500ms
+duration: 2s
+prompt: {dist: fixed, value: 40}
+output: {dist: fixed, value: 8}
+`,
+		"m.yaml": `
+checks: {kind: routing}
+runs: 1
+fleets: [{file: fleet.yaml}]
+sizes: [{n: 2}]
+workloads: [{file: wl.yaml}]
+loads: [{name: light, load: 0.05}]
+columns: [{strategy: round_robin}, {strategy: adaptive}]
+`})
+	m, err := LoadMatrix(filepath.Join(dir, "m.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "out")
+	var log strings.Builder
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	rep, err := RunMatrix(ctx, "test", MatrixOptions{Env: Env{Exe: exe, Log: &log, Timeout: 10 * time.Second,
+		Ready: 20 * time.Second}, Matrix: m, Out: out})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	if len(rep.Cells) != 1 {
+		t.Fatalf("%d cells", len(rep.Cells))
+	}
+	c := rep.Cells[0]
+	if c.Error != "" || c.Name != "fleet/n2/wl/light" || c.Backends != 2 || len(c.RunColumns) != 1 || len(c.RunColumns[0]) != 2 {
+		t.Fatalf("cell %+v\n%s", c, log.String())
+	}
+	// 0.05 of two backends' capacity: the sent rate is the computed one, not the workload's 1/s.
+	if c.Rate <= 0 || c.Rate != 0.05*c.Capacity.RequestsPS || len(c.Capacity.PerBackend) != 2 {
+		t.Errorf("rate %v, capacity %+v", c.Rate, c.Capacity)
+	}
+	for _, col := range c.RunColumns[0] {
+		if col.Error != "" || col.OK != col.Requests || col.Requests < 10 || len(col.Backends) != 2 {
+			t.Errorf("%s: error %q, %d of %d ok, backends %v\n%s", col.Name, col.Error, col.OK, col.Requests, col.Backends, log.String())
+		}
+	}
+	st := statuses(c.Judgement)
+	if r := figure(c.Judgement, "p99/best"); r.N != 1 || r.Min <= 0 {
+		t.Errorf("p99/best %+v", r)
+	}
+	if s := st["p99 <= 1.05x best"]; s != CheckPass && s != CheckFail {
+		t.Errorf("p99 check %q", s)
+	}
+	if st["p99 <= 0.8x each (mixed)"] != CheckNA || st["hit >= 0.9x oracle (shared)"] != CheckNA || st["hit spread <= 0.05"] != CheckNA {
+		t.Errorf("checks that do not apply to one homogeneous run without prefixes: %+v", c.Checks)
+	}
+	var doc MatrixReport
+	data, err := os.ReadFile(filepath.Join(out, "matrix.json"))
+	if err == nil {
+		err = json.Unmarshal(data, &doc)
+	}
+	if err != nil || len(doc.Cells) != 1 || len(doc.Cells[0].PerRun) != 1 || doc.ElapsedS <= 0 {
+		t.Errorf("matrix.json: %v, %+v", err, doc)
+	}
+	md, err := os.ReadFile(filepath.Join(out, "matrix.md"))
+	if err != nil || !strings.Contains(string(md), "| fleet/n2/wl/light |") {
+		t.Errorf("matrix.md: %v\n%s", err, md)
+	}
+	for _, f := range []string{"fleet.yaml", "scenario.yaml", "run1/report.json"} {
+		if _, err := os.Stat(filepath.Join(cellDir(out, c.Name), f)); err != nil {
+			t.Errorf("cell file: %v", err)
+		}
+	}
+}

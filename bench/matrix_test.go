@@ -1,0 +1,298 @@
+package bench
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/switchyard/switchyard/sim"
+)
+
+// writeFiles writes name -> text into a new temporary directory and returns it.
+func writeFiles(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, text := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+const (
+	testFleetMixed = `
+- {name: fast, region: here, prefill_tps: 20000, itl: 10ms, itl_per_seq: 0.1ms, max_num_seqs: 32, kv_blocks: 4096, seed: 3}
+- {name: slow, region: here, prefill_tps: 5000, itl: 30ms, itl_per_seq: 0.2ms, max_num_seqs: 8, kv_blocks: 1024, seed: 3}
+`
+	testFleetSame = `
+- {name: a, region: here, prefill_tps: 10000, itl: 20ms, max_num_seqs: 16}
+- {name: b, region: there, prefill_tps: 10000, itl: 20ms, max_num_seqs: 16, seed: 9}
+`
+	testWL = `
+arrival: {process: fixed, rate: 10}
+warmup: 1s
+duration: 4s
+prompt: {dist: fixed, value: 200}
+output: {dist: fixed, value: 50}
+`
+)
+
+func TestMatrixCells(t *testing.T) {
+	dir := writeFiles(t, map[string]string{"m.yaml": `
+checks: {kind: protect}
+fleets: [{file: f1.yaml}, {name: other, file: f2.yaml}]
+sizes: [{n: 1}, {n: 4}]
+seats: [8, 64]
+workloads: [{file: w.yaml}]
+loads: [{load: 0.5, spike: 2, for: 10s}, {name: long, load: 0.5, spike: 3, for: 60s}]
+events: [{name: steady}, {name: down, backend: 0, at_spike: 0.5, control: {down: true}}]
+exclude:
+  - {fleet: other, size: "!4"}     # other fleet only at 4 backends
+  - {size: 4, seats: 64}
+  - {event: down, load: "!long"}
+  - {event: down, fleet: other}
+columns: [{name: shedding, strategy: adaptive}, {name: no-shedding, strategy: adaptive}, {name: unloaded, strategy: adaptive, no_bursts: true}]
+`})
+	m, err := LoadMatrix(filepath.Join(dir, "m.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, c := range m.Cells(nil) {
+		names = append(names, c.Name)
+	}
+	want := []string{
+		"f1/n1/s8/w/2x-10s/steady", "f1/n1/s8/w/long/steady", "f1/n1/s8/w/long/down",
+		"f1/n1/s64/w/2x-10s/steady", "f1/n1/s64/w/long/steady", "f1/n1/s64/w/long/down",
+		"f1/n4/s8/w/2x-10s/steady", "f1/n4/s8/w/long/steady", "f1/n4/s8/w/long/down",
+		"other/n4/s8/w/2x-10s/steady", "other/n4/s8/w/long/steady",
+	}
+	if !slices.Equal(names, want) {
+		t.Errorf("cells\n%s\nwant\n%s", strings.Join(names, "\n"), strings.Join(want, "\n"))
+	}
+	got := m.Cells(regexp.MustCompile(`/n4/.*steady`))
+	if len(got) != 4 || got[0].Size.N != 4 || got[0].Seats != 8 || got[0].Event.Name != "steady" {
+		t.Errorf("filtered cells %+v", got)
+	}
+	if m.Checks.Subject != "shedding" || m.Checks.Reference != "no-shedding" || m.Runs != 3 || m.MaxRate != defaultMaxRate {
+		t.Errorf("defaults: checks %+v runs %d max_rate %v", m.Checks, m.Runs, m.MaxRate)
+	}
+	if est := m.Estimate(m.Cells(nil), 1, 0); est <= 0 {
+		t.Errorf("estimate %v", est)
+	}
+}
+
+func TestLoadMatrixErrors(t *testing.T) {
+	for _, tc := range []struct{ name, text, want string }{
+		{"unknown check set", "checks: {kind: speed}\n", "m.yaml:1: checks.kind: unknown check set"},
+		{"subject missing", "checks: {kind: routing}\ncolumns: [{strategy: round_robin}]\n", `no column named "adaptive"`},
+		{"unknown axis", "checks: {kind: routing}\nexclude: [{colour: red}]\n", "unknown axis"},
+		{"unknown key", "checks: {kind: routing}\nfleet: x\n", "fleet"},
+		{"spike without length", "checks: {kind: routing}\nloads: [{load: 0.5, spike: 2}]\n", "a spike needs"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := writeFiles(t, map[string]string{"m.yaml": tc.text})
+			_, err := LoadMatrix(filepath.Join(dir, "m.yaml"))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestReplicateFleet(t *testing.T) {
+	dir := writeFiles(t, map[string]string{"f.yaml": testFleetMixed + `- {name: mid, prefill_tps: 8000, itl: 25ms, cost: {input: 1, output: 2}}
+- {name: last, itl: 40ms}
+`})
+	src := filepath.Join(dir, "f.yaml")
+	for _, tc := range []struct {
+		n    int
+		want []string
+	}{
+		{1, []string{"fast"}},
+		{2, []string{"fast", "mid"}},
+		{4, []string{"fast", "slow", "mid", "last"}},
+		{9, []string{"fast", "slow", "mid", "last", "fast-r1", "slow-r1", "mid-r1", "last-r1", "fast-r2"}},
+	} {
+		dst := filepath.Join(dir, "out.yaml")
+		names, err := ReplicateFleet(src, dst, tc.n, map[string]any{"max_num_seqs": 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(names, tc.want) {
+			t.Errorf("n=%d: %v, want %v", tc.n, names, tc.want)
+		}
+		data, _ := os.ReadFile(dst)
+		cfgs, err := sim.ParseFleet(dst, data)
+		if err != nil {
+			t.Fatalf("n=%d: the simulator refuses the replicated fleet: %v\n%s", tc.n, err, data)
+		}
+		for i, c := range cfgs {
+			if c.MaxNumSeqs != 4 || c.Name != tc.want[i] {
+				t.Errorf("n=%d entry %d: %s with %d seats", tc.n, i, c.Name, c.MaxNumSeqs)
+			}
+		}
+		if tc.n == 9 {
+			// Copies keep the physics and get their own seeds: fast 3, fast-r1 4, fast-r2 5; last (no seed) 1, 2.
+			if cfgs[0].Seed != 3 || cfgs[4].Seed != 4 || cfgs[8].Seed != 5 || cfgs[3].Seed != 1 || cfgs[7].Seed != 2 {
+				t.Errorf("seeds %d %d %d %d %d", cfgs[0].Seed, cfgs[4].Seed, cfgs[8].Seed, cfgs[3].Seed, cfgs[7].Seed)
+			}
+			if cfgs[4].ITL != cfgs[0].ITL || cfgs[5].PrefillTPS != cfgs[1].PrefillTPS {
+				t.Errorf("a copy's physics differ from its original")
+			}
+			if !strings.Contains(string(data), "cost") {
+				t.Errorf("the gateway's keys were dropped:\n%s", data)
+			}
+		}
+	}
+	if _, err := ReplicateFleet(src, filepath.Join(dir, "x.yaml"), 0, nil); err == nil {
+		t.Error("n=0 accepted")
+	}
+}
+
+// The capacity is the step model's saturation rate: checked here by running the model's own definition (a
+// saturated engine's steps until it has finished many requests) instead of restating the closed form.
+func TestFleetCapacity(t *testing.T) {
+	dir := writeFiles(t, map[string]string{"f.yaml": testFleetMixed, "w.yaml": testWL})
+	w, err := LoadWorkload(filepath.Join(dir, "w.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := FleetCapacity(filepath.Join(dir, "f.yaml"), w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.PromptTokens < 200 || c.OutputTokens != 50 || len(c.PerBackend) != 2 {
+		t.Fatalf("capacity %+v", c)
+	}
+	data, _ := os.ReadFile(filepath.Join(dir, "f.yaml"))
+	cfgs, _ := sim.ParseFleet("f.yaml", data)
+	var sum float64
+	for i, cfg := range cfgs {
+		got := c.PerBackend[i]
+		want := simulateSaturated(cfg, int(c.PromptTokens), int(c.OutputTokens))
+		if got < 0.97*want || got > 1.03*want {
+			t.Errorf("%s: capacity %.3f req/s, a saturated engine's steps finish %.3f", cfg.Name, got, want)
+		}
+		sum += got
+	}
+	if c.RequestsPS != sum || c.OutputTPS != sum*c.OutputTokens {
+		t.Errorf("totals %+v, sum %v", c, sum)
+	}
+	// The KV cache binds before the seats: 1024 blocks hold 16384 tokens, 65 sequences of 250; 8 seats bind first
+	// on "slow"; with prompts of 4000 tokens only 4 sequences fit and the rate drops below the seats' bound.
+	long := *w
+	long.Prompt = Fixed(4000)
+	lc, err := FleetCapacity(filepath.Join(dir, "f.yaml"), &long)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := simulateSaturated(cfgs[1], 4000, 50); lc.PerBackend[1] < 0.97*want || lc.PerBackend[1] > 1.03*want {
+		t.Errorf("slow with long prompts: %.3f, steps give %.3f", lc.PerBackend[1], want)
+	}
+}
+
+// simulateSaturated steps an engine that always holds as many sequences as its seats and KV cache allow, each
+// prefilled whole in the step it is admitted, and returns the requests finished per second.
+func simulateSaturated(cfg sim.Config, prompt, output int) float64 {
+	seats := min(cfg.MaxNumSeqs, cfg.KVBlocks*sim.BlockTokens/(prompt+output))
+	left := make([]int, 0, seats) // decode tokens left per running sequence; -1 = to prefill
+	var t time.Duration
+	done := 0
+	for done < 2000 {
+		for len(left) < seats {
+			left = append(left, -1)
+		}
+		prefill, decoders := 0, 0
+		for _, l := range left {
+			if l < 0 {
+				prefill += prompt
+			} else {
+				decoders++
+			}
+		}
+		d := float64(prefill) / cfg.PrefillTPS * float64(time.Second)
+		if decoders > 0 {
+			d += float64(cfg.ITL) + float64(cfg.ITLPerSeq)*float64(decoders-1)
+		}
+		t += time.Duration(d)
+		next := left[:0]
+		for _, l := range left {
+			switch {
+			case l < 0:
+				l = output - 1 // the prefill step makes the first token
+			default:
+				l--
+			}
+			if l <= 0 {
+				done++
+				continue
+			}
+			next = append(next, l)
+		}
+		left = next
+	}
+	return float64(done) / t.Seconds()
+}
+
+func TestPrepare(t *testing.T) {
+	dir := writeFiles(t, map[string]string{"mixed.yaml": testFleetMixed, "same.yaml": testFleetSame, "w.yaml": testWL,
+		"m.yaml": `
+checks: {kind: protect}
+warmup: 2s
+timeout: 20s
+max_rate: 1000
+fleets: [{file: mixed.yaml}, {file: same.yaml}]
+sizes: [{n: 3}]
+workloads: [{file: w.yaml}]
+loads: [{name: spike, load: 0.5, spike: 4, for: 10s}]
+events: [{name: steady}, {name: down, backend: 1, at_spike: 0.5, control: {down: true}}]
+columns: [{name: shedding, strategy: adaptive}, {name: no-shedding, strategy: adaptive}, {name: unloaded, strategy: adaptive, no_bursts: true}]
+`})
+	m, err := LoadMatrix(filepath.Join(dir, "m.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cells := m.Cells(nil)
+	if len(cells) != 4 {
+		t.Fatalf("%d cells", len(cells))
+	}
+	p, err := m.Prepare(cells[1], filepath.Join(dir, "c1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Mixed || p.SharedPrefix || len(p.Backends) != 3 {
+		t.Errorf("mixed %v shared %v backends %v", p.Mixed, p.SharedPrefix, p.Backends)
+	}
+	sc := p.Scenario
+	if sc.Rate != 0.5*p.Capacity.RequestsPS || p.Peak != 4*p.Capacity.RequestsPS || p.Capacity.RequestsPS <= 0 {
+		t.Errorf("rate %v peak %v capacity %v", sc.Rate, p.Peak, p.Capacity.RequestsPS)
+	}
+	wantBurst := Burst{At: 4 * time.Second, Duration: 10 * time.Second, Multiplier: 8}
+	if len(sc.Bursts) != 1 || sc.Bursts[0] != wantBurst || sc.Warmup != 2*time.Second || sc.Duration != 17*time.Second {
+		t.Errorf("bursts %+v warmup %v duration %v", sc.Bursts, sc.Warmup, sc.Duration)
+	}
+	if len(sc.Events) != 1 || sc.Events[0].Backend != p.Backends[1] || sc.Events[0].At != 9*time.Second ||
+		sc.Events[0].Control["down"] != true {
+		t.Errorf("events %+v", sc.Events)
+	}
+	if len(sc.Columns) != 3 || !sc.Columns[2].NoBursts || sc.Timeout != 20*time.Second {
+		t.Errorf("columns %+v timeout %v", sc.Columns, sc.Timeout)
+	}
+	same, err := m.Prepare(cells[2], filepath.Join(dir, "c2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if same.Mixed || len(same.Scenario.Events) != 0 {
+		t.Errorf("same fleet: mixed %v (region and seed are not physics), events %v", same.Mixed, same.Scenario.Events)
+	}
+	m.MaxRate = p.Peak / 2
+	if _, err := m.Prepare(cells[1], filepath.Join(dir, "c3")); err == nil || !strings.Contains(err.Error(), "max_rate") {
+		t.Errorf("over max_rate: %v", err)
+	}
+}

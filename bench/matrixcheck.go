@@ -1,0 +1,297 @@
+package bench
+
+import (
+	"fmt"
+	"math"
+	"slices"
+)
+
+// The thresholds of the two check sets, as the issues state them (issue 19's and issue 15's "Done when").
+const (
+	// Routing: the subject's p99 TTFT within 5% of the best baseline's in every cell, 20% under every
+	// baseline's in mixed-fleet cells; its prefix hit rate within 10% of the oracle's on shared-prefix cells,
+	// and varying by at most 0.05 over the runs of a cell.
+	RoutingP99VsBest   = 1.05
+	RoutingP99VsEach   = 0.8
+	RoutingHitVsOracle = 0.9
+	RoutingHitSpread   = 0.05
+	// Protect: critical success >= 99%; critical p99 TTFT over the spike within 1.5x of the unloaded run's;
+	// output tokens/s >= 90% of the no-shedding run's; admitted standard requests' p99 TTFT within their
+	// objective (the workload's TTFT SLO, which the generated gateway config is given).
+	ProtectCriticalOK    = 0.99
+	ProtectCriticalSpike = 1.5
+	ProtectOutput        = 0.9
+	ProtectStandard      = 1.0
+)
+
+// Check outcomes.
+const (
+	CheckPass  = "pass"
+	CheckFail  = "FAIL"
+	CheckNA    = "-"     // the check does not apply to the cell (not mixed, no shared prefix, one run)
+	CheckError = "error" // a run lacks a figure the check needs (a column did not run)
+)
+
+// Range is a figure's minimum and maximum over a cell's runs; N counts the runs that had it.
+type Range struct {
+	Min float64 `json:"min"`
+	Max float64 `json:"max"`
+	N   int     `json:"n"`
+}
+
+func (r *Range) add(x float64) {
+	if r.N == 0 || x < r.Min {
+		r.Min = x
+	}
+	if r.N == 0 || x > r.Max {
+		r.Max = x
+	}
+	r.N++
+}
+
+// String is "min-max" (one value when they agree), "-" without data.
+func (r Range) String() string {
+	switch {
+	case r.N == 0:
+		return "-"
+	case f3(r.Min) == f3(r.Max):
+		return f3(r.Min)
+	}
+	return f3(r.Min) + "-" + f3(r.Max)
+}
+
+// Figure is one named figure of a cell over its runs.
+type Figure struct {
+	Name  string `json:"name"`
+	Range Range  `json:"range"`
+}
+
+// CheckResult is one check of a cell.
+type CheckResult struct {
+	Name   string `json:"name"`
+	Status string `json:"status"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// Judgement is a cell's figures (in column order of the table) and checks, from its runs.
+type Judgement struct {
+	Figures []Figure      `json:"figures"`
+	Checks  []CheckResult `json:"checks"`
+	// PerRun holds each run's own figures, by name (the ranges' inputs).
+	PerRun []map[string]float64 `json:"per_run"`
+}
+
+// Judge computes the figures and checks of the kind of checks over runs, each run one Compare's reports (one
+// per column). mixed and shared say whether the mixed-fleet and shared-prefix checks apply.
+func Judge(c Checks, runs [][]*RunReport, mixed, shared bool) Judgement {
+	switch c.Kind {
+	case "routing":
+		return judgeRouting(c, runs, mixed, shared)
+	case "protect":
+		return judgeProtect(c, runs)
+	}
+	return Judgement{Checks: []CheckResult{{Name: c.Kind, Status: CheckError, Detail: "unknown check set"}}}
+}
+
+// judge collects per-run figures (missing ones absent from the run's map) into ordered ranges.
+type judge struct {
+	order []string
+	per   []map[string]float64
+}
+
+func (j *judge) set(run int, name string, x float64) {
+	if !slices.Contains(j.order, name) {
+		j.order = append(j.order, name)
+	}
+	if !math.IsNaN(x) && !math.IsInf(x, 0) {
+		j.per[run][name] = x
+	}
+}
+
+// declare fixes a figure's place in the order even when no run has it.
+func (j *judge) declare(names ...string) {
+	for _, n := range names {
+		if !slices.Contains(j.order, n) {
+			j.order = append(j.order, n)
+		}
+	}
+}
+
+func (j *judge) rng(name string) Range {
+	var r Range
+	for _, m := range j.per {
+		if x, ok := m[name]; ok {
+			r.add(x)
+		}
+	}
+	return r
+}
+
+func (j *judge) figures() []Figure {
+	out := make([]Figure, len(j.order))
+	for i, n := range j.order {
+		out[i] = Figure{Name: n, Range: j.rng(n)}
+	}
+	return out
+}
+
+// bound checks that every run has the figure and that it keeps within the limit (max <= limit, or min >=
+// limit when atLeast).
+func (j *judge) bound(check, name string, limit float64, atLeast bool) CheckResult {
+	r := j.rng(name)
+	res := CheckResult{Name: check}
+	switch {
+	case r.N < len(j.per):
+		res.Status, res.Detail = CheckError, fmt.Sprintf("%s in %d of %d runs", name, r.N, len(j.per))
+	case atLeast && r.Min >= limit, !atLeast && r.Max <= limit:
+		res.Status = CheckPass
+	default:
+		res.Status, res.Detail = CheckFail, fmt.Sprintf("%s %s", name, r)
+	}
+	return res
+}
+
+func newJudge(runs int) *judge {
+	j := &judge{per: make([]map[string]float64, runs)}
+	for i := range j.per {
+		j.per[i] = map[string]float64{}
+	}
+	return j
+}
+
+func column(reports []*RunReport, name string) *RunReport {
+	for _, r := range reports {
+		if r.Name == name && r.Error == "" {
+			return r
+		}
+	}
+	return nil
+}
+
+// judgeRouting: p99/best is the subject's p99 TTFT over the lowest baseline p99 of the run; p99/NAME over
+// each baseline's; hit/oracle the subject's prefix hit rate over the oracle's; hit the subject's hit rate,
+// whose max-min over the runs is the spread. Baselines are the columns other than the subject and the oracle.
+func judgeRouting(c Checks, runs [][]*RunReport, mixed, shared bool) Judgement {
+	j := newJudge(len(runs))
+	var baselines []string
+	for _, reps := range runs {
+		for _, r := range reps {
+			if r.Name != c.Subject && r.Name != c.Oracle && !slices.Contains(baselines, r.Name) {
+				baselines = append(baselines, r.Name)
+			}
+		}
+	}
+	j.declare("p99/best")
+	for _, b := range baselines {
+		j.declare("p99/" + b)
+	}
+	j.declare("hit", "hit/oracle")
+	for i, reps := range runs {
+		s := column(reps, c.Subject)
+		if s == nil {
+			continue
+		}
+		best, all := math.Inf(1), true
+		for _, name := range baselines {
+			b := column(reps, name)
+			if b == nil {
+				all = false
+				continue
+			}
+			j.set(i, "p99/"+name, s.TTFT.P99/b.TTFT.P99)
+			best = min(best, b.TTFT.P99)
+		}
+		if all && len(baselines) > 0 {
+			j.set(i, "p99/best", s.TTFT.P99/best)
+		}
+		if s.PrefixHitRate != nil {
+			j.set(i, "hit", *s.PrefixHitRate)
+			if o := column(reps, c.Oracle); o != nil && o.PrefixHitRate != nil {
+				j.set(i, "hit/oracle", *s.PrefixHitRate / *o.PrefixHitRate)
+			}
+		}
+	}
+	checks := []CheckResult{j.bound(fmt.Sprintf("p99 <= %gx best", RoutingP99VsBest), "p99/best", RoutingP99VsBest, false)}
+	each := CheckResult{Name: fmt.Sprintf("p99 <= %gx each (mixed)", RoutingP99VsEach), Status: CheckNA}
+	if mixed {
+		each.Status = CheckPass
+		if len(baselines) == 0 {
+			each.Status, each.Detail = CheckError, "no baseline column"
+		}
+		for _, b := range baselines {
+			if r := j.bound(each.Name, "p99/"+b, RoutingP99VsEach, false); r.Status != CheckPass {
+				each = r
+				break
+			}
+		}
+	}
+	checks = append(checks, each)
+	hit := CheckResult{Name: fmt.Sprintf("hit >= %gx oracle (shared)", RoutingHitVsOracle), Status: CheckNA}
+	if shared {
+		hit = j.bound(hit.Name, "hit/oracle", RoutingHitVsOracle, true)
+	}
+	checks = append(checks, hit)
+	spread := CheckResult{Name: fmt.Sprintf("hit spread <= %g", RoutingHitSpread), Status: CheckNA}
+	if len(runs) >= 2 {
+		r := j.rng("hit")
+		switch {
+		case r.N < len(runs):
+			spread.Status, spread.Detail = CheckError, fmt.Sprintf("hit in %d of %d runs", r.N, len(runs))
+		case r.Max-r.Min <= RoutingHitSpread:
+			spread.Status = CheckPass
+		default:
+			spread.Status, spread.Detail = CheckFail, fmt.Sprintf("hit %s", r)
+		}
+	}
+	checks = append(checks, spread)
+	return Judgement{Figures: j.figures(), Checks: checks, PerRun: j.per}
+}
+
+// judgeProtect: crit ok is the subject's critical success share over the measured window; crit p99/unloaded
+// its critical p99 TTFT over the requests scheduled inside the spike (the workload's first burst, from its
+// first second; the whole window when there is no burst) over the unloaded column's critical p99; out/ref its
+// output tokens/s over the reference's; std p99/slo its admitted standard requests' p99 TTFT over the TTFT
+// objective.
+func judgeProtect(c Checks, runs [][]*RunReport) Judgement {
+	j := newJudge(len(runs))
+	j.declare("crit ok", "crit p99/unloaded", "out/ref", "std p99/slo", "crit p99 ms", "unloaded p99 ms", "crit n")
+	for i, reps := range runs {
+		s := column(reps, c.Subject)
+		if s == nil {
+			continue
+		}
+		if cr := s.Priorities[c.Critical]; cr != nil && cr.Requests > 0 {
+			j.set(i, "crit ok", float64(cr.OK)/float64(cr.Requests))
+		}
+		var crit *ClassReport
+		if len(s.Bursts) > 0 {
+			crit = s.Bursts[0].Classes[c.Critical]
+		} else {
+			crit = s.Priorities[c.Critical]
+		}
+		if crit != nil && crit.TTFT.N > 0 {
+			// How many first tokens the p99 is over: a short spike on a small fleet has few.
+			j.set(i, "crit n", float64(crit.TTFT.N))
+			j.set(i, "crit p99 ms", crit.TTFT.P99)
+			if u := column(reps, c.Unloaded); u != nil {
+				if uc := u.Priorities[c.Critical]; uc != nil && uc.TTFT.N > 0 {
+					j.set(i, "unloaded p99 ms", uc.TTFT.P99)
+					j.set(i, "crit p99/unloaded", crit.TTFT.P99/uc.TTFT.P99)
+				}
+			}
+		}
+		if ref := column(reps, c.Reference); ref != nil && ref.OutputTPS > 0 {
+			j.set(i, "out/ref", s.OutputTPS/ref.OutputTPS)
+		}
+		if st := s.Priorities[c.Standard]; st != nil && st.TTFT.N > 0 && s.SLO.TTFT > 0 {
+			j.set(i, "std p99/slo", st.TTFT.P99/s.SLO.TTFT)
+		}
+	}
+	checks := []CheckResult{
+		j.bound(fmt.Sprintf("crit ok >= %g%%", 100*ProtectCriticalOK), "crit ok", ProtectCriticalOK, true),
+		j.bound(fmt.Sprintf("crit p99 <= %gx unloaded", ProtectCriticalSpike), "crit p99/unloaded", ProtectCriticalSpike, false),
+		j.bound(fmt.Sprintf("out >= %g%% ref", 100*ProtectOutput), "out/ref", ProtectOutput, true),
+		j.bound("std p99 <= slo", "std p99/slo", ProtectStandard, false),
+	}
+	return Judgement{Figures: j.figures(), Checks: checks, PerRun: j.per}
+}

@@ -1,0 +1,158 @@
+package bench
+
+import (
+	"strings"
+	"testing"
+)
+
+func hit(x float64) *float64 { return &x }
+
+// routingRun is one run's reports: round_robin and least_request baselines, adaptive, the oracle.
+func routingRun(rr, lr, ad, adHit, orHit float64) []*RunReport {
+	return []*RunReport{
+		{Name: "round_robin", TTFT: Quantiles{P99: rr}, PrefixHitRate: hit(0.2)},
+		{Name: "least_request", TTFT: Quantiles{P99: lr}, PrefixHitRate: hit(0.3)},
+		{Name: "adaptive", TTFT: Quantiles{P99: ad}, PrefixHitRate: hit(adHit)},
+		{Name: "oracle", TTFT: Quantiles{P99: 1}, PrefixHitRate: hit(orHit)},
+	}
+}
+
+func statuses(j Judgement) map[string]string {
+	m := map[string]string{}
+	for _, c := range j.Checks {
+		m[c.Name] = c.Status
+	}
+	return m
+}
+
+func figure(j Judgement, name string) Range {
+	for _, f := range j.Figures {
+		if f.Name == name {
+			return f.Range
+		}
+	}
+	return Range{}
+}
+
+func TestJudgeRouting(t *testing.T) {
+	c := Checks{Kind: "routing", Subject: "adaptive", Oracle: "oracle"}
+	const (
+		best   = "p99 <= 1.05x best"
+		each   = "p99 <= 0.8x each (mixed)"
+		hitChk = "hit >= 0.9x oracle (shared)"
+		spread = "hit spread <= 0.05"
+	)
+	for _, tc := range []struct {
+		name          string
+		runs          [][]*RunReport
+		mixed, shared bool
+		want          map[string]string
+	}{
+		{"wins everywhere", [][]*RunReport{routingRun(200, 100, 70, 0.80, 0.85), routingRun(210, 110, 75, 0.82, 0.85)},
+			true, true, map[string]string{best: CheckPass, each: CheckPass, hitChk: CheckPass, spread: CheckPass}},
+		{"one run 6% over the best", [][]*RunReport{routingRun(200, 100, 100, 0.8, 0.8), routingRun(200, 100, 106, 0.8, 0.8)},
+			false, false, map[string]string{best: CheckFail, each: CheckNA, hitChk: CheckNA, spread: CheckPass}},
+		{"within 5% but not 20% under each", [][]*RunReport{routingRun(200, 100, 90, 0.8, 0.8)},
+			true, false, map[string]string{best: CheckPass, each: CheckFail, hitChk: CheckNA, spread: CheckNA}},
+		{"hit far from the oracle, unstable", [][]*RunReport{routingRun(200, 100, 50, 0.57, 0.85), routingRun(200, 100, 50, 0.88, 0.85)},
+			false, true, map[string]string{best: CheckPass, hitChk: CheckFail, spread: CheckFail}},
+		{"oracle missing", [][]*RunReport{routingRun(200, 100, 50, 0.8, 0.8)[:3]},
+			false, true, map[string]string{best: CheckPass, hitChk: CheckError}},
+		{"a baseline did not run", [][]*RunReport{{{Name: "round_robin", Error: "not ready"},
+			{Name: "least_request", TTFT: Quantiles{P99: 100}}, {Name: "adaptive", TTFT: Quantiles{P99: 50}}}},
+			false, false, map[string]string{best: CheckError}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := Judge(c, tc.runs, tc.mixed, tc.shared)
+			got := statuses(j)
+			for k, v := range tc.want {
+				if got[k] != v {
+					t.Errorf("%s: %s, want %s (checks %+v, figures %+v)", k, got[k], v, j.Checks, j.Figures)
+				}
+			}
+			if len(j.PerRun) != len(tc.runs) {
+				t.Errorf("%d per-run figure sets for %d runs", len(j.PerRun), len(tc.runs))
+			}
+		})
+	}
+	j := Judge(c, [][]*RunReport{routingRun(200, 100, 70, 0.80, 0.80), routingRun(200, 140, 84, 0.72, 0.90)}, true, true)
+	if r := figure(j, "p99/best"); r.String() != "0.6-0.7" || r.N != 2 {
+		t.Errorf("p99/best %+v, want 0.6-0.7 (84/140 and 70/100: each run against its own best baseline)", r)
+	}
+	if r := figure(j, "p99/round_robin"); r.Min != 0.35 || r.Max != 0.42 {
+		t.Errorf("p99/round_robin %+v", r)
+	}
+	if r := figure(j, "hit/oracle"); r.String() != "0.8-1.00" {
+		t.Errorf("hit/oracle %+v", r)
+	}
+	if r := figure(j, "hit"); r.String() != "0.72-0.8" {
+		t.Errorf("hit %q", r.String())
+	}
+}
+
+// protectRun is one run: the subject with a spike report, the reference and the unloaded column.
+func protectRun(critOK, critN int, spikeP99, unloadedP99, out, refOut, stdP99 float64) []*RunReport {
+	crit := &ClassReport{Requests: critN, OK: critOK, TTFT: Quantiles{N: critOK, P99: spikeP99 / 2}}
+	return []*RunReport{
+		{Name: "shedding", OutputTPS: out, SLO: SLOms{TTFT: 1000},
+			Priorities: map[string]*ClassReport{"critical": crit, "standard": {Requests: 50, OK: 20, TTFT: Quantiles{N: 20, P99: stdP99}}},
+			Bursts:     []BurstReport{{Classes: map[string]*ClassReport{"critical": {Requests: 10, OK: 10, TTFT: Quantiles{N: 10, P99: spikeP99}}}}}},
+		{Name: "no-shedding", OutputTPS: refOut},
+		{Name: "unloaded", Priorities: map[string]*ClassReport{"critical": {Requests: 20, OK: 20, TTFT: Quantiles{N: 20, P99: unloadedP99}}}},
+	}
+}
+
+func TestJudgeProtect(t *testing.T) {
+	c := Checks{Kind: "protect", Subject: "shedding", Reference: "no-shedding", Unloaded: "unloaded", Critical: "critical", Standard: "standard"}
+	const (
+		ok    = "crit ok >= 99%"
+		spike = "crit p99 <= 1.5x unloaded"
+		out   = "out >= 90% ref"
+		std   = "std p99 <= slo"
+	)
+	for _, tc := range []struct {
+		name string
+		runs [][]*RunReport
+		want map[string]string
+	}{
+		{"holds", [][]*RunReport{protectRun(100, 100, 140, 100, 950, 1000, 900)},
+			map[string]string{ok: CheckPass, spike: CheckPass, out: CheckPass, std: CheckPass}},
+		// The whole run's critical p99 (spike/2) would pass; the spike's own fails: the checks read the spike.
+		{"the spike's tail", [][]*RunReport{protectRun(100, 100, 330, 100, 950, 1000, 900)},
+			map[string]string{spike: CheckFail}},
+		{"lost critical, throttled, standard late", [][]*RunReport{protectRun(98, 100, 100, 100, 850, 1000, 1200)},
+			map[string]string{ok: CheckFail, spike: CheckPass, out: CheckFail, std: CheckFail}},
+		{"second run fails", [][]*RunReport{protectRun(100, 100, 100, 100, 950, 1000, 900), protectRun(100, 100, 160, 100, 950, 1000, 900)},
+			map[string]string{spike: CheckFail}},
+		{"no unloaded column", [][]*RunReport{protectRun(100, 100, 100, 100, 950, 1000, 900)[:2]},
+			map[string]string{spike: CheckError, ok: CheckPass}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := Judge(c, tc.runs, false, false)
+			got := statuses(j)
+			for k, v := range tc.want {
+				if got[k] != v {
+					t.Errorf("%s: %s, want %s (checks %+v, figures %+v)", k, got[k], v, j.Checks, j.Figures)
+				}
+			}
+		})
+	}
+	j := Judge(c, [][]*RunReport{protectRun(99, 100, 120, 100, 900, 1000, 500), protectRun(100, 100, 150, 100, 950, 1000, 700)}, false, false)
+	if r := figure(j, "crit p99/unloaded"); r.String() != "1.20-1.50" {
+		t.Errorf("crit p99/unloaded %+v", r)
+	}
+	if r := figure(j, "std p99/slo"); r.String() != "0.5-0.7" {
+		t.Errorf("std p99/slo %q", r.String())
+	}
+	var b strings.Builder
+	PrintMatrix(&b, &MatrixReport{Matrix: "p", Runs: 2, Checks: c, Cells: []*CellResult{
+		{Name: "f/n1/w/2x", Rate: 5, Peak: 20, Capacity: Capacity{RequestsPS: 10}, Judgement: j},
+		{Name: "f/n8/w/2x", Error: "bench: matrix: cell asks 900 requests/s"},
+	}})
+	for _, want := range []string{"| cell | req/s (capacity) | crit ok | crit p99/unloaded |", "| f/n1/w/2x | 5.00, peak 20.0 (10.0) | 0.99-1.00 | 1.20-1.50 |",
+		"| pass | pass | pass |", "| f/n8/w/2x | not run: bench: matrix: cell asks 900"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+}
