@@ -24,6 +24,8 @@ func TestBenchUsage(t *testing.T) {
 		{[]string{"run", "-target", "http://127.0.0.1:1", "-workload", "nope.yaml"}, 2, "nope.yaml"},
 		{[]string{"compare"}, 2, "-scenario is required"},
 		{[]string{"run", "-bogus"}, 2, "flag provided but not defined"},
+		{[]string{"matrix"}, 2, "-matrix is required"},
+		{[]string{"matrix", "-matrix", "../../bench/matrix/protect.yaml", "-cells", "("}, 2, "-cells"},
 		{[]string{"help"}, 0, "compare"},
 	}
 	for _, tc := range cases {
@@ -32,6 +34,33 @@ func TestBenchUsage(t *testing.T) {
 			code := runBench(tc.args, &out, &errb)
 			if code != tc.code || !strings.Contains(out.String()+errb.String(), tc.want) {
 				t.Fatalf("exit %d, output %q %q; want exit %d with %q", code, out.String(), errb.String(), tc.code, tc.want)
+			}
+		})
+	}
+}
+
+// The shipped matrices expand, every cell's rate follows from its capacity and stays under max_rate, and the
+// least wall time is printed.
+func TestBenchMatrixList(t *testing.T) {
+	for _, tc := range []struct {
+		file  string
+		cells int
+	}{{"protect.yaml", 10}, {"routing.yaml", 28}} {
+		t.Run(tc.file, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			code := runBench([]string{"matrix", "-matrix", "../../bench/matrix/" + tc.file, "-list"}, &out, &errb)
+			if code != 0 {
+				t.Fatalf("exit %d:\n%s%s", code, out.String(), errb.String())
+			}
+			lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+			if len(lines) != tc.cells+1 || !strings.Contains(lines[len(lines)-1], fmt.Sprintf("%d cells x", tc.cells)) ||
+				!strings.Contains(lines[len(lines)-1], "at least") {
+				t.Fatalf("listing:\n%s", out.String())
+			}
+			for _, l := range lines[:tc.cells] {
+				if !strings.Contains(l, "capacity") || strings.Contains(l, "rate    0.0") {
+					t.Errorf("cell line %q", l)
+				}
 			}
 		})
 	}
