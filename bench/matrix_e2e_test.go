@@ -12,7 +12,8 @@ import (
 
 // A one-cell, one-run matrix through real child processes (the test binary as "switchyard sim -fleet" and as
 // the fake gateway of compare_test.go): the cell's fleet is replicated, its rate follows from its capacity,
-// every column runs, and matrix.json and matrix.md hold the judged cell.
+// every column runs (the oracle against the simulators' real /sim/predict), and matrix.json and matrix.md hold
+// the judged cell.
 func TestMatrixEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts child processes for a few seconds")
@@ -30,6 +31,7 @@ warmup: 500ms
 duration: 2s
 prompt: {dist: fixed, value: 40}
 output: {dist: fixed, value: 8}
+prefix: {groups: 2, tokens: 128}
 `,
 		"m.yaml": `
 checks: {kind: routing}
@@ -38,7 +40,7 @@ fleets: [{file: fleet.yaml}]
 sizes: [{n: 2}]
 workloads: [{file: wl.yaml}]
 loads: [{name: light, load: 0.05}]
-columns: [{strategy: round_robin}, {strategy: adaptive}]
+columns: [{strategy: round_robin}, {strategy: adaptive}, {strategy: oracle}]
 `})
 	m, err := LoadMatrix(filepath.Join(dir, "m.yaml"))
 	if err != nil {
@@ -57,7 +59,7 @@ columns: [{strategy: round_robin}, {strategy: adaptive}]
 		t.Fatalf("%d cells", len(rep.Cells))
 	}
 	c := rep.Cells[0]
-	if c.Error != "" || c.Name != "fleet/n2/wl/light" || c.Backends != 2 || len(c.RunColumns) != 1 || len(c.RunColumns[0]) != 2 {
+	if c.Error != "" || c.Name != "fleet/n2/wl/light" || c.Backends != 2 || len(c.RunColumns) != 1 || len(c.RunColumns[0]) != 3 {
 		t.Fatalf("cell %+v\n%s", c, log.String())
 	}
 	// 0.05 of two backends' capacity: the sent rate is the computed one, not the workload's 1/s.
@@ -65,9 +67,14 @@ columns: [{strategy: round_robin}, {strategy: adaptive}]
 		t.Errorf("rate %v, capacity %+v", c.Rate, c.Capacity)
 	}
 	for _, col := range c.RunColumns[0] {
-		if col.Error != "" || col.OK != col.Requests || col.Requests < 10 || len(col.Backends) != 2 {
+		// The fake gateway spreads; the oracle may keep every request where the prefix is cached.
+		if col.Error != "" || col.OK != col.Requests || col.Requests < 10 || (col.Name != "oracle" && len(col.Backends) != 2) {
 			t.Errorf("%s: error %q, %d of %d ok, backends %v\n%s", col.Name, col.Error, col.OK, col.Requests, col.Backends, log.String())
 		}
+	}
+	// The oracle asked the real simulators' /sim/predict before each request and sent it to one of them.
+	if o := c.RunColumns[0][2]; o.Pick == nil || o.Pick.N != o.Requests || o.PrefixHitRate == nil {
+		t.Errorf("oracle: pick %+v, hit rate %v", o.Pick, o.PrefixHitRate)
 	}
 	st := statuses(c.Judgement)
 	if r := figure(c.Judgement, "p99/best"); r.N != 1 || r.Min <= 0 {
@@ -76,8 +83,14 @@ columns: [{strategy: round_robin}, {strategy: adaptive}]
 	if s := st["p99 <= 1.05x best"]; s != CheckPass && s != CheckFail {
 		t.Errorf("p99 check %q", s)
 	}
-	if st["p99 <= 0.8x each (mixed)"] != CheckNA || st["hit >= 0.9x oracle (shared)"] != CheckNA || st["hit spread <= 0.05"] != CheckNA {
-		t.Errorf("checks that do not apply to one homogeneous run without prefixes: %+v", c.Checks)
+	if r := figure(c.Judgement, "hit/oracle"); r.N != 1 || r.Min <= 0 {
+		t.Errorf("hit/oracle %+v", r)
+	}
+	if s := st["hit >= 0.9x oracle (shared)"]; s != CheckPass && s != CheckFail {
+		t.Errorf("hit check on a shared-prefix cell: %q", s)
+	}
+	if st["p99 <= 0.8x each (mixed)"] != CheckNA || st["hit spread <= 0.05"] != CheckNA {
+		t.Errorf("checks that do not apply to one homogeneous run: %+v", c.Checks)
 	}
 	var doc MatrixReport
 	data, err := os.ReadFile(filepath.Join(out, "matrix.json"))
