@@ -77,13 +77,9 @@ func (e *Env) startFleet(ctx context.Context, src, tag string) (*Proc, []FleetBa
 // startGateway writes a gateway config for spec (free ports), starts "switchyard serve" on it and waits for the
 // admin /readyz. It returns the process and the client base URL.
 func (e *Env) startGateway(ctx context.Context, spec GatewaySpec, tag string) (*Proc, string, error) {
-	ports := make([]int, 2)
-	for i := range ports {
-		p, err := FreePort()
-		if err != nil {
-			return nil, "", err
-		}
-		ports[i] = p
+	ports, err := FreePorts(2)
+	if err != nil {
+		return nil, "", err
 	}
 	spec.Listen, spec.AdminListen = "127.0.0.1:"+strconv.Itoa(ports[0]), "127.0.0.1:"+strconv.Itoa(ports[1])
 	cfg, err := GatewayConfig(spec)

@@ -63,7 +63,11 @@ func PrepareFleet(src, dst string) ([]FleetBackend, error) {
 		return nil, &FileError{File: src, Line: 1, Msg: "a fleet file is a YAML list of simulator entries"}
 	}
 	var out []FleetBackend
-	for _, e := range doc.Content[0].Content {
+	ports, err := FreePorts(len(doc.Content[0].Content))
+	if err != nil {
+		return nil, err
+	}
+	for ei, e := range doc.Content[0].Content {
 		if e.Kind != yaml.MappingNode {
 			return nil, &FileError{File: src, Line: e.Line, Msg: "a fleet entry is a mapping of simulator settings"}
 		}
@@ -100,11 +104,7 @@ func PrepareFleet(src, dst string) ([]FleetBackend, error) {
 		if b.Name == "" {
 			return nil, &FileError{File: src, Line: e.Line, Msg: "fleet entry without a name"}
 		}
-		port, err := FreePort()
-		if err != nil {
-			return nil, err
-		}
-		addr := "127.0.0.1:" + strconv.Itoa(port)
+		addr := "127.0.0.1:" + strconv.Itoa(ports[ei])
 		if listen < 0 {
 			e.Content = append(e.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: "listen"}, &yaml.Node{Kind: yaml.ScalarNode})
 			listen = len(e.Content) - 1

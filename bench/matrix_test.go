@@ -296,3 +296,26 @@ columns: [{name: shedding, strategy: adaptive}, {name: no-shedding, strategy: ad
 		t.Errorf("over max_rate: %v", err)
 	}
 }
+
+// A 64-backend fleet gets 64 distinct ports (one FreePort per backend could hand one out twice).
+func TestPrepareFleetDistinctPorts(t *testing.T) {
+	dir := writeFiles(t, map[string]string{"f.yaml": testFleetSame})
+	big := filepath.Join(dir, "big.yaml")
+	if _, err := ReplicateFleet(filepath.Join(dir, "f.yaml"), big, 64, nil); err != nil {
+		t.Fatal(err)
+	}
+	backends, err := PrepareFleet(big, filepath.Join(dir, "ready.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, b := range backends {
+		if seen[b.URL] {
+			t.Fatalf("%s twice", b.URL)
+		}
+		seen[b.URL] = true
+	}
+	if len(seen) != 64 {
+		t.Errorf("%d backends", len(seen))
+	}
+}

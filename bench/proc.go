@@ -152,6 +152,28 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// FreePorts returns n distinct loopback TCP ports that were free a moment ago: it holds each listener open
+// until all are chosen, so the kernel cannot hand out one port twice (FreePort called n times can, and a fleet
+// of 64 simulators then fails to start).
+func FreePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("bench: free port: %w", err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
 // WaitHTTP polls url until it answers 200, the timeout passes, ctx is done or p (when not nil) exits.
 func WaitHTTP(ctx context.Context, url string, timeout time.Duration, p *Proc) error {
 	return waitFor(ctx, timeout, p, url, func(ctx context.Context) error {
