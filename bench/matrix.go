@@ -95,6 +95,9 @@ type SizeAxis struct {
 	Name string         `yaml:"name"`
 	N    int            `yaml:"n"`
 	Set  map[string]any `yaml:"set"`
+	// Slower, when > 1, makes every backend that many times slower (SlowFleet): the same physics, fast and slow
+	// backends in the same proportion, at a capacity (and a load) a big fleet's machine can drive.
+	Slower float64 `yaml:"slower"`
 }
 
 // WorkloadAxis is one workload file; Name defaults to the file name.
@@ -268,6 +271,9 @@ func (m *Matrix) validate(errs *fieldErrors) {
 		if s.N < 1 {
 			errs.add(fmt.Sprintf("sizes[%d].n", i), "a fleet size must be >= 1, got %d", s.N)
 		}
+		if s.Slower != 0 && !(s.Slower >= 1) {
+			errs.add(fmt.Sprintf("sizes[%d].slower", i), "slower must be >= 1, got %v", s.Slower)
+		}
 	}
 	for i, s := range m.Seats {
 		if s < 1 {
@@ -426,6 +432,11 @@ func (m *Matrix) Prepare(c Cell, dir string) (*CellPlan, error) {
 		return nil, err
 	}
 	p.Backends = names
+	if c.Size.Slower > 1 {
+		if err := SlowFleet(fleetPath, c.Size.Slower); err != nil {
+			return nil, err
+		}
+	}
 	if p.Mixed, err = mixedFleet(fleetPath); err != nil {
 		return nil, err
 	}
@@ -556,4 +567,54 @@ func mixedFleet(path string) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// SlowFleet rewrites the fleet file at path so that every backend takes f times as long for everything it does
+// (its itl, itl_per_seq, overhead and rtt multiplied by f, its prefill_tps divided by f; a key the entry leaves
+// out starts from the simulator's default): one engine's step then equals the original's at slowdown f. Seats,
+// KV room and the fleet's mix are kept, so TTFT ratios between strategies hold while the rate that saturates
+// the fleet falls by f.
+func SlowFleet(path string, f float64) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("bench: fleet: %w", err)
+	}
+	var entries []map[string]any
+	if err := yaml.Unmarshal(data, &entries); err != nil {
+		return yamlErrors(path, err)
+	}
+	def := sim.DefaultConfig()
+	durs := map[string]time.Duration{"itl": def.ITL, "itl_per_seq": def.ITLPerSeq, "overhead": def.Overhead, "rtt": def.RTT}
+	for i, e := range entries {
+		for k, d := range durs {
+			if v, ok := e[k]; ok {
+				s, _ := v.(string)
+				if d, err = time.ParseDuration(s); err != nil {
+					return &FileError{File: path, Line: 1, Msg: fmt.Sprintf("entry %d: %s: %v is not a duration", i, k, v)}
+				}
+			}
+			if d > 0 {
+				e[k] = time.Duration(float64(d) * f).String()
+			}
+		}
+		tps := def.PrefillTPS
+		switch v := e["prefill_tps"].(type) {
+		case int:
+			tps = float64(v)
+		case float64:
+			tps = v
+		case nil:
+		default:
+			return &FileError{File: path, Line: 1, Msg: fmt.Sprintf("entry %d: prefill_tps: %v is not a number", i, v)}
+		}
+		e["prefill_tps"] = tps / f
+	}
+	out, err := yaml.Marshal(entries)
+	if err != nil {
+		return fmt.Errorf("bench: fleet: %w", err)
+	}
+	if err := os.WriteFile(path, out, 0o644); err != nil {
+		return fmt.Errorf("bench: fleet: %w", err)
+	}
+	return nil
 }

@@ -319,3 +319,47 @@ func TestPrepareFleetDistinctPorts(t *testing.T) {
 		t.Errorf("%d backends", len(seen))
 	}
 }
+
+// A fleet made f times slower keeps its seats and mix and saturates at 1/f of the rate.
+func TestSlowFleet(t *testing.T) {
+	dir := writeFiles(t, map[string]string{"f.yaml": testFleetMixed + "- {name: defaults}\n", "w.yaml": testWL})
+	src := filepath.Join(dir, "f.yaml")
+	slow := filepath.Join(dir, "slow.yaml")
+	if _, err := ReplicateFleet(src, slow, 3, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := SlowFleet(slow, 4); err != nil {
+		t.Fatal(err)
+	}
+	read := func(path string) []sim.Config {
+		data, _ := os.ReadFile(path)
+		cfgs, err := sim.ParseFleet(path, data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfgs
+	}
+	before, after := read(src), read(slow)
+	for i, b := range before {
+		a := after[i]
+		if a.ITL != 4*b.ITL || a.ITLPerSeq != 4*b.ITLPerSeq || a.Overhead != 4*b.Overhead || a.PrefillTPS != b.PrefillTPS/4 ||
+			a.MaxNumSeqs != b.MaxNumSeqs || a.KVBlocks != b.KVBlocks {
+			t.Errorf("%s: %+v from %+v", b.Name, a, b)
+		}
+	}
+	w, err := LoadWorkload(filepath.Join(dir, "w.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb, _ := FleetCapacity(src, w)
+	ca, err := FleetCapacity(slow, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := ca.RequestsPS / cb.RequestsPS; r < 0.2499 || r > 0.2501 {
+		t.Errorf("capacity %v -> %v, ratio %v, want 1/4", cb.RequestsPS, ca.RequestsPS, r)
+	}
+	if mixed, _ := mixedFleet(slow); !mixed {
+		t.Error("the slowed fleet is no longer mixed")
+	}
+}
