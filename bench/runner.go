@@ -211,8 +211,11 @@ func pickAndDo(ctx context.Context, p Picker, c *Client, it *Item, start, origin
 	base, err := p.Pick(ctx, it)
 	pick := time.Since(t0)
 	if err != nil {
-		return Sample{Index: it.Index, Stream: it.Stream, Err: ErrPick, ErrMsg: err.Error(), SendAt: t0.Sub(start),
-			Pick: pick}
+		kind := ErrPick
+		if ctx.Err() != nil { // the run was stopped during the pick
+			kind = ErrCanceled
+		}
+		return Sample{Index: it.Index, Stream: it.Stream, Err: kind, ErrMsg: err.Error(), SendAt: t0.Sub(start), Pick: pick}
 	}
 	s := c.DoAt(ctx, base, it, start, origin.Add(pick))
 	s.Pick = pick
