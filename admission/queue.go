@@ -77,8 +77,10 @@ type Queue[T any] struct {
 	seq    uint64
 	closed bool
 
-	n        atomic.Int64 // waiting requests, read lock-free by Len and Signal
-	waitEWMA [NumClasses]afloat
+	n      atomic.Int64             // waiting requests, read lock-free by Len and Signal
+	bandN  [NumClasses]atomic.Int64 // waiting requests by class, read lock-free by ExpectedWait
+	slot   afloat                   // moving average of the time the head waits for a slot, ns; 0: unknown
+	lastGo int64                    // when a waiter or an arrival was last dispatched (ns since base); under mu
 
 	pool      sync.Pool
 	wake      chan struct{}
@@ -147,13 +149,18 @@ func newQueue[T any](cfg QueueConfig[T]) *Queue[T] {
 // new request overtakes waiting ones.
 func (q *Queue[T]) Len() int { return int(q.n.Load()) }
 
-// ExpectedWait estimates how long a request of class c would wait now: 0 when the queue is empty, else the
-// moving average of the recent waits of dispatched requests of that class. Lock-free; for ShedInput.Wait.
+// ExpectedWait estimates how long a request of class c that cannot start now would wait, by Little's law:
+// (requests waiting at least as important as c, plus one) times the time the queue's head has waited for each
+// slot lately (a moving average over dispatches from the queue, weight 0.2; 0 before the first). It counts
+// neither the more important requests that will arrive and overtake it nor those ahead that the queue will
+// refuse: the Shedder's Calibration corrects it by the error measured on admitted requests. Lock-free; for
+// ShedInput.Wait.
 func (q *Queue[T]) ExpectedWait(c Class) time.Duration {
-	if q.n.Load() == 0 {
-		return 0
+	ahead := int64(1)
+	for i := 0; i <= c.Index(); i++ {
+		ahead += q.bandN[i].Load()
 	}
-	return time.Duration(q.waitEWMA[c.Index()].load())
+	return time.Duration(float64(ahead) * q.slot.load())
 }
 
 // Wait queues item with class and deadline and blocks until it is dispatched (nil), or refused. When nobody
@@ -182,10 +189,10 @@ func (q *Queue[T]) Wait(ctx context.Context, item T, class Class, deadline time.
 		// Nobody waits ahead: try the backends at once.
 		err := q.dispatch(item)
 		if !errors.Is(err, ErrNoCapacity) {
-			q.mu.Unlock()
 			if err == nil {
-				q.observeWait(class, 0)
+				q.lastGo = now
 			}
+			q.mu.Unlock()
 			return err
 		}
 	}
@@ -211,6 +218,7 @@ func (q *Queue[T]) Wait(ctx context.Context, item T, class Class, deadline time.
 	w.seq = q.seq
 	q.bands[class.Index()].push(w)
 	q.n.Add(1)
+	q.bandN[class.Index()].Add(1)
 	if g := q.length[class.Index()]; g != nil {
 		g.Inc()
 	}
@@ -352,7 +360,7 @@ func (q *Queue[T]) evictLocked(c Class, now int64) error {
 func (q *Queue[T]) answer(w *waiter[T], err error, now int64) {
 	q.left(w, now)
 	if err == nil {
-		q.observeWait(w.class, time.Duration(now-w.enq))
+		q.observeSlot(w.enq, now)
 	} else {
 		q.shed.count(err, w.class)
 	}
@@ -363,6 +371,7 @@ func (q *Queue[T]) answer(w *waiter[T], err error, now int64) {
 func (q *Queue[T]) left(w *waiter[T], now int64) {
 	q.n.Add(-1)
 	i := w.class.Index()
+	q.bandN[i].Add(-1)
 	if g := q.length[i]; g != nil {
 		g.Dec()
 	}
@@ -371,10 +380,15 @@ func (q *Queue[T]) left(w *waiter[T], now int64) {
 	}
 }
 
-// observeWait folds a dispatched request's wait into its class's moving average (weight 0.2).
-func (q *Queue[T]) observeWait(c Class, d time.Duration) {
-	x := float64(d)
-	q.waitEWMA[c.Index()].update(func(old float64) float64 { return 0.8*old + 0.2*x })
+// observeSlot folds into the time per slot how long the queue waited for the slot a waiter just got: from the
+// later of the previous dispatch and the waiter's arrival, to now. With q.mu held.
+func (q *Queue[T]) observeSlot(enq, now int64) {
+	x := float64(max(now-max(q.lastGo, enq), 0))
+	q.lastGo = now
+	if old := q.slot.load(); old > 0 {
+		x = 0.8*old + 0.2*x
+	}
+	q.slot.store(x)
 }
 
 func (q *Queue[T]) now() int64 { return int64(q.clock.Now().Sub(q.base)) }

@@ -574,3 +574,50 @@ func TestQueueRealClock(t *testing.T) {
 		t.Fatal("not dispatched within 10s of capacity freeing")
 	}
 }
+
+// TestQueueExpectedWait: Little's law over the queue's own dispatches. With a slot freeing every 100ms, a
+// request that cannot start now expects to wait 100ms per request at least as important ahead of it, plus its
+// own slot; one more important than every waiter expects only its own slot; before any dispatch from the
+// queue nothing is known (0).
+func TestQueueExpectedWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet("a")
+		q := NewQueue(QueueConfig[*job]{Dispatch: f.dispatch})
+		defer q.Close()
+		w := newWaiters(t, q, SystemClock{})
+		ctx := context.Background()
+		if got := q.ExpectedWait(Standard); got != 0 {
+			t.Errorf("fresh queue: ExpectedWait = %v, want 0", got)
+		}
+		for i := range 12 {
+			w.start(ctx, i, Standard, time.Minute)
+		}
+		for range 8 { // a slot every 100ms: 8 dispatched, 4 still waiting
+			time.Sleep(100 * time.Millisecond)
+			f.add("a", 1)
+			q.Signal()
+			synctest.Wait()
+		}
+		if got := w.answers(8); len(got) != 8 {
+			t.Fatalf("answers %v", got)
+		}
+		const slot = 100 * time.Millisecond
+		for _, tc := range []struct {
+			c    Class
+			want time.Duration
+		}{
+			{Sheddable, 5 * slot}, // behind the 4 standard waiters
+			{Standard, 5 * slot},
+			{Critical, slot}, // overtakes them all
+		} {
+			if got := q.ExpectedWait(tc.c); got < tc.want*9/10 || got > tc.want*11/10 {
+				t.Errorf("ExpectedWait(%v) = %v, want %v", tc.c, got, tc.want)
+			}
+		}
+		for range 4 {
+			f.add("a", 1)
+		}
+		q.Signal()
+		w.answers(4)
+	})
+}
