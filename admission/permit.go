@@ -27,11 +27,13 @@ type Endpoint struct {
 	Outlier *Outlier
 }
 
-// Fleet is what a model's backends share: the seats kept free for critical requests and the queue of the
-// requests waiting for capacity. Nil fields are mechanisms the model does not have.
+// Fleet is what a model's backends share: the seats kept free for critical requests, the queue of the
+// requests waiting for capacity, and the measured error of the predictions admission judges on. Nil fields are
+// mechanisms the model does not have.
 type Fleet struct {
-	Reserve *SeatReserve
-	Queue   Signaler
+	Reserve     *SeatReserve
+	Queue       Signaler
+	Calibration *Calibration
 }
 
 // Claim is what an attempt asks of a backend.
@@ -46,6 +48,12 @@ type Claim struct {
 	// Retries, when set, is the budget whose retry slot the attempt holds (RetryBudget.Allow returned true):
 	// the permit gives it back at the first token or at the end. On a refusal it stays the caller's.
 	Retries *RetryBudget
+	// Wait is the expected wait the request was admitted on (ShedDecision.Wait), Waited the time from its
+	// arrival to this claim, and Serve routing's p90 prediction for this backend (Decision.TTFT): the attempt's
+	// first token measures both predictions' errors in the fleet's Calibration. Zero predictions: not measured.
+	// Set them on a request's first attempt only: a retry's or a hedge's first token says how the failure or
+	// the race went, not how good the prediction was.
+	Wait, Waited, Serve time.Duration
 }
 
 // Acquire's refusals.
@@ -106,6 +114,11 @@ type Permit struct {
 	retries *RetryBudget
 	held    bool
 
+	// What the fleet's Calibration measures at the first token (Claim.Wait, Waited, Serve).
+	cal                 *Calibration
+	class               Class
+	wait, waited, serve time.Duration
+
 	// A first token judged later, when the usage says what the engine had cached (pending): its TTFT and the
 	// prediction made at dispatch, which judges it if no such usage comes.
 	ttft, pred time.Duration
@@ -144,11 +157,35 @@ func (p *Permit) Acquire(e *Endpoint, f *Fleet, c Claim) error {
 		}
 		return ErrOutOfService
 	}
-	*p = Permit{done: done, cap: cp, out: e.Outlier, retries: c.Retries, held: true}
+	*p = Permit{done: done, cap: cp, out: e.Outlier, retries: c.Retries, held: true, class: c.Class,
+		wait: c.Wait, waited: c.Waited, serve: c.Serve}
 	if f != nil {
-		p.reserve, p.queue = f.Reserve, f.Queue
+		p.reserve, p.queue, p.cal = f.Reserve, f.Queue, f.Calibration
 	}
 	return nil
+}
+
+// Cancel gives back what Acquire took for an attempt that is not sent after all (the queue found the request
+// too late to meet its objective): the breaker's permission (as ErrNotSent), the concurrency slot and a probe,
+// with nothing judged and no completion counted for the seat reserve. p holds nothing afterwards.
+func (p *Permit) Cancel() {
+	if !p.held {
+		return
+	}
+	if p.done != nil {
+		p.done(ErrNotSent)
+	}
+	if p.cap != nil {
+		p.cap.Release()
+	}
+	if p.out != nil {
+		p.out.Observe(true, 0, 0) // neutral: frees a probe slot
+	}
+	q := p.queue
+	*p = Permit{}
+	if q != nil {
+		q.Signal()
+	}
 }
 
 // Held reports whether p holds an attempt (Acquire succeeded and End has not run).
@@ -157,12 +194,17 @@ func (p *Permit) Held() bool { return p.held }
 // Slot reports whether p holds a concurrency slot (false for an attempt forced past a full cap).
 func (p *Permit) Slot() bool { return p.cap != nil }
 
-// First records that the attempt's answer began: the cap and the detector observe its first token, the
-// breaker counts the backend's success, a retry gives back its budget slot, and the queue is told. Call it once,
-// when the attempt wins (its first content is in hand, or its answer ended without one).
+// First records that the attempt's answer began: the cap and the detector observe its first token, the fleet's
+// Calibration its predictions' errors, the breaker counts the backend's success, a retry gives back its budget
+// slot, and the queue is told. Call it once, when the attempt wins (its first content is in hand, or its answer
+// ended without one).
 func (p *Permit) First(f *First) {
 	if !p.held {
 		return
+	}
+	if f.Content && p.cal != nil {
+		p.cal.Observe(p.class, p.waited, p.wait, f.TTFT, p.serve)
+		p.cal = nil
 	}
 	if f.Content {
 		if p.cap != nil {

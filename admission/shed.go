@@ -94,9 +94,6 @@ type ShedParams struct {
 	// queue would hold the request); standard and critical none (standard is shed only on its prediction,
 	// critical never).
 	Curves [NumClasses]Curve
-	// StandardMiss is how far past its objective a standard request's prediction must be before it is shed,
-	// and only while other requests are queued: it would miss anyway and steal capacity. Default 2.
-	StandardMiss float64
 	// RetryAfter is the Retry-After of a shed request; MaxRetryAfter bounds the longer one given when the
 	// curve refuses most traffic (RetryAfter + p*(MaxRetryAfter-RetryAfter), rounded to seconds by the client
 	// header). Defaults 1s and 5s (ops.md A1.5: small, so SDKs come back soon).
@@ -109,7 +106,6 @@ type ShedParams struct {
 // DefaultShedParams returns the defaults listed on ShedParams.
 func DefaultShedParams() ShedParams {
 	p := ShedParams{
-		StandardMiss:  2,
 		RetryAfter:    time.Second,
 		MaxRetryAfter: 5 * time.Second,
 		Priorities:    DefaultPriorities(),
@@ -127,7 +123,8 @@ type ShedInput struct {
 	SLO time.Duration
 	// TTFT is the best predicted p90 time to first token, RTT included (Decision.TTFT); 0 means unknown.
 	TTFT time.Duration
-	// Wait is the expected wait in the gateway queue before dispatch (Queue.ExpectedWait); added to TTFT.
+	// Wait is the expected wait in the gateway queue of a request that cannot start now (Queue.ExpectedWait);
+	// added to TTFT when the request would wait (Saturated, or Queued > 0).
 	Wait time.Duration
 	// Saturation is the pool's saturation S (PoolSaturation).
 	Saturation float64
@@ -139,6 +136,9 @@ type ShedInput struct {
 	// Idle says the picked backend has nothing in flight, so its prediction may be stale: a sheddable request
 	// is not shed on prediction then (the Inference Extension's "has idle" escape hatch).
 	Idle bool
+	// Calibration corrects the predictions by the error measured on the model's admitted requests (nil: they
+	// are taken as they are).
+	Calibration *Calibration
 }
 
 // Verdict is what to do with a request.
@@ -171,16 +171,26 @@ type ShedDecision struct {
 	Err error
 	// RetryAfter, for Shed, is the Retry-After to send.
 	RetryAfter time.Duration
+	// Wait, for Enqueue, is the expected wait the request was judged on (ShedInput.Wait), before correction:
+	// what its wait is measured against (Calibration.Observe, Calibration.Late). 0 when it was not judged on a
+	// prediction (critical, no SLO, no prediction) or does not wait.
+	Wait time.Duration
 }
 
 // Shedder decides admit / queue / shed before any GPU prefill is spent (routing.md 4.6.1-2):
 //
-//	objective = SLO * slo_factor(class); predicted = TTFT + Wait
+//	objective = SLO * slo_factor(class); waits = Saturated or Queued > 0
+//	corrected = TTFT * Calibration.Serve(class) + (Wait * Calibration.Wait(class) if waits)
 //	sheddable: shed with probability Curve.P(S)                                   (ErrOverloaded)
-//	           shed if predicted > objective, unless the backend is idle          (ErrSLO)
-//	standard:  shed if predicted > StandardMiss * objective and Queued > 0        (ErrSLO)
+//	           shed if corrected > objective, unless the backend is idle          (ErrSLO)
+//	standard:  shed if corrected > objective and waits                            (ErrSLO)
 //	critical:  never shed here
-//	then:      enqueue if Saturated or Queued > 0 (strict priority: nobody overtakes the queue), else admit
+//	then:      enqueue if waits (strict priority: nobody overtakes the queue), else admit
+//
+// A standard request that can start now is admitted whatever its prediction: refusing it frees nothing that
+// another request could use, and its first token measures the prediction (without it, a fleet whose prediction
+// is biased high would refuse every waiting request and never learn otherwise). In the queue, Deadline and
+// TooLate refuse a request as soon as it can no longer meet its objective.
 //
 // Immutable once built; safe for concurrent use.
 type Shedder struct {
@@ -192,9 +202,6 @@ type Shedder struct {
 // NewShedder returns a Shedder counting its refusals in m (nil: none). Zero fields of p take their defaults.
 func NewShedder(p ShedParams, m *metrics.Gateway) *Shedder {
 	d := DefaultShedParams()
-	if p.StandardMiss <= 0 {
-		p.StandardMiss = d.StandardMiss
-	}
 	if p.RetryAfter <= 0 {
 		p.RetryAfter = d.RetryAfter
 	}
@@ -215,26 +222,32 @@ func (s *Shedder) Decide(in *ShedInput) ShedDecision { return s.decide(in, s.ran
 // decide is Decide with the random draw u in [0, 1) given.
 func (s *Shedder) decide(in *ShedInput, u float64) ShedDecision {
 	c := in.Class
-	objective := time.Duration(float64(in.SLO) * s.p.Priorities.Factor(c))
-	predicted := in.TTFT + in.Wait
+	objective := s.Objective(c, in.SLO)
+	waits := in.Saturated || in.Queued > 0
+	judged := in.SLO > 0 && in.TTFT > 0 && c != Critical
+	var wait time.Duration // the wait judged; 0: none
+	if judged && waits {
+		wait = in.Wait
+	}
+	late := judged && in.Calibration.Corrected(c, in.TTFT, wait) > objective
 	switch c.Index() {
 	case Sheddable.Index():
 		if p := s.p.Curves[c.Index()].P(in.Saturation); p > 0 && u < p {
 			return s.refuse(ErrOverloaded, c, p)
 		}
-		if in.SLO > 0 && in.TTFT > 0 && predicted > objective && !in.Idle {
+		if late && !in.Idle {
 			return s.refuse(ErrSLO, c, 0)
 		}
 	case Standard.Index():
 		if p := s.p.Curves[c.Index()].P(in.Saturation); p > 0 && u < p {
 			return s.refuse(ErrOverloaded, c, p)
 		}
-		if in.SLO > 0 && in.TTFT > 0 && in.Queued > 0 && float64(predicted) > s.p.StandardMiss*float64(objective) {
+		if late && waits {
 			return s.refuse(ErrSLO, c, 0)
 		}
 	}
-	if in.Saturated || in.Queued > 0 {
-		return ShedDecision{Verdict: Enqueue}
+	if waits {
+		return ShedDecision{Verdict: Enqueue, Wait: wait}
 	}
 	return ShedDecision{Verdict: Admit}
 }
@@ -245,22 +258,37 @@ func (s *Shedder) refuse(err error, c Class, p float64) ShedDecision {
 	return ShedDecision{Verdict: Shed, Err: err, RetryAfter: ra}
 }
 
-// Deadline returns the latest time a request of class c that arrived at arrival may still be dispatched from
-// the queue, for Queue.Wait: arrival + queueTimeout, shortened, when the model has a TTFT objective, to the
-// point past which the request would be shed on prediction anyway (a request that misses its objective waiting
-// has lost its value; routing.md 4.6.3): sheddable arrival + objective, standard arrival + StandardMiss *
-// objective, critical not shortened (it waits for capacity up to queueTimeout). objective is slo times the
-// class's SLO factor.
-func (s *Shedder) Deadline(arrival time.Time, c Class, slo, queueTimeout time.Duration) time.Time {
+// Objective returns the TTFT objective of a request of class c on a model whose objective is slo: slo times the
+// class's SLO factor (0 when slo is 0).
+func (s *Shedder) Objective(c Class, slo time.Duration) time.Duration {
+	return time.Duration(float64(slo) * s.p.Priorities.Factor(c))
+}
+
+// Deadline returns the latest time a request judged on in (its Decide input) that arrived at arrival may still
+// be dispatched from the queue, for Queue.Wait: arrival + queueTimeout, shortened, for standard and sheddable
+// requests on a model with a TTFT objective, to the last moment from which its first token can still come
+// within the objective (a request that misses its objective waiting has lost its value; routing.md 4.6.3):
+//
+//	arrival + objective - TTFT * Calibration.Serve(class)     (never before arrival)
+//
+// Critical requests are not shortened (they wait for capacity up to queueTimeout).
+func (s *Shedder) Deadline(arrival time.Time, in *ShedInput, queueTimeout time.Duration) time.Time {
 	wait := queueTimeout
-	if slo > 0 {
-		objective := time.Duration(float64(slo) * s.p.Priorities.Factor(c))
-		switch c.Index() {
-		case Sheddable.Index():
-			wait = min(wait, objective)
-		case Standard.Index():
-			wait = min(wait, time.Duration(s.p.StandardMiss*float64(objective)))
-		}
+	if in.SLO > 0 && in.Class != Critical {
+		serve := time.Duration(float64(in.TTFT) * in.Calibration.Serve(in.Class))
+		wait = min(wait, max(s.Objective(in.Class, in.SLO)-serve, 0))
 	}
 	return arrival.Add(wait)
+}
+
+// TooLate is the queue's last check when a waiting standard or sheddable request is about to be dispatched: it
+// reports whether its first token, counted from arrival, misses the objective of class c on a model whose
+// objective is slo when it comes waited + ttft * Calibration.Serve(c) (ttft: routing's p90 prediction for the
+// backend just picked). A request too late is refused at that moment (ErrQueueTimeout) rather than dispatched
+// to miss. Critical requests, and models without an objective, are never too late.
+func (s *Shedder) TooLate(c Class, slo, waited, ttft time.Duration, cal *Calibration) bool {
+	if slo <= 0 || c == Critical {
+		return false
+	}
+	return waited+time.Duration(float64(ttft)*cal.Serve(c)) > s.Objective(c, slo)
 }

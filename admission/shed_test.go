@@ -83,15 +83,17 @@ func TestShedDecide(t *testing.T) {
 		// sheddable: objective = 0.5 * SLO = 250ms
 		{"sheddable within objective", ShedInput{Class: Sheddable, SLO: slo, TTFT: 240 * time.Millisecond}, Admit, nil},
 		{"sheddable misses objective", ShedInput{Class: Sheddable, SLO: slo, TTFT: 260 * time.Millisecond}, Shed, ErrSLO},
-		{"sheddable misses with the queue wait", ShedInput{Class: Sheddable, SLO: slo, TTFT: 200 * time.Millisecond, Wait: 100 * time.Millisecond}, Shed, ErrSLO},
+		{"sheddable misses with the queue wait", ShedInput{Class: Sheddable, SLO: slo, TTFT: 200 * time.Millisecond, Wait: 100 * time.Millisecond, Queued: 1}, Shed, ErrSLO},
 		{"sheddable on an idle backend is not shed on prediction", ShedInput{Class: Sheddable, SLO: slo, TTFT: time.Second, Idle: true}, Admit, nil},
 		{"sheddable with unknown prediction", ShedInput{Class: Sheddable, SLO: slo}, Admit, nil},
 		{"sheddable on a full fleet", ShedInput{Class: Sheddable, Saturation: 1}, Shed, ErrOverloaded},
 
-		// standard: shed only when predicted > 2 * SLO and requests wait
-		{"standard past 2x SLO with a queue", ShedInput{Class: Standard, SLO: slo, TTFT: 1100 * time.Millisecond, Queued: 1}, Shed, ErrSLO},
-		{"standard past 2x SLO, empty queue", ShedInput{Class: Standard, SLO: slo, TTFT: 1100 * time.Millisecond}, Admit, nil},
-		{"standard past 1x but within 2x, with a queue", ShedInput{Class: Standard, SLO: slo, TTFT: 900 * time.Millisecond, Queued: 1}, Enqueue, nil},
+		// standard: objective = SLO = 500ms; shed when the prediction, wait included, misses it and it would wait
+		{"standard past its objective with a queue", ShedInput{Class: Standard, SLO: slo, TTFT: 600 * time.Millisecond, Queued: 1}, Shed, ErrSLO},
+		{"standard past its objective on a saturated fleet", ShedInput{Class: Standard, SLO: slo, TTFT: 600 * time.Millisecond, Saturated: true}, Shed, ErrSLO},
+		{"standard misses with the queue wait", ShedInput{Class: Standard, SLO: slo, TTFT: 200 * time.Millisecond, Wait: 400 * time.Millisecond, Queued: 1}, Shed, ErrSLO},
+		{"standard within its objective, wait included, queues", ShedInput{Class: Standard, SLO: slo, TTFT: 200 * time.Millisecond, Wait: 250 * time.Millisecond, Queued: 1}, Enqueue, nil},
+		{"standard past its objective that can start now goes", ShedInput{Class: Standard, SLO: slo, TTFT: 1100 * time.Millisecond, Wait: time.Second}, Admit, nil},
 		{"standard on a full fleet queues", ShedInput{Class: Standard, Saturation: 1.5, Saturated: true}, Enqueue, nil},
 
 		// critical: never shed on prediction, queues
@@ -147,18 +149,50 @@ func TestDeadline(t *testing.T) {
 	s := NewShedder(DefaultShedParams(), nil)
 	t0 := time.Unix(1000, 0)
 	for _, tc := range []struct {
-		class   Class
-		slo, qt time.Duration
-		want    time.Duration
+		class     Class
+		slo, ttft time.Duration
+		qt, want  time.Duration
 	}{
-		{Critical, time.Second, 10 * time.Second, 10 * time.Second},        // critical waits for capacity
-		{Standard, time.Second, 10 * time.Second, 2 * time.Second},         // 2 x 1 x SLO
-		{Sheddable, time.Second, 10 * time.Second, 500 * time.Millisecond}, // 0.5 x SLO
-		{Standard, 0, 10 * time.Second, 10 * time.Second},                  // no SLO
-		{Standard, time.Minute, 10 * time.Second, 10 * time.Second},        // queue_timeout is shorter
+		{Critical, time.Second, 100 * time.Millisecond, 10 * time.Second, 10 * time.Second}, // critical waits for capacity
+		{Standard, time.Second, 0, 10 * time.Second, time.Second},                           // 1 x SLO, no prediction
+		{Standard, time.Second, 300 * time.Millisecond, 10 * time.Second, 700 * time.Millisecond},
+		{Sheddable, time.Second, 100 * time.Millisecond, 10 * time.Second, 400 * time.Millisecond}, // 0.5 x SLO - TTFT
+		{Standard, time.Second, 2 * time.Second, 10 * time.Second, 0},                              // no chance left
+		{Standard, 0, time.Second, 10 * time.Second, 10 * time.Second},                             // no SLO
+		{Standard, time.Minute, 0, 10 * time.Second, 10 * time.Second},                             // queue_timeout is shorter
 	} {
-		if got := s.Deadline(t0, tc.class, tc.slo, tc.qt).Sub(t0); got != tc.want {
-			t.Errorf("Deadline(%v, slo %v, qt %v) = +%v, want +%v", tc.class, tc.slo, tc.qt, got, tc.want)
+		in := ShedInput{Class: tc.class, SLO: tc.slo, TTFT: tc.ttft}
+		if got := s.Deadline(t0, &in, tc.qt).Sub(t0); got != tc.want {
+			t.Errorf("Deadline(%v, slo %v, ttft %v, qt %v) = +%v, want +%v", tc.class, tc.slo, tc.ttft, tc.qt, got, tc.want)
+		}
+	}
+	// A measured serve error of 2x halves what the prediction leaves for waiting.
+	k := NewCalibration()
+	for range 10 {
+		k.Observe(Standard, 0, 0, 200*time.Millisecond, 100*time.Millisecond)
+	}
+	in := ShedInput{Class: Standard, SLO: time.Second, TTFT: 300 * time.Millisecond, Calibration: k}
+	if got := s.Deadline(t0, &in, 10*time.Second).Sub(t0); got != 400*time.Millisecond {
+		t.Errorf("Deadline with serve factor 2 = +%v, want +400ms", got)
+	}
+}
+
+func TestTooLate(t *testing.T) {
+	s := NewShedder(DefaultShedParams(), nil)
+	for _, tc := range []struct {
+		class             Class
+		slo, waited, ttft time.Duration
+		late              bool
+	}{
+		{Standard, time.Second, 800 * time.Millisecond, 150 * time.Millisecond, false},
+		{Standard, time.Second, 900 * time.Millisecond, 150 * time.Millisecond, true},
+		{Sheddable, time.Second, 300 * time.Millisecond, 150 * time.Millisecond, false},
+		{Sheddable, time.Second, 400 * time.Millisecond, 150 * time.Millisecond, true},
+		{Critical, time.Second, 5 * time.Second, time.Second, false}, // critical is never too late
+		{Standard, 0, 5 * time.Second, time.Second, false},           // no objective
+	} {
+		if late := s.TooLate(tc.class, tc.slo, tc.waited, tc.ttft, nil); late != tc.late {
+			t.Errorf("TooLate(%v, slo %v, waited %v, ttft %v) = %v, want %v", tc.class, tc.slo, tc.waited, tc.ttft, late, tc.late)
 		}
 	}
 }

@@ -342,3 +342,67 @@ func (firstHealthy) Pick(_ *routing.Request, ts []routing.Target) (routing.Targe
 	}
 	return routing.Target{}, routing.ErrNoBackend
 }
+
+// TestStandardRefusedWhenItsChanceHasPassed: a standard request queued behind a long one is refused (503
+// overloaded, Retry-After) as soon as it can no longer meet its objective, while the slot it waits for is still
+// taken, rather than dispatched late when the slot frees; the refusal counts as queue_timeout.
+func TestStandardRefusedWhenItsChanceHasPassed(t *testing.T) {
+	t.Parallel()
+	be := startSim(t, "a", func(c *sim.Config) { c.ITL = 20 * time.Millisecond })
+	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 2, be.URL()))
+	// Objective 1.5 s; the long request holds the only slot for at least 100 * 20ms = 2 s, less than twice it.
+	snap.Models["sim-model"].SLO = SLO{TTFT: 1500 * time.Millisecond}
+	cfg := *snap.Backends[0].Config()
+	cfg.MaxConcurrency = 1
+	snap.Backends[0] = routing.NewBackend(&cfg)
+	snap.Models["sim-model"].Targets[0].Backend = snap.Backends[0]
+	gw := startGateway(t, snap, Options{})
+	snap.Shedder = admission.NewShedder(admission.DefaultShedParams(), gw.m)
+	busy := make(chan answer, 1)
+	go func() {
+		busy <- post(t, gw.url, `{"model":"sim-model","max_tokens":100,"messages":[{"role":"user","content":"long"}]}`,
+			map[string]string{"X-Switchyard-Priority": "critical"})
+	}()
+	waitFor(t, 5*time.Second, func() bool { return snap.Backends[0].Inflight() == 1 })
+	std := post(t, gw.url, small, map[string]string{"X-Switchyard-Priority": "standard"})
+	stillBusy := snap.Backends[0].Inflight() == 1
+	if std.code != 503 || std.header.Get("Retry-After") == "" || errorCode(t, std.body) != "overloaded" {
+		t.Errorf("standard behind a long request: %d %s (Retry-After %q), want 503 overloaded", std.code, std.body, std.header.Get("Retry-After"))
+	}
+	if !stillBusy {
+		t.Error("the refusal came after the slot freed: the request waited past its chance")
+	}
+	if b := <-busy; b.code != 200 {
+		t.Errorf("the long request: %d", b.code)
+	}
+	if n := counterWith(t, gw, "switchyard_shed_total", "reason", "queue_timeout"); n != 1 {
+		t.Errorf("switchyard_shed_total{reason=queue_timeout} = %v, want 1 (the standard request)", n)
+	}
+}
+
+// TestAdmissionMeasuresItsPredictions: the first tokens of standard requests admitted on routing's prediction
+// feed their model's Calibration (the serve factor leaves 1); critical requests, never refused on a prediction,
+// are not measured.
+func TestAdmissionMeasuresItsPredictions(t *testing.T) {
+	t.Parallel()
+	be := startSim(t, "a", nil)
+	ad, err := routing.NewAdaptive(routing.StrategyEnv{Model: "sim-model"}, routing.DefaultAdaptiveParams())
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := withAdmission(snapshotOf(ad, 2, be.URL()))
+	snap.Models["sim-model"].SLO = SLO{TTFT: 5 * time.Second}
+	gw := startGateway(t, snap, Options{})
+	for _, class := range []string{"critical", "standard", "standard", "standard", "standard"} {
+		if a := post(t, gw.url, small, map[string]string{"X-Switchyard-Priority": class}); a.code != 200 {
+			t.Fatalf("%s request: %d %s", class, a.code, a.body)
+		}
+	}
+	k := gw.s.calibrationFor("sim-model")
+	if f := k.Serve(admission.Standard); f == 1 || !(f > 0) {
+		t.Errorf("standard serve factor %v after 4 first tokens, want measured (not 1)", f)
+	}
+	if f := k.Serve(admission.Critical); f != 1 {
+		t.Errorf("critical serve factor %v, want 1 (not measured)", f)
+	}
+}

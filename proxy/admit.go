@@ -89,6 +89,46 @@ func (s *Server) reserveFor(model string) *admission.SeatReserve {
 	return r.(*admission.SeatReserve)
 }
 
+// calibrationFor returns the measured error of a model's TTFT predictions for admission (admission.Calibration).
+func (s *Server) calibrationFor(model string) *admission.Calibration {
+	if c, ok := s.cals.Load(model); ok {
+		return c.(*admission.Calibration)
+	}
+	c, _ := s.cals.LoadOrStore(model, admission.NewCalibration())
+	return c.(*admission.Calibration)
+}
+
+// measure fills c, the claim of a request's first attempt, with what the fleet's Calibration measures at its
+// first token: the wait the request was admitted on and the time it waited, and routing's p90 for the backend
+// just picked. Retries and hedges are not measured (admission.Claim), nor requests not judged on a prediction.
+func (ex *exchange) measure(c *admission.Claim) {
+	if !ex.judged || ex.attempts > 0 {
+		return
+	}
+	c.Wait, c.Waited, c.Serve = ex.wait, ex.s.clock.Now().Sub(ex.arrival), ex.rreq.Decision().TTFT
+}
+
+// tooLate is the queue's last check on a waiting request whose attempt Dispatch just picked and claimed
+// (admission.Shedder.TooLate): when its first token can no longer come within its objective, the claim is given
+// back and the request is refused now (ErrQueueTimeout) rather than dispatched to miss.
+func (ex *exchange) tooLate(a *attempt) error {
+	snap := ex.snap
+	if snap.Shedder == nil || !snap.Shedder.TooLate(ex.class, ex.model.SLO.TTFT, ex.s.clock.Now().Sub(ex.arrival),
+		ex.rreq.Decision().TTFT, ex.rec.fleet.Calibration) {
+		return nil
+	}
+	a.permit.Cancel()
+	return admission.ErrQueueTimeout
+}
+
+// refusedLate tells the Calibration that a request admitted on an expected wait was refused in the queue (its
+// deadline passed, or tooLate refused it): it waited at least as long as it did.
+func (ex *exchange) refusedLate() {
+	if ex.judged {
+		ex.rec.fleet.Calibration.Late(ex.class, ex.wait, ex.s.clock.Now().Sub(ex.arrival))
+	}
+}
+
 // pool measures a model's backends for brownout and shedding: the mean saturation S over its healthy backends
 // (engine queue, KV use and concurrency cap, admission.Saturation) and whether all are saturated.
 func pool(r *modelRec, saturated bool) admission.Pool {

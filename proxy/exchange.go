@@ -112,6 +112,9 @@ type routed struct {
 	attempts int
 	budgeted bool // counted in the retry budget's live requests
 	fleeing  bool // a retry already moved this request off a backend that died: its later retries are not budgeted
+
+	judged bool          // the shedder judged the request on its TTFT prediction (its errors are measured)
+	wait   time.Duration // the expected gateway wait it was judged on (0: none)
 }
 
 // reset empties r for the next request. Its attempts must have ended and its retry budget been given back.
@@ -249,16 +252,18 @@ func (ex *exchange) admit(h *fasthttp.RequestHeader) error {
 	q := ex.rec.queue
 	pool := pool(ex.rec, dec.Saturated || err != nil)
 	in := admission.ShedInput{
-		Class:      ex.class,
-		SLO:        ex.model.SLO.TTFT,
-		TTFT:       dec.TTFT,
-		Wait:       q.ExpectedWait(ex.class),
-		Saturation: pool.Saturation,
-		Saturated:  pool.Saturated,
-		Queued:     q.Len(),
-		Idle:       err == nil && t.Backend.Inflight() == 0,
+		Class:       ex.class,
+		SLO:         ex.model.SLO.TTFT,
+		TTFT:        dec.TTFT,
+		Wait:        q.ExpectedWait(ex.class),
+		Saturation:  pool.Saturation,
+		Saturated:   pool.Saturated,
+		Queued:      q.Len(),
+		Idle:        err == nil && t.Backend.Inflight() == 0,
+		Calibration: ex.rec.fleet.Calibration,
 	}
 	d := snap.Shedder.Decide(&in)
+	ex.judged, ex.wait = in.SLO > 0 && in.TTFT > 0 && ex.class != admission.Critical, d.Wait
 	switch d.Verdict {
 	case admission.Shed:
 		return shedError{d.Err, d.RetryAfter}
@@ -275,12 +280,15 @@ func (ex *exchange) admit(h *fasthttp.RequestHeader) error {
 	// Enqueue: wait for capacity; the queue's Dispatch picks again when a backend frees (late binding).
 	ex.queued = newAttempt(ex.s, ex.wd)
 	ctx, cancel := ex.wd.queueContext()
-	deadline := snap.Shedder.Deadline(ex.arrival, ex.class, ex.model.SLO.TTFT, snap.Queue.Timeout)
+	deadline := snap.Shedder.Deadline(ex.arrival, &in, snap.Queue.Timeout)
 	err = q.Wait(ctx, ex, ex.class, deadline)
 	cancel()
 	if err != nil {
 		if why := ex.cancelled(); why != nil {
 			return why
+		}
+		if errors.Is(err, admission.ErrQueueTimeout) {
+			ex.refusedLate() // admit.go
 		}
 		return err
 	}
@@ -319,7 +327,7 @@ func dispatchQueued(ex *exchange) (err error) {
 		}
 		return err
 	}
-	return nil
+	return ex.tooLate(ex.queued) // admit.go: its chance to meet the objective may have passed while it waited
 }
 
 // choose filters the model's targets (not tried yet, concurrency cap not full, not ejected, and for standard and
@@ -396,6 +404,9 @@ func (ex *exchange) take(a *attempt, t routing.Target, force bool) error {
 	c := admission.Claim{Class: ex.class, Guard: ex.guard, Force: force}
 	if a.retry {
 		c.Retries = ex.s.retries
+	}
+	if !force {
+		ex.measure(&c) // admit.go
 	}
 	e := ex.rec.endpointOf(b)
 	switch err := a.permit.Acquire(&e.guards, &ex.rec.fleet, c); err {

@@ -25,7 +25,7 @@ type modelRec struct {
 	queue   *admission.Queue[*exchange]
 	reserve *admission.SeatReserve
 	hedges  *admission.HedgeBudget
-	fleet   admission.Fleet // reserve and queue, as a Permit reports to them
+	fleet   admission.Fleet // reserve, queue and calibration, as a Permit reports to them
 	degrade *modelRec       // m.DegradeTo's record; nil when it has none
 }
 
@@ -66,7 +66,7 @@ func (s *Server) resolve(snap *Snapshot) *resolved {
 		}
 		r := &modelRec{m: m, ends: make([]*endpoint, len(m.Targets)), queue: s.queueFor(m.Name, snap),
 			reserve: s.reserveFor(m.Name), hedges: s.hedgeBudget(m)}
-		r.fleet = admission.Fleet{Reserve: r.reserve, Queue: r.queue}
+		r.fleet = admission.Fleet{Reserve: r.reserve, Queue: r.queue, Calibration: s.calibrationFor(m.Name)}
 		for i, t := range m.Targets {
 			r.ends[i] = endOf(t.Backend)
 		}

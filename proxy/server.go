@@ -146,6 +146,7 @@ type Server struct {
 	queues   sync.Map  // model name -> *admission.Queue[*exchange]
 	hedges   sync.Map  // model name -> *admission.HedgeBudget
 	reserves sync.Map  // model name -> *admission.SeatReserve
+	cals     sync.Map  // model name -> *admission.Calibration
 	homes    *homes    // where each stored response lives (responses.go)
 	orphans  orphanSet // hedges' losers reading on to their first token (exchange.abandon)
 	followMu sync.Mutex
