@@ -72,7 +72,12 @@ func BenchmarkRateLimitParallel(b *testing.B) {
 
 func BenchmarkShedDecide(b *testing.B) {
 	s := NewShedder(DefaultShedParams(), metrics.New(prometheus.NewRegistry()))
-	in := ShedInput{Class: Sheddable, SLO: time.Second, TTFT: 400 * time.Millisecond, Saturation: 0.6, Queued: 0}
+	k := NewCalibration()
+	for range CalibrationWindow {
+		k.Observe(Sheddable, 300*time.Millisecond, 200*time.Millisecond, 150*time.Millisecond, 100*time.Millisecond)
+	}
+	in := ShedInput{Class: Sheddable, SLO: time.Second, TTFT: 400 * time.Millisecond, Wait: 100 * time.Millisecond,
+		Saturation: 0.6, Queued: 1, Calibration: k}
 	sats := []float64{0.2, 0.5, 0.9, 1.1}
 	b.ReportAllocs()
 	for b.Loop() {

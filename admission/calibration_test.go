@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -12,22 +13,33 @@ import (
 )
 
 // TestConformalQuantile: the k-th smallest with k = ceil((n+1)(1-MissShare)), the largest when n is too small
-// for that level.
+// for that level; the window keeps its values sorted as the oldest leave.
 func TestConformalQuantile(t *testing.T) {
-	xs := make([]float32, CalibrationWindow)
-	for i := range xs {
-		xs[i] = float32(CalibrationWindow - i) // 256 .. 1, unsorted
+	k := int(math.Ceil(float64(CalibrationWindow+1)*(1-MissShare))) - 1
+	if got := conformalRank(CalibrationWindow); got != k {
+		t.Errorf("rank of %d = %d, want %d", CalibrationWindow, got, k)
 	}
-	var scratch [CalibrationWindow]float32
-	k := int(math.Ceil(float64(CalibrationWindow+1)*(1-MissShare))) - 1 // 0-based index of the k-th smallest
-	if got := conformalQuantile(scratch[:0], xs); got != float32(k+1) {
-		t.Errorf("quantile of 1..%d = %v, want %v", CalibrationWindow, got, k+1)
+	if got := conformalRank(3); got != 2 {
+		t.Errorf("rank of 3 = %d, want the largest, 2", got)
 	}
-	if got := conformalQuantile(scratch[:0], []float32{3, 1, 2}); got != 3 {
-		t.Errorf("quantile of 3 samples = %v, want the largest, 3", got)
+	var w ratioWindow
+	r := rand.New(rand.NewPCG(3, 4))
+	var all []float32
+	for i := range 3 * CalibrationWindow {
+		x := float32(1 + r.IntN(50)) // with repeats, as real errors have
+		all = append(all, x)
+		w.add(float64(x))
+		last := slices.Clone(all[max(0, len(all)-CalibrationWindow):])
+		slices.Sort(last)
+		if !slices.Equal(w.sorted[:w.n], last) {
+			t.Fatalf("after %d values the window holds %v, want %v", i+1, w.sorted[:w.n], last)
+		}
+		if want := float64(last[conformalRank(len(last))]); w.factor() != want {
+			t.Fatalf("after %d values the factor is %v, want %v", i+1, w.factor(), want)
+		}
 	}
-	if a := testing.AllocsPerRun(100, func() { conformalQuantile(scratch[:0], xs) }); a != 0 {
-		t.Errorf("conformalQuantile allocates %v times", a)
+	if a := testing.AllocsPerRun(100, func() { w.add(2) }); a != 0 {
+		t.Errorf("add allocates %v times", a)
 	}
 }
 

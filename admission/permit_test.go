@@ -254,11 +254,12 @@ func BenchmarkPermit(b *testing.B) {
 	d.Update([]string{"a"})
 	q := new(signals)
 	e := Endpoint{Cap: caps.Get("a"), Outlier: d.Get("a")}
-	f := Fleet{Reserve: NewSeatReserve(nil), Queue: q}
+	f := Fleet{Reserve: NewSeatReserve(nil), Queue: q, Calibration: NewCalibration()}
+	claim := Claim{Class: Standard, Wait: 200 * time.Millisecond, Waited: 150 * time.Millisecond, Serve: pred}
 	b.ReportAllocs()
 	for b.Loop() {
 		var p Permit
-		if err := p.Acquire(&e, &f, Claim{}); err != nil {
+		if err := p.Acquire(&e, &f, claim); err != nil {
 			b.Fatal(err)
 		}
 		p.First(&First{Content: true, TTFT: pred, Predicted: pred, P90: pred})
