@@ -194,6 +194,7 @@ func simulate(t *testing.T, p simParams, duration time.Duration) simResult {
 						return
 					}
 				}
+				began := time.Now() // the slot is held from here
 				var pm Permit
 				if err := pm.Acquire(&Endpoint{}, &Fleet{Queue: q, Calibration: k}, Claim{Class: Standard,
 					Wait: d.Wait, Waited: time.Since(r.arrival), Serve: pred}); err != nil {
@@ -208,12 +209,19 @@ func simulate(t *testing.T, p simParams, duration time.Duration) simResult {
 						res.met++
 					}
 				})
-				held := time.Now()
 				time.Sleep(p.hold - serve)
 				mu.Lock()
 				free++
-				if held.After(half) {
-					busyNs += float64(time.Since(held) + serve)
+				from := began
+				if half.After(from) {
+					from = half
+				}
+				to := time.Now()
+				if end := start.Add(duration); to.After(end) {
+					to = end
+				}
+				if to.After(from) {
+					busyNs += float64(to.Sub(from)) // the part of the hold in the second half
 				}
 				mu.Unlock()
 				pm.End(&Outcome{Reached: true})
