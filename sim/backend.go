@@ -321,7 +321,7 @@ func (b *Backend) serveCompletion(w http.ResponseWriter, r *http.Request, ep ope
 		writeError(w, http.StatusInternalServerError, "Simulated engine failure (fail_rate).")
 		return
 	}
-	s := newSeq(promptTokens, maxTokens, AppendBlockHashes(nil, prompt))
+	s := newSeq(promptTokens, maxTokens, b.blockHashes(prompt))
 	s.priority = req.Priority
 	s.stalled = faults.StallRate > 0 && b.failDraw(faults.StallRate)
 	seed := textSeed(b.cfg.Seed, prompt)

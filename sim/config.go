@@ -4,15 +4,20 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
-// BlockTokens is the KV cache block size in tokens, as vLLM's default --block-size.
+// BlockTokens is the default KV cache block size in tokens (Config.BlockSize), as vLLM's default --block-size.
 const BlockTokens = 16
 
-// BlockBytes is one KV block in bytes of canonical prompt (BlockTokens tokens of openai.BytesPerToken bytes): the
-// gateway hashes the prompt in blocks of the same size, so both sides agree on which prefix blocks exist.
+// BlockBytes is one default KV block in bytes of canonical prompt (BlockTokens tokens of openai.BytesPerToken
+// bytes): the gateway hashes the prompt in blocks of the same size, so both sides agree on which prefix blocks
+// exist. A backend with another Config.BlockSize hashes at its own granularity; the gateway's 64-byte blocks
+// then still name prefixes that the backend holds whole or not at all when its block divides 16 tokens or is a
+// multiple of them.
 const BlockBytes = 64
 
 // Config is one simulated backend. Start it with Start or StartFleet. Build one with DefaultConfig and change the
@@ -49,8 +54,8 @@ type Config struct {
 	// MaxBatchedTokens caps the tokens scheduled in one step, one per decoding sequence plus the prefill
 	// chunks (vLLM --max-num-batched-tokens). Default 4096.
 	MaxBatchedTokens int
-	// KVBlocks is the number of 16-token KV cache blocks; it also bounds a request's context
-	// (prompt + max_tokens <= 16*KVBlocks tokens). Default 8192.
+	// KVBlocks is the number of KV cache blocks of BlockSize tokens; it also bounds a request's context
+	// (prompt + max_tokens <= BlockSize*KVBlocks tokens). Default 8192.
 	KVBlocks int
 	// DefaultMaxTokens is the completion length when a request sets neither max_tokens nor
 	// max_completion_tokens. Default 256.
@@ -66,6 +71,36 @@ type Config struct {
 	// may ask for fewer). Default 384, the size of small sentence-embedding models (all-MiniLM-L6-v2,
 	// bge-small); at most 16384.
 	EmbeddingDim int
+
+	// The engine's physics (see the package doc, "Physics"). Each zero value is today's vLLM V1 engine (the
+	// vllm-v1 preset), so a Config without them runs as it always did.
+
+	// Physics is the preset the physics fields were filled from (SetPhysics, the -physics flag, the fleet key
+	// physics): PhysicsVLLMV1 and the others. Informational once set: the fields below are what the engine
+	// runs. Empty: none.
+	Physics string
+	// Batching is the batching law: BatchStepped (the zero value too; continuous batching whose step slows
+	// with the batch) or BatchSeats (fixed seats that each run at their own pace, slowed by LoadFactor).
+	Batching string
+	// LoadFactor is, under BatchSeats, the time factor of prefill and decode with MaxNumSeqs sequences in
+	// flight; it rises linearly from 1 with one in flight (llm-d-inference-sim's time-factor-under-load). In
+	// [1, 100], or 0 meaning 1.
+	LoadFactor float64
+	// BlockSize is the KV cache block size in tokens (vLLM --block-size, SGLang --page-size): the prefix
+	// cache's granularity. In [1, 1024], or 0 meaning BlockTokens (16).
+	BlockSize int
+	// Eviction is the prefix cache's eviction rule: EvictLRU (the zero value too), EvictRadix or EvictFIFO.
+	Eviction string
+	// ChunkedPrefill is how prefill shares the engine with decoding: PrefillMixed ("on", the zero value too),
+	// PrefillUnmixed or PrefillOff.
+	ChunkedPrefill string
+	// Jitter is the relative spread of step times: each step's time is multiplied by a lognormal factor of
+	// mean 1 whose log has standard deviation Jitter, drawn from a generator seeded by Seed. In [0, 1];
+	// default 0 (no jitter).
+	Jitter float64
+	// PrefillKnee makes prefill cost grow with context: a prompt token at context c (tokens before it) costs
+	// (1 + c/PrefillKnee)/PrefillTPS. 0 (default) keeps prefill linear.
+	PrefillKnee int
 
 	// Seed seeds the generated text (with the canonical prompt, so one request gives the same text on every
 	// backend that shares the seed, on every run) and the fault draws. Default 1.
@@ -102,6 +137,7 @@ const DefaultListen = "127.0.0.1:8000"
 type knob struct {
 	flag  string // CLI flag name, without the dash
 	key   string // fleet file key
+	bit   uint64 // this knob's bit in a set of knobs named (set by init)
 	usage string
 	set   func(c *Config, s string) error
 	get   func(c *Config) string
@@ -135,7 +171,7 @@ var knobs = []knob{
 	},
 	intKnob("max-batched-tokens", "max_batched_tokens", "most tokens scheduled in one step (> 0)",
 		func(c *Config) *int { return &c.MaxBatchedTokens }),
-	intKnob("kv-blocks", "kv_blocks", "KV cache size in 16-token blocks (> 0)",
+	intKnob("kv-blocks", "kv_blocks", "KV cache size in blocks of block-size tokens (> 0)",
 		func(c *Config) *int { return &c.KVBlocks }),
 	intKnob("default-max-tokens", "default_max_tokens", "completion length when a request sets no max_tokens (> 0)",
 		func(c *Config) *int { return &c.DefaultMaxTokens }),
@@ -145,6 +181,58 @@ var knobs = []knob{
 		func(c *Config) *time.Duration { return &c.RTT }, false),
 	floatKnob("fail-rate", "fail_rate", "share of requests answered 500 before any token, in [0,1]",
 		func(c *Config) *float64 { return &c.FailRate }, 1, true),
+	{
+		flag: "physics", key: "physics",
+		usage: "engine physics preset, filling the physics knobs not set by name: " + strings.Join(PhysicsPresets(), ", ") +
+			" (a `preset`)",
+		set: func(c *Config, s string) error { return c.setPhysics(s, 0) },
+		get: func(c *Config) string { return c.Physics },
+		check: func(c *Config) error {
+			if _, ok := presets[c.Physics]; !ok && c.Physics != "" {
+				return fmt.Errorf("%q is not one of %s", c.Physics, strings.Join(PhysicsPresets(), ", "))
+			}
+			return nil
+		},
+	},
+	enumKnob("batching", "batching", "batching law: stepped (continuous batching, a step slows with its batch) or seats",
+		func(c *Config) *string { return &c.Batching }, "", BatchStepped, BatchSeats),
+	rangeKnob("load-factor", "load_factor", "under seats, the time factor with max-num-seqs in flight (1 with one; 0 means 1)",
+		func(c *Config) *float64 { return &c.LoadFactor }, 1, 100),
+	{
+		flag: "block-size", key: "block_size",
+		usage: "KV cache block size in tokens, the prefix cache's granularity, in [1, 1024] (0: 16) (an `integer`)",
+		set: func(c *Config, s string) error {
+			v, err := strconv.Atoi(s)
+			if err != nil {
+				return fmt.Errorf("%q is not an integer", s)
+			}
+			c.BlockSize = v
+			return checkBlockSize(c)
+		},
+		get:   func(c *Config) string { return strconv.Itoa(c.blockSize()) },
+		check: checkBlockSize,
+	},
+	enumKnob("eviction", "eviction", "prefix cache eviction rule: lru (vLLM), radix (SGLang: LRU leaves) or fifo",
+		func(c *Config) *string { return &c.Eviction }, "", EvictLRU, EvictRadix, EvictFIFO),
+	enumKnob("chunked-prefill", "chunked_prefill",
+		"on (prefill chunks share a step with decodes), unmixed (prefill-only steps of chunks) or off (prefill-only steps of whole prompts)",
+		func(c *Config) *string { return &c.ChunkedPrefill }, "", PrefillMixed, PrefillUnmixed, PrefillOff),
+	rangeKnob("jitter", "jitter", "relative spread of step times (sigma of a lognormal factor of mean 1)",
+		func(c *Config) *float64 { return &c.Jitter }, 0, 1),
+	{
+		flag: "prefill-knee", key: "prefill_knee",
+		usage: "context length at which a prompt token's prefill costs twice its first token's; 0: linear (an `integer`)",
+		set: func(c *Config, s string) error {
+			v, err := strconv.Atoi(s)
+			if err != nil {
+				return fmt.Errorf("%q is not an integer", s)
+			}
+			c.PrefillKnee = v
+			return checkKnee(c)
+		},
+		get:   func(c *Config) string { return strconv.Itoa(c.PrefillKnee) },
+		check: checkKnee,
+	},
 	{
 		flag: "seed", key: "seed", usage: "seed of the generated text and of fault draws (an unsigned `integer`)",
 		set: func(c *Config, s string) error {
@@ -158,6 +246,88 @@ var knobs = []knob{
 		get:   func(c *Config) string { return strconv.FormatUint(c.Seed, 10) },
 		check: func(*Config) error { return nil },
 	},
+}
+
+func init() {
+	for i := range knobs {
+		knobs[i].bit = 1 << i
+	}
+}
+
+// apply sets the knob from s, as a flag or a fleet key does, and adds it to named, the knobs set by name on c:
+// a physics preset fills only the knobs not in named, whether they come before or after it.
+func (k knob) apply(c *Config, s string, named *uint64) error {
+	if k.key == "physics" {
+		if err := c.setPhysics(s, *named); err != nil {
+			return err
+		}
+		*named |= k.bit
+		return nil
+	}
+	if err := k.set(c, s); err != nil {
+		return err
+	}
+	*named |= k.bit
+	if k.key == "block_size" && *named&knobBit["physics"] != 0 && *named&knobBit["kv_blocks"] == 0 {
+		c.KVBlocks = max(defaultCacheTokens/c.blockSize(), 1) // a named preset keeps the cache's tokens
+	}
+	return nil
+}
+
+func checkBlockSize(c *Config) error {
+	if c.BlockSize < 0 || c.BlockSize > 1024 {
+		return fmt.Errorf("%d must be in [1, 1024]", c.BlockSize)
+	}
+	return nil
+}
+
+func checkKnee(c *Config) error {
+	if c.PrefillKnee < 0 || c.PrefillKnee > 1<<30 {
+		return fmt.Errorf("%d must be in [0, %d]", c.PrefillKnee, 1<<30)
+	}
+	return nil
+}
+
+// enumKnob accepts one of values.
+func enumKnob(flagName, key, usage string, field func(*Config) *string, values ...string) knob {
+	check := func(c *Config) error {
+		if !slices.Contains(values, *field(c)) {
+			return fmt.Errorf("%q is not one of %s", *field(c), strings.Join(values, ", "))
+		}
+		return nil
+	}
+	return knob{
+		flag: flagName, key: key, usage: usage + " (a `name`)",
+		set: func(c *Config, s string) error {
+			*field(c) = s
+			return check(c)
+		},
+		get:   func(c *Config) string { return *field(c) },
+		check: check,
+	}
+}
+
+// rangeKnob checks lo <= v <= hi, or v == 0 (a zero value meaning the default).
+func rangeKnob(flagName, key, usage string, field func(*Config) *float64, lo, hi float64) knob {
+	check := func(c *Config) error {
+		if v := *field(c); v != 0 && !(v >= lo && v <= hi) { // also rejects NaN
+			return fmt.Errorf("%v is outside [%v, %v]", v, lo, hi)
+		}
+		return nil
+	}
+	return knob{
+		flag: flagName, key: key, usage: usage + " (a `number`)",
+		set: func(c *Config, s string) error {
+			v, err := strconv.ParseFloat(s, 64)
+			if err != nil {
+				return fmt.Errorf("%q is not a number", s)
+			}
+			*field(c) = v
+			return check(c)
+		},
+		get:   func(c *Config) string { return strconv.FormatFloat(*field(c), 'g', -1, 64) },
+		check: check,
+	}
 }
 
 // The scheduling policies (Config.SchedulingPolicy).
@@ -286,14 +456,26 @@ func (c *Config) Validate() error {
 }
 
 // maxContextTokens is the longest prompt + completion a backend accepts: what fits in its KV cache.
-func (c *Config) maxContextTokens() int { return c.KVBlocks * BlockTokens }
+func (c *Config) maxContextTokens() int { return c.KVBlocks * c.blockSize() }
+
+// blockSize is BlockSize, 0 meaning BlockTokens.
+func (c *Config) blockSize() int {
+	if c.BlockSize == 0 {
+		return BlockTokens
+	}
+	return c.BlockSize
+}
+
+// loadFactor is LoadFactor, 0 meaning 1.
+func (c *Config) loadFactor() float64 { return max(c.LoadFactor, 1) }
 
 // RegisterFlags defines one flag per Config field on fs ("-prefill-tps", "-itl", ...), each bound to c: parsing
 // fs sets the fields, and a value out of range fails fs.Parse with an error that names the flag. The defaults
 // shown are c's values at the time of the call.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	named := new(uint64) // shared by the flags, so -physics leaves the knobs named on the command line alone
 	for _, k := range knobs {
-		fs.Var(&knobValue{c: c, k: k}, k.flag, k.usage)
+		fs.Var(&knobValue{c: c, k: k, named: named}, k.flag, k.usage)
 	}
 }
 
@@ -307,8 +489,9 @@ func FlagNames() []string {
 }
 
 type knobValue struct {
-	c *Config
-	k knob
+	c     *Config
+	k     knob
+	named *uint64
 }
 
 func (v *knobValue) String() string {
@@ -318,4 +501,4 @@ func (v *knobValue) String() string {
 	return v.k.get(v.c)
 }
 
-func (v *knobValue) Set(s string) error { return v.k.set(v.c, s) }
+func (v *knobValue) Set(s string) error { return v.k.apply(v.c, s, v.named) }

@@ -49,7 +49,7 @@ func (b *Backend) pool(w http.ResponseWriter, r *http.Request, items []poolItem,
 	}
 	faults := b.eng.getFaults()
 	for _, it := range items {
-		s := newSeq(it.tokens, 1, AppendBlockHashes(nil, it.text))
+		s := newSeq(it.tokens, 1, b.blockHashes(it.text))
 		s.pooling = true
 		s.stalled = faults.StallRate > 0 && b.failDraw(faults.StallRate)
 		if err := b.eng.submit(s); err != nil {

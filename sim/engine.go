@@ -3,6 +3,8 @@ package sim
 import (
 	"cmp"
 	"errors"
+	"math"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -25,6 +27,9 @@ func (realClock) Now() time.Time { return time.Now() }
 // and mean ITL stays what the model promises. Only a pause longer than this (a suspended process) makes the
 // engine resync to the wall clock instead of replaying it as a burst.
 const maxLag = 2 * time.Second
+
+// jitterStream is the second word of the jitter generator's seed, so that it draws apart from the fault draws.
+const jitterStream = 0x6a6974746572 // "jitter"
 
 // errDown is returned by submit while the engine is down (a control fault) or closed.
 var errDown = errors.New("sim: engine is down")
@@ -70,6 +75,7 @@ type seq struct {
 	stepTokens int     // tokens scheduled for this sequence in the current step
 	cached     int     // prefix-cache hit in tokens at first scheduling; -1 before
 	lastAt     time.Time
+	nextAt     time.Time // under BatchSeats: when the sequence's prefill ends or its next token is due
 
 	stalled bool // drawn into the StallRate share of stalled requests (set before submit)
 	// pooling marks a prefill-only request (embeddings, rerank, score): it ends when its prompt is computed,
@@ -131,7 +137,9 @@ type engine struct {
 	lastEnd time.Time
 	resyncs int // times the real loop fell more than maxLag behind
 
-	scratch *metrics // the registry of predict's forks (see fork), nobody's /metrics; made by the first fork
+	jit     *rand.PCG  // the jitter's source, seeded by Config.Seed (copied by fork)
+	jrng    *rand.Rand // draws from jit
+	scratch *metrics   // the registry of predict's forks (see fork), nobody's /metrics; made by the first fork
 
 	passes atomic.Uint64 // loop passes, so tests can see that an idle engine does not tick
 
@@ -144,17 +152,20 @@ type engine struct {
 
 func newEngine(cfg Config, clock timeSource) *engine {
 	now := clock.Now()
-	return &engine{
+	e := &engine{
 		cfg:    cfg,
 		clock:  clock,
 		faults: Faults{Slowdown: 1, FailRate: cfg.FailRate},
-		m:      newMetrics(cfg.Model, cfg.KVBlocks, now),
+		m:      newMetrics(cfg.Model, cfg.KVBlocks, cfg.blockSize(), now),
 		start:  now,
-		pool:   newBlockPool(cfg.KVBlocks),
+		pool:   newBlockPool(cfg.KVBlocks, cfg.Eviction),
+		jit:    rand.NewPCG(cfg.Seed, jitterStream),
 		wake:   make(chan struct{}, 1),
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
 	}
+	e.jrng = rand.New(e.jit)
+	return e
 }
 
 // run is the engine loop: it advances the model to the clock, then sleeps until the next step ends or a pending
@@ -215,6 +226,9 @@ func (e *engine) close(started bool) {
 // nextEvent returns when the engine next has something to do after advance(now): the end of the current step or
 // the time a pending request joins the queue. busy is false when the engine is idle.
 func (e *engine) nextEvent(now time.Time) (next time.Time, busy bool) {
+	if e.cfg.Batching == BatchSeats {
+		return e.nextSeatEvent()
+	}
 	switch {
 	case e.inStep:
 		return e.stepEnd, true
@@ -229,6 +243,10 @@ func (e *engine) nextEvent(now time.Time) (next time.Time, busy bool) {
 
 // advance runs every step that ends at or before now and starts the step that follows.
 func (e *engine) advance(now time.Time) {
+	if e.cfg.Batching == BatchSeats {
+		e.advanceSeats(now)
+		return
+	}
 	for {
 		if e.inStep {
 			if e.stepEnd.After(now) {
@@ -378,7 +396,7 @@ func (e *engine) restart() {
 	e.killAll()
 	e.pool.reset()
 	e.start = e.clock.Now()
-	e.m = newMetrics(e.cfg.Model, e.cfg.KVBlocks, e.start)
+	e.m = newMetrics(e.cfg.Model, e.cfg.KVBlocks, e.cfg.blockSize(), e.start)
 	e.publish()
 	e.mu.Unlock()
 	e.kick()
@@ -417,9 +435,11 @@ func (e *engine) publish() {
 }
 
 // blocksFor is the number of blocks that hold n tokens.
-func blocksFor(n int) int { return (n + BlockTokens - 1) / BlockTokens }
+func (e *engine) blocksFor(n int) int { return (n + e.cfg.blockSize() - 1) / e.cfg.blockSize() }
 
 // startStep schedules a step beginning at at (see engine's doc). It leaves inStep false if nothing could run.
+// Under PrefillUnmixed and PrefillOff a step that can prefill prefills only (decoders wait); when nothing can
+// be prefilled it decodes.
 func (e *engine) startStep(at time.Time) {
 	for len(e.pending) > 0 && !e.pending[0].ready.After(at) {
 		s := e.pending[0]
@@ -427,15 +447,73 @@ func (e *engine) startStep(at time.Time) {
 		s.state = stateWaiting
 		e.enqueue(s, false)
 	}
+	mode := e.cfg.ChunkedPrefill
+	mixed := mode == "" || mode == PrefillMixed
+	prefill, decoders, attention := e.schedule(!mixed)
+	if !mixed && len(e.batch) == 0 {
+		prefill, decoders, attention = e.schedule(false) // nothing to prefill: a decode step
+	}
+	e.publish()
+	if len(e.batch) == 0 {
+		e.inStep = false
+		return
+	}
+	d := float64(prefill) / e.cfg.PrefillTPS * float64(time.Second)
+	if attention > 0 {
+		d += attention / e.cfg.PrefillTPS * float64(time.Second)
+	}
+	if decoders > 0 {
+		d += float64(e.cfg.ITL) + float64(e.cfg.ITLPerSeq)*float64(decoders-1)
+	}
+	d *= e.faults.Slowdown
+	if e.cfg.Jitter > 0 {
+		d *= e.jitter()
+	}
+	e.inStep = true
+	e.stepEnd = at.Add(time.Duration(d + 0.5))
+}
+
+// jitter draws a step's time factor: lognormal with mean 1, its log of standard deviation Config.Jitter.
+func (e *engine) jitter() float64 {
+	sigma := e.cfg.Jitter
+	return math.Exp(sigma*e.jrng.NormFloat64() - sigma*sigma/2)
+}
+
+// attentionCost is the prefill cost beyond linear of computing n tokens after c, in tokens' worth: under
+// Config.PrefillKnee a token at context x costs 1 + x/knee, so n tokens from c cost n + ((c+n)^2 - c^2)/(2 knee),
+// the same whether they run in one chunk or several.
+func (e *engine) attentionCost(c, n int) float64 {
+	if e.cfg.PrefillKnee == 0 || n == 0 {
+		return 0
+	}
+	cf, nf := float64(c), float64(n)
+	return ((cf+nf)*(cf+nf) - cf*cf) / (2 * float64(e.cfg.PrefillKnee))
+}
+
+// schedule fills e.batch for one step: the running sequences oldest first (only those still prefilling when
+// prefillOnly), then waiting sequences while max_num_seqs, the token budget and free blocks allow. It returns
+// the prefill tokens, the decoding sequences and the attention cost (attentionCost) scheduled. Under
+// PrefillOff a prompt is never split: a prefilling sequence runs whole, or only if it is the step's first.
+func (e *engine) schedule(prefillOnly bool) (prefill, decoders int, attention float64) {
+	whole := e.cfg.ChunkedPrefill == PrefillOff
 	budget := e.cfg.MaxBatchedTokens
-	prefill, decoders := 0, 0
 	preempted := false
 	e.batch = e.batch[:0]
 running:
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		s := e.running[i]
-		n := min(s.prompt+s.output-s.computed, budget)
-		for blocksFor(s.computed+n)-len(s.blocks) > e.pool.free {
+		if prefillOnly && s.decoding {
+			continue
+		}
+		left := s.prompt + s.output - s.computed
+		n := min(left, budget)
+		if whole && !s.decoding && n < left {
+			if len(e.batch) > 0 {
+				continue
+			}
+			n = left
+		}
+		for e.blocksFor(s.computed+n)-len(s.blocks) > e.pool.free {
 			vi := e.victim()
 			victim := e.running[vi]
 			if vi < i {
@@ -448,6 +526,7 @@ running:
 					decoders--
 				} else {
 					prefill -= victim.stepTokens
+					attention -= e.attentionCost(victim.computed, victim.stepTokens)
 				}
 			}
 			e.preempt(vi)
@@ -456,7 +535,7 @@ running:
 				break running
 			}
 		}
-		for range blocksFor(s.computed+n) - len(s.blocks) {
+		for range e.blocksFor(s.computed+n) - len(s.blocks) {
 			s.blocks = append(s.blocks, e.pool.alloc())
 		}
 		s.stepTokens = n
@@ -465,6 +544,7 @@ running:
 			decoders++
 		} else {
 			prefill += n
+			attention += e.attentionCost(s.computed, n)
 		}
 		e.batch = append(e.batch, s)
 	}
@@ -474,21 +554,27 @@ running:
 		total := s.prompt + s.output
 		// A full hit still recomputes the last token, which the first new token needs (vLLM caps the hit at
 		// total-1 tokens, in whole blocks).
-		hit := e.pool.lookup(s.hashes, (total-1)/BlockTokens)
-		computed := hit * BlockTokens
+		hit := e.pool.lookup(s.hashes, (total-1)/e.cfg.blockSize())
+		computed := hit * e.cfg.blockSize()
 		n := min(total-computed, budget)
+		if whole && n < total-computed {
+			if len(e.batch) > 0 {
+				break // the whole prompt waits for a step of its own
+			}
+			n = total - computed
+		}
 		idleHits := 0
 		for _, h := range s.hashes[:hit] {
 			if e.pool.ref[e.pool.cached[h]] == 0 {
 				idleHits++
 			}
 		}
-		if blocksFor(computed+n)-hit > e.pool.free-idleHits {
+		if e.blocksFor(computed+n)-hit > e.pool.free-idleHits {
 			break // out of KV blocks: the queue waits (head of line, as vLLM)
 		}
 		e.waiting = e.waiting[1:]
 		s.blocks = e.pool.hold(s.blocks[:0], s.hashes[:hit])
-		for range blocksFor(computed+n) - hit {
+		for range e.blocksFor(computed+n) - hit {
 			s.blocks = append(s.blocks, e.pool.alloc())
 		}
 		s.computed, s.registered = computed, hit
@@ -502,20 +588,10 @@ running:
 		s.stepTokens = n
 		budget -= n
 		prefill += n
+		attention += e.attentionCost(computed, n)
 		e.batch = append(e.batch, s)
 	}
-	e.publish()
-	if len(e.batch) == 0 {
-		e.inStep = false
-		return
-	}
-	d := float64(prefill) / e.cfg.PrefillTPS * float64(time.Second)
-	if decoders > 0 {
-		d += float64(e.cfg.ITL) + float64(e.cfg.ITLPerSeq)*float64(decoders-1)
-	}
-	d *= e.faults.Slowdown
-	e.inStep = true
-	e.stepEnd = at.Add(time.Duration(d + 0.5))
+	return prefill, decoders, attention
 }
 
 // victim returns the index in running of the sequence to preempt when a block is needed and none is free: the
@@ -589,44 +665,60 @@ func (e *engine) endStep() {
 			continue // aborted during the step
 		}
 		s.computed += n
-		if full := min(s.computed/BlockTokens, len(s.hashes)); full > s.registered {
-			for k := s.registered; k < full; k++ {
-				e.pool.register(s.blocks[k], s.hashes[k])
-			}
-			s.registered = full
-		}
+		e.registerPrompt(s)
 		if s.computed < s.prompt+s.output {
 			continue // a chunk of a longer prefill
 		}
-		if s.pooling {
-			e.m.promptTokens.Add(float64(s.prompt))
-			e.finish(s, now, reasonStop)
-			s.wakeup()
-			continue
+		if e.token(s, now) {
+			generated++
 		}
-		s.decoding = true
-		s.output++
-		generated++
-		if s.output == 1 {
-			e.m.ttft.Observe(now.Sub(s.arrival).Seconds())
-			e.m.promptTokens.Add(float64(s.prompt))
-		} else {
-			e.m.itl.Observe(now.Sub(s.lastAt).Seconds())
-		}
-		s.lastAt = now
-		s.emitted.Store(int32(s.output))
-		if s.output >= s.maxTokens {
-			reason := reasonLength
-			if s.stop {
-				reason = reasonStop
-			}
-			e.finish(s, now, reason)
-		}
-		s.wakeup()
 	}
 	e.m.genToken.Add(float64(generated))
 	e.batch = e.batch[:0]
 	e.inStep = false
 	e.lastEnd = now
 	e.publish()
+}
+
+// registerPrompt enters s's newly computed full prompt blocks in the prefix cache.
+func (e *engine) registerPrompt(s *seq) {
+	full := min(s.computed/e.cfg.blockSize(), len(s.hashes))
+	for k := s.registered; k < full; k++ {
+		parent := int32(-1)
+		if k > 0 {
+			parent = s.blocks[k-1]
+		}
+		e.pool.register(s.blocks[k], parent, s.hashes[k])
+	}
+	s.registered = max(s.registered, full)
+}
+
+// token gives s, whose prompt is computed, its next token at now (a pooling sequence instead ends), counting
+// the metrics and finishing s at its last token. It reports whether a token was generated.
+func (e *engine) token(s *seq, now time.Time) bool {
+	if s.pooling {
+		e.m.promptTokens.Add(float64(s.prompt))
+		e.finish(s, now, reasonStop)
+		s.wakeup()
+		return false
+	}
+	s.decoding = true
+	s.output++
+	if s.output == 1 {
+		e.m.ttft.Observe(now.Sub(s.arrival).Seconds())
+		e.m.promptTokens.Add(float64(s.prompt))
+	} else {
+		e.m.itl.Observe(now.Sub(s.lastAt).Seconds())
+	}
+	s.lastAt = now
+	s.emitted.Store(int32(s.output))
+	if s.output >= s.maxTokens {
+		reason := reasonLength
+		if s.stop {
+			reason = reasonStop
+		}
+		e.finish(s, now, reason)
+	}
+	s.wakeup()
+	return true
 }

@@ -68,6 +68,7 @@ func ParseFleet(name string, data []byte) ([]Config, error) {
 		}
 		cfg := DefaultConfig()
 		seen := make(map[string]bool)
+		var named uint64
 		for i := 0; i+1 < len(entry.Content); i += 2 {
 			key, val := entry.Content[i], entry.Content[i+1]
 			if gatewayKeys[key.Value] && key.Kind == yaml.ScalarNode {
@@ -84,7 +85,7 @@ func ParseFleet(name string, data []byte) ([]Config, error) {
 			if val.Kind != yaml.ScalarNode || val.Tag == "!!null" {
 				return nil, fail(val.Line, "%s: want a single value", key.Value)
 			}
-			if err := k.set(&cfg, val.Value); err != nil {
+			if err := k.apply(&cfg, val.Value, &named); err != nil {
 				return nil, fail(val.Line, "%s: %v", key.Value, err)
 			}
 		}

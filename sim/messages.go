@@ -107,7 +107,7 @@ func (b *Backend) serveMessages(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	n := min(*req.MaxTokens, b.cfg.DefaultMaxTokens)
-	s := newSeq(promptTokens, n, AppendBlockHashes(nil, prompt))
+	s := newSeq(promptTokens, n, b.blockHashes(prompt))
 	s.stop = n < *req.MaxTokens
 	faults := b.eng.getFaults()
 	s.stalled = faults.StallRate > 0 && b.failDraw(faults.StallRate)

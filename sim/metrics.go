@@ -46,7 +46,7 @@ type metrics struct {
 	loopLag prometheus.Histogram
 }
 
-func newMetrics(model string, kvBlocks int, start time.Time) *metrics {
+func newMetrics(model string, kvBlocks, blockSize int, start time.Time) *metrics {
 	labels := prometheus.Labels{"model_name": model}
 	gauge := func(name, help string) prometheus.Gauge {
 		return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels})
@@ -94,7 +94,7 @@ func newMetrics(model string, kvBlocks int, start time.Time) *metrics {
 	cacheInfo := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig",
 		ConstLabels: prometheus.Labels{
-			"block_size": strconv.Itoa(BlockTokens), "num_gpu_blocks": strconv.Itoa(kvBlocks),
+			"block_size": strconv.Itoa(blockSize), "num_gpu_blocks": strconv.Itoa(kvBlocks),
 			"enable_prefix_caching": "True",
 		},
 	})

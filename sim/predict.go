@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"time"
@@ -72,7 +73,7 @@ func (e *engine) predict(p probe) (Prediction, error) {
 	out := Prediction{
 		Backend:      f.cfg.Name,
 		PromptTokens: p.prompt,
-		CachedTokens: f.pool.lookup(p.hashes, (p.prompt-1)/BlockTokens) * BlockTokens,
+		CachedTokens: f.pool.lookup(p.hashes, (p.prompt-1)/f.cfg.blockSize()) * f.cfg.blockSize(),
 		Running:      len(f.running),
 		Waiting:      len(f.waiting),
 		MaxNumSeqs:   f.cfg.MaxNumSeqs,
@@ -125,7 +126,7 @@ func (e *engine) runUntil(clk *predictClock, target time.Time, n *int, done func
 // wake channel is nil, so kick does nothing). Call it with e.mu held.
 func (e *engine) fork(clk timeSource) *engine {
 	if e.scratch == nil {
-		e.scratch = newMetrics(e.cfg.Model, e.cfg.KVBlocks, e.start)
+		e.scratch = newMetrics(e.cfg.Model, e.cfg.KVBlocks, e.cfg.blockSize(), e.start)
 	}
 	f := &engine{
 		cfg:     e.cfg,
@@ -139,6 +140,9 @@ func (e *engine) fork(clk timeSource) *engine {
 		stepEnd: e.stepEnd,
 		lastEnd: e.lastEnd,
 	}
+	jit := *e.jit // the same draws as e's next steps
+	f.jit = &jit
+	f.jrng = rand.New(f.jit)
 	copies := make(map[*seq]*seq, len(e.pending)+len(e.waiting)+len(e.running))
 	notify := make(chan struct{}, 1) // shared: nobody waits on a fork's sequences
 	dup := func(list []*seq) []*seq {
@@ -165,7 +169,7 @@ func (s *seq) fork(notify chan struct{}) *seq {
 		prompt: s.prompt, maxTokens: s.maxTokens, hashes: s.hashes,
 		arrival: s.arrival, ready: s.ready, priority: s.priority, order: s.order, state: s.state,
 		computed: s.computed, output: s.output, blocks: slices.Clone(s.blocks), registered: s.registered,
-		decoding: s.decoding, stepTokens: s.stepTokens, cached: s.cached, lastAt: s.lastAt,
+		decoding: s.decoding, stepTokens: s.stepTokens, cached: s.cached, lastAt: s.lastAt, nextAt: s.nextAt,
 		stalled: s.stalled, pooling: s.pooling, stop: s.stop,
 		notify: notify,
 	}
@@ -207,7 +211,7 @@ func (b *Backend) Predict(body []byte) (Prediction, error) {
 	}
 	return b.eng.predict(probe{
 		prompt: promptTokens, maxTokens: maxTokens, priority: req.Priority,
-		hashes: AppendBlockHashes(nil, prompt), delay: b.cfg.RTT,
+		hashes: b.blockHashes(prompt), delay: b.cfg.RTT,
 	})
 }
 

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+
+	"github.com/switchyard/switchyard/openai"
 )
 
 // errWriter answers a failed request in one API's error shape: writeError (vLLM's, for the OpenAI-style
@@ -111,7 +113,7 @@ func (b *Backend) defaultMaxTokens(promptTokens int) int {
 // submitGeneration puts a generation of maxTokens tokens after prompt into the engine, drawing the stall fault as
 // chat does. It fails only while the engine is down.
 func (b *Backend) submitGeneration(prompt []byte, promptTokens, maxTokens int) (*seq, error) {
-	s := newSeq(promptTokens, maxTokens, AppendBlockHashes(nil, prompt))
+	s := newSeq(promptTokens, maxTokens, b.blockHashes(prompt))
 	faults := b.eng.getFaults()
 	s.stalled = faults.StallRate > 0 && b.failDraw(faults.StallRate)
 	if err := b.eng.submit(s); err != nil {
@@ -222,4 +224,9 @@ func appendWords(dst []byte, seed uint64, from, to int) []byte {
 func jsonString(s string) []byte {
 	out, _ := json.Marshal(s)
 	return out
+}
+
+// blockHashes returns the chained hashes of prompt's full KV blocks at the backend's block size.
+func (b *Backend) blockHashes(prompt []byte) []uint64 {
+	return appendBlockHashes(nil, prompt, b.cfg.blockSize()*openai.BytesPerToken)
 }
