@@ -100,7 +100,7 @@ func TestPredictMatchesMeasuredTTFT(t *testing.T) {
 			if math.Abs(pred.TTFTMillis-want) > 1e-6 {
 				t.Errorf("predicted TTFT %.4fms, measured %.4fms", pred.TTFTMillis, want)
 			}
-			if pred.CachedTokens != s.cachedTokens() && tc.delay == 0 {
+			if pred.CachedTokens != s.cachedTokens() {
 				t.Errorf("predicted cached_tokens %d, got %d", pred.CachedTokens, s.cachedTokens())
 			}
 			if pred.PromptTokens != p.prompt || pred.MaxNumSeqs != cfg.MaxNumSeqs || pred.Backend != cfg.Name {
@@ -152,9 +152,19 @@ func engineState(t *testing.T, e *engine) (pool *blockPool, seqs []seq, metrics 
 
 func TestPredictLeavesTheEngineUntouched(t *testing.T) {
 	// A cache whose LRU order a lookup that touched it would change: prompt 0 is the least recently used, and
-	// predicting it (a full hit) must not make it the most recent.
-	cfg := DefaultConfig()
-	cfg.KVBlocks = 400
+	// predicting it (a full hit) must not make it the most recent. Under every eviction rule and batching law.
+	for _, phys := range []struct{ batching, eviction string }{
+		{BatchStepped, EvictLRU}, {BatchStepped, EvictRadix}, {BatchStepped, EvictFIFO}, {BatchSeats, EvictLRU},
+	} {
+		t.Run(phys.batching+"/"+phys.eviction, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.KVBlocks, cfg.Batching, cfg.Eviction, cfg.Jitter = 400, phys.batching, phys.eviction, 0.2
+			predictUntouched(t, cfg)
+		})
+	}
+}
+
+func predictUntouched(t *testing.T, cfg Config) {
 	h := newHarness(t, cfg)
 	prompts := make([][]byte, 3)
 	for i := range prompts {
@@ -165,6 +175,7 @@ func TestPredictLeavesTheEngineUntouched(t *testing.T) {
 	h.submit(3*time.Second, 800, 100, nil) // one running, mid-step, at the prediction
 	h.runUntil(3*time.Second + 55*time.Millisecond)
 	pool, seqs, metrics := engineState(t, h.e)
+	before := *h.e.jit
 	for i := range prompts {
 		pred, err := h.e.predict(probe{prompt: 1600, maxTokens: 10, hashes: AppendBlockHashes(nil, prompts[i])})
 		if err != nil {
@@ -183,6 +194,9 @@ func TestPredictLeavesTheEngineUntouched(t *testing.T) {
 	}
 	if metrics != metrics2 {
 		t.Errorf("predict changed the metrics:\n%s\n---\n%s", metrics, metrics2)
+	}
+	if jit := *h.e.jit; jit != before {
+		t.Error("predict drew from the engine's jitter generator")
 	}
 }
 
