@@ -15,9 +15,7 @@ const BlockTokens = 16
 
 // BlockBytes is one default KV block in bytes of canonical prompt (BlockTokens tokens of openai.BytesPerToken
 // bytes): the gateway hashes the prompt in blocks of the same size, so both sides agree on which prefix blocks
-// exist. A backend with another Config.BlockSize hashes at its own granularity; the gateway's 64-byte blocks
-// then still name prefixes that the backend holds whole or not at all when its block divides 16 tokens or is a
-// multiple of them.
+// exist. A backend with another Config.BlockSize hashes at its own granularity (the gateway does not change).
 const BlockBytes = 64
 
 // Config is one simulated backend. Start it with Start or StartFleet. Build one with DefaultConfig and change the
@@ -94,9 +92,9 @@ type Config struct {
 	// ChunkedPrefill is how prefill shares the engine with decoding: PrefillMixed ("on", the zero value too),
 	// PrefillUnmixed or PrefillOff.
 	ChunkedPrefill string
-	// Jitter is the relative spread of step times: each step's time is multiplied by a lognormal factor of
-	// mean 1 whose log has standard deviation Jitter, drawn from a generator seeded by Seed. In [0, 1];
-	// default 0 (no jitter).
+	// Jitter is the relative spread of step times: each step's time (under BatchSeats, each interval's) is
+	// multiplied by a lognormal factor of mean 1 whose log has standard deviation Jitter, drawn from a
+	// generator seeded by Seed and Name, so a run repeats exactly. In [0, 1]; default 0 (no jitter).
 	Jitter float64
 	// PrefillKnee makes prefill cost grow with context: a prompt token at context c (tokens before it) costs
 	// (1 + c/PrefillKnee)/PrefillTPS. 0 (default) keeps prefill linear.

@@ -1,7 +1,9 @@
 // Package sim is a vLLM-compatible inference engine simulator behind the OpenAI API: continuous batching in steps,
 // chunked prefill, a KV cache of 16-token blocks with prefix caching and LRU eviction, vLLM's Prometheus metrics,
-// and faults injected from flags or a control endpoint. It is the testbed for every routing claim, so it talks only
-// HTTP and imports no gateway internals.
+// and faults injected from flags or a control endpoint; by default, for that is vLLM V1's engine, and with other
+// physics (other batching laws, block sizes, eviction rules and prefill schedules, jitter, a prefill that grows
+// with context) it models SGLang, TGI, vLLM V0 and llm-d-inference-sim. It is the testbed for every routing claim,
+// so it talks only HTTP and imports no gateway internals.
 //
 // # The model
 //
@@ -14,7 +16,8 @@
 // first token at the end of the step that finishes its prefill, then one per step, until max_tokens
 // (finish_reason "length"). Requests reach the queue Config.Overhead after they arrive, and wait there while
 // Config.MaxNumSeqs or the free KV blocks run out. Prompt tokens are openai.EstimateTokens of the canonical prompt
-// (openai.AppendPrompt, the bytes the gateway hashes), so 64 prompt bytes make one block. A new request prefills
+// (openai.AppendPrompt, the bytes the gateway hashes), so 64 prompt bytes make one 16-token block (the gateway's
+// block; Config.BlockSize changes the backend's, see Physics). A new request prefills
 // only what follows its cached full-block prefix; running sequences hold blocks for prompt and output, and when
 // one needs a block and none is free, the newest running sequence is preempted back to the queue (recompute).
 // With the defaults a lone 1,000-token prompt with max_tokens 500 gets its first token after 110ms and its last
@@ -80,16 +83,73 @@
 //
 //	{"backend":"sim","prompt_tokens":1000,"cached_tokens":992,"ttft_ms":10.8,"running":0,"waiting":0,"max_num_seqs":256}
 //
-// (10ms of overhead and the 8 uncached tokens' prefill), cached_tokens being the prefix-cache hit the request
-// would get if sent now (found at its admission, as its usage would report it), and ttft_ms the engine's own
-// estimate of the
-// request's TTFT if it arrived now: RTT, the overhead, the wait for a seat and the queue ahead, and the prefill
-// of the uncached part, under the backend's physics and faults. The estimate is a run of a copy of the engine
-// on a virtual clock until the probe's first token, so it is exact for a request sent at once when nothing
-// else arrives before its first token (and a stall drawn per request, stall_rate > 0, is not drawn). It changes
-// nothing: no LRU touch, no metric, no request counter, no random draw. Like /sim/control it is not delayed by
-// RTT; unlike it, it is refused while down (503), and a body the completion endpoints would refuse gets their
-// status and error (400, 404, 405, 413).
+// (10ms of overhead and the 8 uncached tokens' prefill). cached_tokens is the prefix-cache hit the request would
+// get if sent now (found at its admission, as its usage would report it: a prefix still being prefilled ahead
+// of it counts once done), ttft_ms the engine's own estimate of its TTFT if it arrived now: RTT, the overhead,
+// the wait for a seat and the queue ahead, and the prefill of the uncached part, under the backend's physics and
+// faults; running and waiting are the gauges now. The estimate is a run of a copy of the engine (its jitter
+// generator too) on a virtual clock until the probe's first token, so it is exact for a request sent at once
+// when nothing else arrives before its first token; a stall drawn per request (stall_rate > 0) is not drawn.
+// It changes nothing: no LRU touch, no metric, no request counter, no random draw. Like /sim/control it is not
+// delayed by RTT; unlike it, it is refused while down (503), and a body the completion endpoints would refuse
+// gets their status and error (400, 404, 405, 413). Its cost is a copy of the KV cache's bookkeeping (about 30
+// bytes a block) and the steps simulated up to the first token.
+//
+// # Physics
+//
+// Each physics knob is a Config field, a flag and a fleet key (range-checked); their zero values are the model
+// above. physics: NAME (-physics) fills them from a preset; knobs named in the same entry (or on the same command
+// line) win over it, before or after it.
+//
+//   - batching (Config.Batching): stepped, the model above; or seats: MaxNumSeqs seats, each sequence on its own
+//     clock, its uncached prefill at PrefillTPS then one token per ITL, both times a factor rising linearly from
+//     1 with one sequence in flight to load_factor with max_num_seqs (set when each interval starts); requests
+//     beyond the seats wait; a seated sequence holds the blocks of its whole context, so it is never preempted.
+//     This is llm-d-inference-sim's per-token latency model, where TTFT = prefill-overhead + (n - n_cached) *
+//     prefill-time-per-token, decode = (out - 1) * inter-token-latency, and time-factor-under-load multiplies
+//     them, scaling linearly from 1.0 with one request in flight to its value at max-num-seqs (its defaults:
+//     max-num-seqs 5, block-size 16, kv-cache-size 1024 blocks).
+//   - block_size (1..1024 tokens): the prefix cache's granularity. Prompts are hashed at it (the gateway keeps
+//     hashing 64-byte blocks, unchanged): vLLM's default --block-size is 16; llm-d-inference-sim allows 8 to 128
+//     (default 16); SGLang's radix cache is token-granular (--page-size default 1); TGI's prefix caching needs its
+//     flashinfer attention, whose block size is 1 (16 for its paged attention, 256 for flashdecoding). kv_blocks
+//     counts blocks of this size, so a preset keeps the default cache's 131,072 tokens unless kv_blocks is named.
+//   - eviction: lru (vLLM's free block queue: the block released longest ago; a sequence releases its tail
+//     first), radix (SGLang's radix cache, --radix-eviction-policy lru by default, and TGI's radix trie, modelled
+//     on it: the least recently used leaf, so a prefix is evicted from its end and a block is never evicted while
+//     a cached block continues it) or fifo (the block cached first, however often it was hit since). With
+//     tail-first release lru orders blocks as radix does; fifo differs most, losing a hot prefix's head and so
+//     all of it.
+//   - chunked_prefill: on (vLLM V1, where chunked prefill is always on: decodes are scheduled first, then
+//     prefill chunks within max_num_batched_tokens); unmixed (SGLang: chunks of at most chunked_prefill_size in
+//     prefill-only steps, since mixing prefill and decode in a batch needs --enable-mixed-chunk, off by
+//     default); off (vLLM V0's scheduler without chunked prefill, where a step is either prefill or decode and
+//     prefills come first; TGI's router, which pauses the running batch to prefill waiting requests): whole
+//     prompts in prefill-only steps, at least one however long, more while max_batched_tokens allows. In both,
+//     prefill goes first here and decoding sequences wait while there is prefill to do; TGI's further delay of a
+//     prefill (max-waiting-tokens, 20 decode steps, and waiting-served-ratio) is not modelled.
+//   - jitter (0..1): each step's (or seat interval's) time times exp(jitter*Z - jitter^2/2), Z standard normal
+//     from a generator seeded by seed and the backend's name: mean 1, log spread jitter, the same on every run.
+//   - prefill_knee (tokens, 0 = linear): a prompt token at context c costs (1 + c/knee)/prefill_tps, standing
+//     for attention's cost growing with context. n tokens computed after c cost
+//     (n + ((c+n)^2 - c^2)/(2*knee))/prefill_tps: the same in one chunk or many, and dearer after a long
+//     cached prefix than at the start of a prompt.
+//
+// The presets, and the facts they rest on:
+//
+//	preset     batching  block_size  eviction  chunked_prefill  max_batched_tokens
+//	vllm-v1    stepped   16          lru       on               4096 (the defaults)
+//	vllm-v0    stepped   16          lru       off              4096
+//	sglang     stepped   1           radix     unmixed          8192 (chunked_prefill_size on H100/A100 GPUs;
+//	                                                                  2048 under 35 GB, 16384 on B200 and MI300)
+//	tgi        stepped   1           radix     off              4096 (TGI's max-batch-prefill-tokens defaults
+//	                                                                  to max-input-tokens + 50; off runs a
+//	                                                                  longer prompt whole anyway)
+//	llm-d-sim  seats     16          lru       on               4096 (not used by seats)
+//
+// Presets set no jitter, no prefill knee and no load factor (1): those describe a deployment, not an engine, and
+// a fleet names them. Nor do they change max_num_seqs or the hardware rates (prefill_tps, itl, itl_per_seq),
+// which stay the fleet's. Under seats, itl_per_seq and max_batched_tokens are not used.
 //
 // # Use from Go
 //

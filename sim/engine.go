@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // timeSource is the engine's injectable clock. The real loop reads it after every wake-up and sleeps on real timers in
@@ -28,7 +30,8 @@ func (realClock) Now() time.Time { return time.Now() }
 // engine resync to the wall clock instead of replaying it as a burst.
 const maxLag = 2 * time.Second
 
-// jitterStream is the second word of the jitter generator's seed, so that it draws apart from the fault draws.
+// jitterStream, with the backend's name, is the second word of the jitter generator's seed, so that it draws
+// apart from the fault draws and from other backends of the same Seed.
 const jitterStream = 0x6a6974746572 // "jitter"
 
 // errDown is returned by submit while the engine is down (a control fault) or closed.
@@ -159,7 +162,7 @@ func newEngine(cfg Config, clock timeSource) *engine {
 		m:      newMetrics(cfg.Model, cfg.KVBlocks, cfg.blockSize(), now),
 		start:  now,
 		pool:   newBlockPool(cfg.KVBlocks, cfg.Eviction),
-		jit:    rand.NewPCG(cfg.Seed, jitterStream),
+		jit:    rand.NewPCG(cfg.Seed, jitterStream^xxhash.Sum64String(cfg.Name)),
 		wake:   make(chan struct{}, 1),
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),

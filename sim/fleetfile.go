@@ -27,7 +27,9 @@ func LoadFleet(path string) ([]Config, error) {
 // ParseFleet parses a fleet file named name: a YAML list with one mapping per backend, whose keys are the CLI
 // flags' names in snake case (name, listen, region, model, prefill_tps, itl, itl_per_seq, overhead,
 // max_num_seqs, scheduling_policy, max_batched_tokens, kv_blocks, default_max_tokens, embedding_dim, rtt,
-// fail_rate, seed); durations are written like 20ms; the keys cost, tier and gateway belong to bench's gateway
+// fail_rate, the physics keys physics, batching, load_factor, block_size, eviction, chunked_prefill, jitter and
+// prefill_knee, and seed); durations are written like 20ms; a physics preset fills the physics keys the entry
+// does not name, wherever it stands in the entry; the keys cost, tier and gateway belong to bench's gateway
 // and are skipped. Each entry starts from DefaultConfig; name is required and unique, listen defaults to a free
 // loopback port. For example:
 //
