@@ -3,6 +3,7 @@ package sim
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"math"
 	"net/http"
 	"reflect"
@@ -332,5 +333,45 @@ func TestPredictDocExample(t *testing.T) {
 	want := Prediction{Backend: "sim", PromptTokens: 1000, CachedTokens: 992, TTFTMillis: 10.8, MaxNumSeqs: 256}
 	if got != want {
 		t.Errorf("got %+v, want %+v", got, want)
+	}
+}
+
+// BenchmarkPredict is the cost of one prediction on a busy backend (32 sequences decoding, 8 queued, a warm
+// cache): the fork's copy of the KV cache's bookkeeping and the steps simulated until the probe's first token.
+func BenchmarkPredict(b *testing.B) {
+	for _, bc := range []struct {
+		name   string
+		change func(*Config)
+	}{
+		{"vllm-v1", func(c *Config) { c.KVBlocks = 2048 }},
+		{"sglang", func(c *Config) { _ = c.SetPhysics(PhysicsSGLang); c.KVBlocks = 32768 }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			cfg := DefaultConfig()
+			bc.change(&cfg)
+			cfg.MaxNumSeqs = 32
+			clk := &predictClock{t: t0}
+			e := newEngine(cfg, clk)
+			hashes := func(i int) []uint64 {
+				prompt := promptBytes(fmt.Sprintf("conversation %d, a long shared history. ", i%8), 4000)
+				return appendBlockHashes(nil, prompt, cfg.blockSize()*4)
+			}
+			events := 0
+			for i := range 40 {
+				e.runUntil(clk, t0.Add(time.Duration(i)*10*time.Millisecond), &events, nil)
+				if err := e.submit(newSeq(1000, 200, hashes(i))); err != nil {
+					b.Fatal(err)
+				}
+			}
+			e.runUntil(clk, t0.Add(2*time.Second), &events, nil)
+			p := probe{prompt: 1000, maxTokens: 50, hashes: hashes(3)}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				if _, err := e.predict(p); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
