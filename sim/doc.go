@@ -83,9 +83,9 @@
 //
 //	{"backend":"sim","prompt_tokens":1000,"cached_tokens":992,"ttft_ms":10.8,"running":0,"waiting":0,"max_num_seqs":256}
 //
-// (10ms of overhead and the 8 uncached tokens' prefill). cached_tokens is the prefix-cache hit the request would
-// get if sent now (found at its admission, as its usage would report it: a prefix still being prefilled ahead
-// of it counts once done), ttft_ms the engine's own estimate of its TTFT if it arrived now: RTT, the overhead,
+// (10ms of overhead and the 8 uncached tokens' prefill). cached_tokens is the prefix-cache hit the prompt would
+// get now (the full blocks of its prefix in the cache at this moment; a prefix still being prefilled ahead is
+// not counted yet), ttft_ms the engine's own estimate of its TTFT if it arrived now: RTT, the overhead,
 // the wait for a seat and the queue ahead, and the prefill of the uncached part, under the backend's physics and
 // faults; running and waiting are the gauges now. The estimate is a run of a copy of the engine (its jitter
 // generator too) on a virtual clock until the probe's first token, so it is exact for a request sent at once

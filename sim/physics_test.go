@@ -360,18 +360,18 @@ func TestPredictUnderEveryPhysics(t *testing.T) {
 				for i := range 5 {
 					h.submit(time.Duration(i)*5*time.Millisecond, 300+100*i, 30, nil)
 				}
-				h.runUntil(180 * time.Millisecond)
+				h.runUntil(400 * time.Millisecond) // the shared prefix is cached by now
 				p := probe{prompt: len(probePrompt) / 4, maxTokens: 10, hashes: h.hashesFor(probePrompt)}
 				pred, err := h.e.predict(p)
 				if err != nil {
 					t.Fatal(err)
 				}
-				s := h.submit(180*time.Millisecond, p.prompt, p.maxTokens, p.hashes)
+				s := h.submit(400*time.Millisecond, p.prompt, p.maxTokens, p.hashes)
 				h.runIdle()
 				if want := millis(h.ttft(s)); math.Abs(pred.TTFTMillis-want) > 1e-6 {
 					t.Errorf("predicted %.4fms, measured %.4fms", pred.TTFTMillis, want)
 				}
-				if pred.CachedTokens != s.cachedTokens() {
+				if pred.CachedTokens != s.cachedTokens() || pred.CachedTokens == 0 {
 					t.Errorf("predicted cached %d, got %d", pred.CachedTokens, s.cachedTokens())
 				}
 			})

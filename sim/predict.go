@@ -19,10 +19,10 @@ type Prediction struct {
 	Backend string `json:"backend"`
 	// PromptTokens is the request's prompt length in tokens, as its usage would report it.
 	PromptTokens int `json:"prompt_tokens"`
-	// CachedTokens is the prefix-cache hit the request would get if it arrived now: its
-	// usage.prompt_tokens_details.cached_tokens, found when the engine admits it (so a prefix still being
-	// prefilled by a request ahead counts once that prefill is done, and a block evicted before the admission
-	// does not).
+	// CachedTokens is the prefix-cache hit the prompt would get now: the full blocks of its prefix in the cache
+	// at this moment (capped, as at admission, so that the last token is computed). A prefix still being
+	// prefilled by a request ahead is not counted yet, though TTFTMillis counts its saving if the prefill ends
+	// before the probe is admitted.
 	CachedTokens int `json:"cached_tokens"`
 	// TTFTMillis is the engine's own estimate of the request's time to first token if it arrived now: RTT, the
 	// API overhead, the wait for a seat and the queue ahead, and the prefill of its uncached part, under the
@@ -75,6 +75,7 @@ func (e *engine) predict(p probe) (Prediction, error) {
 	out := Prediction{
 		Backend:      f.cfg.Name,
 		PromptTokens: p.prompt,
+		CachedTokens: f.pool.lookup(p.hashes, (p.prompt-1)/f.cfg.blockSize()) * f.cfg.blockSize(),
 		Running:      len(f.running),
 		Waiting:      len(f.waiting),
 		MaxNumSeqs:   f.cfg.MaxNumSeqs,
@@ -94,7 +95,6 @@ func (e *engine) predict(p probe) (Prediction, error) {
 		return Prediction{}, errNoPrediction
 	}
 	out.TTFTMillis = float64(clk.t.Sub(now)) / float64(time.Millisecond)
-	out.CachedTokens = s.cachedTokens()
 	return out, nil
 }
 
