@@ -101,7 +101,7 @@ type Config struct {
 	PrefillKnee int
 
 	// Seed seeds the generated text (with the canonical prompt, so one request gives the same text on every
-	// backend that shares the seed, on every run) and the fault draws. Default 1.
+	// backend that shares the seed, on every run), the fault draws and the jitter. Default 1.
 	Seed uint64
 }
 
@@ -193,7 +193,7 @@ var knobs = []knob{
 		},
 	},
 	enumKnob("batching", "batching", "batching law: stepped (continuous batching, a step slows with its batch) or seats",
-		func(c *Config) *string { return &c.Batching }, "", BatchStepped, BatchSeats),
+		func(c *Config) *string { return &c.Batching }, BatchStepped, BatchSeats),
 	rangeKnob("load-factor", "load_factor", "under seats, the time factor with max-num-seqs in flight (1 with one; 0 means 1)",
 		func(c *Config) *float64 { return &c.LoadFactor }, 1, 100),
 	{
@@ -211,10 +211,10 @@ var knobs = []knob{
 		check: checkBlockSize,
 	},
 	enumKnob("eviction", "eviction", "prefix cache eviction rule: lru (vLLM), radix (SGLang: LRU leaves) or fifo",
-		func(c *Config) *string { return &c.Eviction }, "", EvictLRU, EvictRadix, EvictFIFO),
+		func(c *Config) *string { return &c.Eviction }, EvictLRU, EvictRadix, EvictFIFO),
 	enumKnob("chunked-prefill", "chunked_prefill",
 		"on (prefill chunks share a step with decodes), unmixed (prefill-only steps of chunks) or off (prefill-only steps of whole prompts)",
-		func(c *Config) *string { return &c.ChunkedPrefill }, "", PrefillMixed, PrefillUnmixed, PrefillOff),
+		func(c *Config) *string { return &c.ChunkedPrefill }, PrefillMixed, PrefillUnmixed, PrefillOff),
 	rangeKnob("jitter", "jitter", "relative spread of step times (sigma of a lognormal factor of mean 1)",
 		func(c *Config) *float64 { return &c.Jitter }, 0, 1),
 	{
@@ -232,7 +232,7 @@ var knobs = []knob{
 		check: checkKnee,
 	},
 	{
-		flag: "seed", key: "seed", usage: "seed of the generated text and of fault draws (an unsigned `integer`)",
+		flag: "seed", key: "seed", usage: "seed of the generated text, of fault draws and of the jitter (an unsigned `integer`)",
 		set: func(c *Config, s string) error {
 			v, err := strconv.ParseUint(s, 0, 64)
 			if err != nil {
@@ -286,10 +286,10 @@ func checkKnee(c *Config) error {
 	return nil
 }
 
-// enumKnob accepts one of values.
+// enumKnob accepts one of values, or "" (the zero value, meaning the first of them).
 func enumKnob(flagName, key, usage string, field func(*Config) *string, values ...string) knob {
 	check := func(c *Config) error {
-		if !slices.Contains(values, *field(c)) {
+		if v := *field(c); v != "" && !slices.Contains(values, v) {
 			return fmt.Errorf("%q is not one of %s", *field(c), strings.Join(values, ", "))
 		}
 		return nil

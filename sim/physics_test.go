@@ -440,3 +440,23 @@ func TestPhysicsPresetsAndOverrides(t *testing.T) {
 		}
 	}
 }
+
+func TestServeHashesAtItsBlockSize(t *testing.T) {
+	// Over the wire, a backend hashes prompts at its own block size: sharing "user:" and 403 bytes of content,
+	// a one-token-block backend hits every whole token of the shared bytes, a default one every whole 64 bytes.
+	content := strings.Repeat("shared words ", 31) // 403 bytes
+	shared := len("user:" + content)
+	for _, tc := range []struct {
+		blockSize, want int
+	}{{1, shared / 4}, {16, shared / 64 * 16}} {
+		t.Run(fmt.Sprint(tc.blockSize), func(t *testing.T) {
+			b := startBackend(t, func(c *Config) { fastConfig(c); c.BlockSize = tc.blockSize })
+			if _, code := cachedTokens(t, b, content+"first"); code != 200 {
+				t.Fatal(code)
+			}
+			if got, _ := cachedTokens(t, b, content+"second"); got != tc.want {
+				t.Errorf("cached %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
