@@ -115,13 +115,16 @@ func (p *blockPool) reset() {
 
 // forgetUnheld forgets the hash of every block no sequence holds: they stay free, but no longer serve a prefix.
 func (p *blockPool) forgetUnheld() {
+	for _, b := range p.evict.b {
+		p.pos[b] = -1
+	}
+	p.evict.b = p.evict.b[:0] // every member is a free cached block: all go
 	for b := range p.ref {
 		if p.ref[b] == 0 && p.hashed[b] {
-			p.unhash(int32(b))
+			p.unhash(int32(b), false)
 			p.blank = append(p.blank, int32(b))
 		}
 	}
-	p.evict.b = p.evict.b[:0]
 }
 
 func (p *blockPool) size() int { return len(p.ref) }
@@ -134,14 +137,14 @@ func (p *blockPool) usage() float64 {
 	return float64(len(p.ref)-p.free) / float64(len(p.ref))
 }
 
-// unhash forgets b's hash and its place in the tree (b is not in the heap, or the caller empties it).
-func (p *blockPool) unhash(b int32) {
+// unhash forgets b's hash and its place in the tree; b is not in the heap. Under radix a parent left without
+// children becomes evictable and, if free and push is set, joins the heap.
+func (p *blockPool) unhash(b int32, push bool) {
 	delete(p.cached, p.hash[b])
 	p.hashed[b] = false
-	p.pos[b] = -1
 	if par := p.parent[b]; par >= 0 {
 		p.kids[par]--
-		if p.rule == EvictRadix && p.kids[par] == 0 && p.ref[par] == 0 && p.hashed[par] {
+		if push && p.rule == EvictRadix && p.kids[par] == 0 && p.ref[par] == 0 && p.hashed[par] {
 			p.evict.push(par) // its last child went: the parent is a leaf now
 		}
 	}
@@ -160,7 +163,7 @@ func (p *blockPool) alloc() int32 {
 		p.blank = p.blank[:n-1]
 	} else {
 		b = p.evict.pop()
-		p.unhash(b)
+		p.unhash(b, true)
 	}
 	p.free--
 	p.ref[b] = 1

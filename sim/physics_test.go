@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -458,5 +459,91 @@ func TestServeHashesAtItsBlockSize(t *testing.T) {
 				t.Errorf("cached %d, want %d", got, tc.want)
 			}
 		})
+	}
+}
+
+// checkPool verifies the KV pool's bookkeeping: the free count, the heap's members and indexes, and (radix) the
+// children counts.
+func checkPool(t *testing.T, p *blockPool) {
+	t.Helper()
+	free, inHeap := 0, 0
+	kids := make([]int32, len(p.ref))
+	for b := range p.ref {
+		if p.ref[b] < 0 {
+			t.Fatalf("block %d: ref %d", b, p.ref[b])
+		}
+		if p.hashed[b] {
+			if got := p.cached[p.hash[b]]; got != int32(b) {
+				t.Fatalf("block %d: its hash names block %d", b, got)
+			}
+			if par := p.parent[b]; par >= 0 {
+				kids[par]++
+			}
+		}
+		if p.ref[b] == 0 {
+			free++
+		}
+		if p.pos[b] >= 0 {
+			inHeap++
+			if p.evict.b[p.pos[b]] != int32(b) || p.ref[b] != 0 || !p.hashed[b] {
+				t.Fatalf("block %d: heap index %d wrong, or held (%d) or unhashed", b, p.pos[b], p.ref[b])
+			}
+		} else if p.ref[b] == 0 && p.hashed[b] && p.evictable(int32(b)) {
+			t.Fatalf("block %d: free, cached and evictable but not in the heap", b)
+		}
+	}
+	if free != p.free || inHeap != len(p.evict.b) || len(p.cached) > len(p.ref) {
+		t.Fatalf("free %d (counted %d), heap %d (members %d)", p.free, free, len(p.evict.b), inHeap)
+	}
+	for i := 1; i < len(p.evict.b); i++ {
+		if p.evict.less(i, (i-1)/2) {
+			t.Fatalf("heap order broken at %d", i)
+		}
+	}
+	if p.rule == EvictRadix {
+		for b := range p.ref {
+			if p.hashed[b] && kids[b] != p.kids[b] {
+				t.Fatalf("block %d: %d children counted, %d cached", b, p.kids[b], kids[b])
+			}
+		}
+	}
+}
+
+func TestPoolBookkeepingUnderLoad(t *testing.T) {
+	// Conversations that share and extend prefixes in a cache too small for them, with aborts and cache
+	// evictions, under every rule and both batching laws; the pool's bookkeeping holds after every event.
+	for _, rule := range []string{EvictLRU, EvictRadix, EvictFIFO} {
+		for _, batching := range []string{BatchStepped, BatchSeats} {
+			t.Run(rule+"/"+batching, func(t *testing.T) {
+				cfg := DefaultConfig()
+				cfg.KVBlocks, cfg.BlockSize, cfg.Eviction, cfg.Batching, cfg.MaxNumSeqs = 200, 4, rule, batching, 12
+				h := newHarness(t, cfg)
+				r := rand.New(rand.NewPCG(7, 7))
+				var live []*seq
+				for i := range 300 {
+					at := time.Duration(i) * 15 * time.Millisecond
+					conv := r.IntN(6)
+					turns := 1 + r.IntN(4)
+					prompt := promptBytes(fmt.Sprintf("conversation %d: ", conv), 300*turns+r.IntN(40))
+					live = append(live, h.submit(at, len(prompt)/4, 1+r.IntN(30), h.hashesFor(prompt)))
+					if r.IntN(10) == 0 {
+						h.e.abort(live[r.IntN(len(live))])
+					}
+					if r.IntN(50) == 0 {
+						h.e.evictCache()
+					}
+					checkPool(t, h.e.pool)
+				}
+				h.runIdle()
+				checkPool(t, h.e.pool)
+				if h.e.pool.free != h.e.pool.size() {
+					t.Errorf("%d blocks held after every request ended", h.e.pool.size()-h.e.pool.free)
+				}
+				if hits, queries := metricValue(t, h.e.m.prefixHits), metricValue(t, h.e.m.prefixQueries); hits == 0 ||
+					hits > 0.9*queries {
+					t.Errorf("prefix hits %v of %v: the workload should both hit and miss", hits, queries)
+				}
+			})
+		}
 	}
 }
