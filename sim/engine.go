@@ -452,9 +452,9 @@ func (e *engine) startStep(at time.Time) {
 	}
 	mode := e.cfg.ChunkedPrefill
 	mixed := mode == "" || mode == PrefillMixed
-	prefill, decoders, attention := e.schedule(!mixed)
+	prefill, decoders, attention := e.schedule(!mixed, true)
 	if !mixed && len(e.batch) == 0 {
-		prefill, decoders, attention = e.schedule(false) // nothing to prefill: a decode step
+		prefill, decoders, attention = e.schedule(false, false) // nothing to prefill: a decode step
 	}
 	e.publish()
 	if len(e.batch) == 0 {
@@ -494,10 +494,10 @@ func (e *engine) attentionCost(c, n int) float64 {
 }
 
 // schedule fills e.batch for one step: the running sequences oldest first (only those still prefilling when
-// prefillOnly), then waiting sequences while max_num_seqs, the token budget and free blocks allow. It returns
-// the prefill tokens, the decoding sequences and the attention cost (attentionCost) scheduled. Under
+// prefillOnly), then, if admit, waiting sequences while max_num_seqs, the token budget and free blocks allow.
+// It returns the prefill tokens, the decoding sequences and the attention cost (attentionCost) scheduled. Under
 // PrefillOff a prompt is never split: a prefilling sequence runs whole, or only if it is the step's first.
-func (e *engine) schedule(prefillOnly bool) (prefill, decoders int, attention float64) {
+func (e *engine) schedule(prefillOnly, admit bool) (prefill, decoders int, attention float64) {
 	whole := e.cfg.ChunkedPrefill == PrefillOff
 	budget := e.cfg.MaxBatchedTokens
 	preempted := false
@@ -552,7 +552,7 @@ running:
 		e.batch = append(e.batch, s)
 	}
 	// As vLLM, admit nothing in a step that had to preempt (unless the batch emptied).
-	for (!preempted || len(e.running) == 0) && len(e.waiting) > 0 && len(e.running) < e.cfg.MaxNumSeqs && budget > 0 {
+	for admit && (!preempted || len(e.running) == 0) && len(e.waiting) > 0 && len(e.running) < e.cfg.MaxNumSeqs && budget > 0 {
 		s := e.waiting[0]
 		total := s.prompt + s.output
 		// A full hit still recomputes the last token, which the first new token needs (vLLM caps the hit at
