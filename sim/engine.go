@@ -116,7 +116,9 @@ func (s *seq) cachedTokens() int { return max(s.cached, 0) }
 // (preempting the newest running sequence when a block is needed and none is free), then admits waiting
 // sequences while max_num_seqs, the token budget and free blocks allow. It lasts
 // (prefill tokens)/PrefillTPS + (if any sequence decodes) ITL + ITLPerSeq*(decoders-1), times the slowdown
-// fault; at its end every sequence whose prompt is fully computed gets one token.
+// fault; at its end every sequence whose prompt is fully computed gets one token. That is the zero physics;
+// the physics knobs change the step (prefill-only steps, jitter, the attention cost) or replace it (seats.go),
+// and the pool its block size and eviction rule (see the package doc, "Physics").
 //
 // Concurrency: every method takes mu, except run, which owns the loop goroutine (started by Start, stopped by
 // close) and takes mu for each pass. HTTP handlers call submit and abort from their own goroutines.
