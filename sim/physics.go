@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 )
 
 // The batching laws (Config.Batching).
@@ -134,4 +135,28 @@ func (c *Config) setPhysics(name string, named uint64) error {
 		c.PrefillKnee = p.knee
 	}
 	return nil
+}
+
+// CacheTokens is the KV cache's size in tokens: KVBlocks blocks of BlockSize tokens (bench's capacity estimate
+// reads it rather than assuming 16-token blocks).
+func (c *Config) CacheTokens() int { return c.maxContextTokens() }
+
+// DecodeInterval is the time between two tokens of each of n sequences decoding together, without prefill,
+// jitter or faults, under the batching law: ITL + ITLPerSeq*(n-1) stepped; under seats ITL times the factor
+// with n of MaxNumSeqs seats taken.
+func (c *Config) DecodeInterval(n int) time.Duration {
+	n = max(n, 1)
+	if c.Batching != BatchSeats {
+		return c.ITL + time.Duration(float64(c.ITLPerSeq)*float64(n-1))
+	}
+	return time.Duration(float64(c.ITL)*c.loadTimeFactor(n) + 0.5)
+}
+
+// loadTimeFactor is BatchSeats' time factor with n sequences in flight: 1 with one, LoadFactor with MaxNumSeqs.
+func (c *Config) loadTimeFactor(n int) float64 {
+	f := 1.0
+	if lf := c.loadFactor(); lf > 1 && c.MaxNumSeqs > 1 {
+		f += (lf - 1) * float64(min(max(n, 1), c.MaxNumSeqs)-1) / float64(c.MaxNumSeqs-1)
+	}
+	return f
 }

@@ -547,3 +547,28 @@ func TestPoolBookkeepingUnderLoad(t *testing.T) {
 		}
 	}
 }
+
+func TestDecodeIntervalMatchesTheEngine(t *testing.T) {
+	// The helper bench's capacity estimate can read gives the gaps the engine produces, under both laws.
+	for _, batching := range []string{BatchStepped, BatchSeats} {
+		for _, n := range []int{1, 3, 8} {
+			cfg := DefaultConfig()
+			cfg.Batching, cfg.MaxNumSeqs, cfg.LoadFactor = batching, 8, 2.5
+			h := newHarness(t, cfg)
+			for range n {
+				h.submit(0, 16, 10, nil)
+			}
+			h.runIdle()
+			if got, want := h.gaps(h.seqs[0])[1], cfg.DecodeInterval(n); got != want {
+				t.Errorf("%s, %d decoding: gap %v, DecodeInterval %v", batching, n, got, want)
+			}
+		}
+	}
+	cfg := DefaultConfig()
+	if err := cfg.SetPhysics(PhysicsSGLang); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.CacheTokens() != defaultCacheTokens || cfg.BlockSize != 1 {
+		t.Errorf("sglang preset: %d cache tokens in blocks of %d", cfg.CacheTokens(), cfg.BlockSize)
+	}
+}

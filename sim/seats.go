@@ -38,11 +38,7 @@ func (e *engine) advanceSeats(now time.Time) {
 
 // seatFactor is the time factor of an interval starting with n sequences in flight.
 func (e *engine) seatFactor(n int) float64 {
-	f := 1.0
-	if lf := e.cfg.loadFactor(); lf > 1 && e.cfg.MaxNumSeqs > 1 {
-		f += (lf - 1) * float64(min(n, e.cfg.MaxNumSeqs)-1) / float64(e.cfg.MaxNumSeqs-1)
-	}
-	f *= e.faults.Slowdown
+	f := e.cfg.loadTimeFactor(n) * e.faults.Slowdown
 	if e.cfg.Jitter > 0 {
 		f *= e.jitter()
 	}
