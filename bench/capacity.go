@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"time"
 
 	"github.com/switchyard/switchyard/sim"
 )
@@ -26,19 +25,25 @@ type Capacity struct {
 
 // FleetCapacity computes Capacity for the fleet file at path under w.
 //
-// The model is the simulator's step (sim/engine.go, engine.startStep): a step prefills its chunk at PrefillTPS
-// and, when sequences decode, adds ITL + ITLPerSeq*(decoders-1). A saturated backend holds S sequences, S =
-// min(MaxNumSeqs, KVBlocks*16 / (P+O)) (the seats, or the KV cache when it fills first). Each request costs
-// P/PrefillTPS of prefill time and O decode tokens, and a full step yields S of them in d = ITL +
-// ITLPerSeq*(S-1); at rate L the engine spends L*P/PrefillTPS of each second on prefill and the rest on
-// decoding, which must make L*O tokens, so
+// The model is the simulator's (sim/engine.go, engine.startStep; sim/seats.go). A saturated backend holds S
+// sequences, S = min(MaxNumSeqs, CacheTokens / (P+O)) (the seats, or the KV cache when it fills first), and d is
+// the interval between two tokens of each of S decoding sequences (sim.Config.DecodeInterval: ITL +
+// ITLPerSeq*(S-1) stepped, ITL times the load factor under seats). A request costs p = Pe/PrefillTPS of prefill,
+// Pe the prompt's tokens weighted by the prefill knee (sim.Config.PrefillKnee: Pe = P + P^2/(2*knee), 0 = linear).
 //
-//	L*O = S * (1 - L*P/PrefillTPS) / d   =>   L = S / (O*d + S*P/PrefillTPS).
+// Stepped batching (every chunked-prefill mode: prefill chunks add their time to the step, or take steps of
+// their own; either way the engine spends it alone): at rate L the engine spends L*p of each second on prefill
+// and the rest decoding, which must make L*O tokens, so
+//
+//	L*O = S * (1 - L*p) / d   =>   L = S / (O*d + S*p).
+//
+// Seats: each seat runs its own sequence, its prefill then its tokens, beside the others, so a seat serves one
+// request per p + O*d (p also slowed by the load factor at S seats) and L = S / (p*f + O*d).
 //
 // P counts the whole prompt as uncached: this is the capacity without prefix reuse, the floor that a router
 // which keeps prefixes cached raises (so a shared-prefix workload at 0.6 of it is a heavy load for round
 // robin and a lighter one for a cache-following router). The API overhead and RTT delay the first token but use
-// no engine time, so they do not enter.
+// no engine time, so they do not enter; neither does jitter, whose mean is 1.
 func FleetCapacity(path string, w *Workload) (Capacity, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -76,9 +81,18 @@ func FleetCapacity(path string, w *Workload) (Capacity, error) {
 // backendRate is FleetCapacity's L for one backend.
 func backendRate(cfg sim.Config, p, o float64) float64 {
 	s := float64(cfg.MaxNumSeqs)
-	if kv := math.Floor(float64(cfg.KVBlocks*sim.BlockTokens) / (p + o)); kv < s {
+	if kv := math.Floor(float64(cfg.CacheTokens()) / (p + o)); kv < s {
 		s = max(kv, 1)
 	}
-	d := (cfg.ITL + time.Duration(float64(cfg.ITLPerSeq)*(s-1))).Seconds()
-	return s / (o*d + s*p/cfg.PrefillTPS)
+	pe := p
+	if k := float64(cfg.PrefillKnee); k > 0 {
+		pe += p * p / (2 * k)
+	}
+	prefill := pe / cfg.PrefillTPS
+	d := cfg.DecodeInterval(int(s)).Seconds()
+	if cfg.Batching == sim.BatchSeats {
+		f := d / cfg.ITL.Seconds() // the load factor at S seats: prefill slows as decoding does
+		return s / (prefill*f + o*d)
+	}
+	return s / (o*d + s*prefill)
 }

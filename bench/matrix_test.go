@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -361,5 +362,27 @@ func TestSlowFleet(t *testing.T) {
 	}
 	if mixed, _ := mixedFleet(slow); !mixed {
 		t.Error("the slowed fleet is no longer mixed")
+	}
+}
+
+// TestCapacityFollowsThePhysics: the KV bound counts the backend's own block size (one token under the sglang
+// preset, not vLLM's 16), and fixed seats serve their prefills side by side rather than in the engine's steps.
+func TestCapacityFollowsThePhysics(t *testing.T) {
+	cfg := sim.DefaultConfig()
+	if err := cfg.SetPhysics(sim.PhysicsSGLang); err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxNumSeqs, cfg.KVBlocks = 64, 2000 // 2,000 one-token blocks: 8 sequences of 250 tokens
+	s := 8.0
+	d := cfg.DecodeInterval(8).Seconds()
+	if got, want := backendRate(cfg, 200, 50), s/(50*d+s*200/cfg.PrefillTPS); math.Abs(got-want) > 1e-9*want {
+		t.Errorf("sglang, KV-bound: %.4f req/s, want %.4f (8 sequences fit)", got, want)
+	}
+	seats := sim.DefaultConfig()
+	seats.Batching, seats.MaxNumSeqs, seats.LoadFactor = sim.BatchSeats, 8, 2
+	d = seats.DecodeInterval(8).Seconds()
+	f := d / seats.ITL.Seconds()
+	if got, want := backendRate(seats, 1000, 50), 8/(1000/seats.PrefillTPS*f+50*d); math.Abs(got-want) > 1e-9*want {
+		t.Errorf("seats: %.4f req/s, want %.4f (each seat prefills beside the others)", got, want)
 	}
 }
