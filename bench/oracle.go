@@ -10,20 +10,15 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/switchyard/switchyard/sim"
 )
 
 // Prediction is a simulator's answer to POST /sim/predict: what the backend would do with a request if it
 // arrived now (its ground truth, computed from its own queues, batch and prefix cache; docs/design.md, "The
-// simulator and the benchmark").
-type Prediction struct {
-	Backend      string  `json:"backend"`
-	PromptTokens int     `json:"prompt_tokens"`
-	CachedTokens int     `json:"cached_tokens"`
-	TTFTMillis   float64 `json:"ttft_ms"`
-	Running      int     `json:"running"`
-	Waiting      int     `json:"waiting"`
-	MaxNumSeqs   int     `json:"max_num_seqs"`
-}
+// simulator and the benchmark"). The oracle reads it off the wire; the type is the simulator's own, so that the
+// two sides cannot drift apart.
+type Prediction = sim.Prediction
 
 // Oracle is the matrix's "oracle" column: no gateway; before each request it asks every backend of the fleet
 // for its prediction of that request, in parallel, and sends it to the lowest predicted TTFT (a tie goes to the
