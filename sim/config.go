@@ -313,19 +313,7 @@ func rangeKnob(flagName, key, usage string, field func(*Config) *float64, lo, hi
 		}
 		return nil
 	}
-	return knob{
-		flag: flagName, key: key, usage: usage + " (a `number`)",
-		set: func(c *Config, s string) error {
-			v, err := strconv.ParseFloat(s, 64)
-			if err != nil {
-				return fmt.Errorf("%q is not a number", s)
-			}
-			*field(c) = v
-			return check(c)
-		},
-		get:   func(c *Config) string { return strconv.FormatFloat(*field(c), 'g', -1, 64) },
-		check: check,
-	}
+	return numberKnob(flagName, key, usage, field, check)
 }
 
 // The scheduling policies (Config.SchedulingPolicy).
@@ -359,6 +347,23 @@ func strKnob(flagName, key, usage string, field func(*Config) *string, required 
 	}
 }
 
+// numberKnob is a float64 knob whose value check is check: rangeKnob's and floatKnob's common part.
+func numberKnob(flagName, key, usage string, field func(*Config) *float64, check func(*Config) error) knob {
+	return knob{
+		flag: flagName, key: key, usage: usage + " (a `number`)",
+		set: func(c *Config, s string) error {
+			v, err := strconv.ParseFloat(s, 64)
+			if err != nil {
+				return fmt.Errorf("%q is not a number", s)
+			}
+			*field(c) = v
+			return check(c)
+		},
+		get:   func(c *Config) string { return strconv.FormatFloat(*field(c), 'g', -1, 64) },
+		check: check,
+	}
+}
+
 // floatKnob checks v > 0, or 0 <= v <= max when max > 0 (bounded is then true).
 func floatKnob(flagName, key, usage string, field func(*Config) *float64, max float64, bounded bool) knob {
 	check := func(c *Config) error {
@@ -374,19 +379,7 @@ func floatKnob(flagName, key, usage string, field func(*Config) *float64, max fl
 		}
 		return nil
 	}
-	return knob{
-		flag: flagName, key: key, usage: usage + " (a `number`)",
-		set: func(c *Config, s string) error {
-			v, err := strconv.ParseFloat(s, 64)
-			if err != nil {
-				return fmt.Errorf("%q is not a number", s)
-			}
-			*field(c) = v
-			return check(c)
-		},
-		get:   func(c *Config) string { return strconv.FormatFloat(*field(c), 'g', -1, 64) },
-		check: check,
-	}
+	return numberKnob(flagName, key, usage, field, check)
 }
 
 func durKnob(flagName, key, usage string, field func(*Config) *time.Duration, positive bool) knob {
