@@ -350,6 +350,7 @@ type Attempt struct {
 	runAtFirst               float64
 	ttft                     float64 // observed at FirstToken, seconds
 	pendingTTFT              bool    // ttft awaits the usage's cached_tokens before training the model
+	seen                     seen    // what the regime detector made of ttft while pendingTTFT
 	hashes                   []uint64
 	owner                    *cache.Owner
 	completionTok            int
@@ -473,7 +474,7 @@ func (a *Attempt) FirstToken() {
 		// rather than on the index's guess (a guess wrong in either direction would teach it a wrong prefill
 		// rate). The regime detector sees the observation now, so a sudden slowdown is caught at first tokens.
 		a.pendingTTFT = true
-		b.lat.detectTTFT(a.uncached, a.queued, a.runAt0, a.engineTTFT(a.ttft))
+		a.seen = b.lat.detectTTFT(a.uncached, a.queued, a.runAt0, a.engineTTFT(a.ttft))
 	} else {
 		b.observeTTFT(a, a.ttft)
 	}
@@ -487,7 +488,11 @@ func (a *Attempt) FirstToken() {
 func (a *Attempt) engineTTFT(ttft float64) float64 { return max(ttft-a.rtt, ttft/10) }
 
 func (b *Backend) observeTTFT(a *Attempt, ttft float64) {
-	b.lat.fitTTFT(a.uncached, a.queued, a.runAt0, a.engineTTFT(ttft), a.pendingTTFT)
+	var s *seen
+	if a.pendingTTFT {
+		s = &a.seen
+	}
+	b.lat.fitTTFT(a.uncached, a.queued, a.runAt0, a.engineTTFT(ttft), s)
 	b.ttftCount.Add(1)
 	b.lastTTFT.Store(b.clock.Now().UnixNano())
 	if m := b.obs.Load(); m != nil && m.ttftError != nil {

@@ -175,6 +175,30 @@ type errStat struct {
 	shift float64    // EWMA of clamped log errors
 	last  [3]float64 // the last three log errors, newest first
 	v     float64    // EWMA of squared log errors
+	level float64    // log of the product of the rescales applied so far (0 at the prior)
+}
+
+// seen is what the regime detector made of an observation shown to it before its fit (detectTTFT): the
+// detector's level after it, and its log error against the model of that moment. The fit uses them to place an
+// observation that a regime change overtook in the regime it belongs to (see regimeOf).
+type seen struct {
+	level, le float64
+}
+
+// regimeOf returns the factor by which to scale an observation seen as s so that it describes the model's
+// current regime. A fit deferred until a stream ends (fitTTFT after detectTTFT) may come after a regime change
+// that its own first token preceded: the rescale has reset the covariance, so one such observation of the old
+// regime would pull the fresh coefficients back, and a few of them, of other prompt lengths than the slow ones
+// that triggered the change, taught the model a 5x slower intercept with no per-token cost at all (long prompts
+// then looked cheapest on the slow backend). The observation belongs to whichever regime predicted it better in
+// log terms: the old one (its error then, le) or the new one (le minus the rescale k since): an old-regime
+// observation is scaled by exp(k), a new-regime one (the slow errors that triggered the change) is kept as is.
+func regimeOf(st *errStat, s seen) float64 {
+	k := st.level - s.level
+	if k == 0 || math.Abs(s.le) >= math.Abs(s.le-k) {
+		return 1
+	}
+	return math.Exp(k)
 }
 
 // median3 returns the median of three values.
@@ -210,8 +234,9 @@ func detect(m *rls, st *errStat, le float64) {
 	if math.Abs(st.shift) > regimeTrigger {
 		// The backend changed (a slowdown, a recovery, another GPU behind the same name): assume first that
 		// everything scaled by the median of the last three errors, then let the next observations refine it.
-		k := math.Exp(median3(st.last[0], st.last[1], st.last[2]))
-		m.rescale(min(max(k, 1/regimeMaxStep), regimeMaxStep))
+		k := min(max(math.Exp(median3(st.last[0], st.last[1], st.last[2])), 1/regimeMaxStep), regimeMaxStep)
+		m.rescale(k)
+		st.level += math.Log(k)
 		st.shift = 0
 	}
 }
@@ -257,15 +282,19 @@ func ttftX(uncached, queued, running float64) [4]float64 {
 // observeTTFT folds in one observed engine TTFT (seconds) with the features captured at dispatch and returns
 // the prediction made before it.
 func (l *latency) observeTTFT(uncached, queued, running, y float64) float64 {
-	return l.fitTTFT(uncached, queued, running, y, false)
+	return l.fitTTFT(uncached, queued, running, y, nil)
 }
 
-// fitTTFT is observeTTFT for an observation that detectTTFT has already seen when detected is set.
-func (l *latency) fitTTFT(uncached, queued, running, y float64, detected bool) float64 {
+// fitTTFT is observeTTFT for an observation that detectTTFT has already seen, as s, when s is not nil: it is
+// fitted in the regime it belongs to (regimeOf) and not shown to the detector again.
+func (l *latency) fitTTFT(uncached, queued, running, y float64, s *seen) float64 {
 	x := ttftX(uncached, queued, running)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	pred := observe(&l.ttft, &l.ttftE, &x, y, detected)
+	if s != nil {
+		y *= regimeOf(&l.ttftE, *s)
+	}
+	pred := observe(&l.ttft, &l.ttftE, &x, y, s != nil)
 	l.nTTFT++
 	l.publish()
 	return pred
@@ -273,14 +302,16 @@ func (l *latency) fitTTFT(uncached, queued, running, y float64, detected bool) f
 
 // detectTTFT shows an observed TTFT to the regime detector only, with features that may later be corrected
 // (fitTTFT fits it then): a backend that suddenly became slow is seen at its first tokens, not when its slow
-// streams end.
-func (l *latency) detectTTFT(uncached, queued, running, y float64) {
+// streams end. It returns what fitTTFT needs to place the observation in its regime.
+func (l *latency) detectTTFT(uncached, queued, running, y float64) seen {
 	x := ttftX(uncached, queued, running)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	pred := max(l.ttft.predict(&x), minPrediction)
-	detect(&l.ttft, &l.ttftE, min(max(math.Log(max(y, minPrediction)/pred), -3), 3))
+	le := min(max(math.Log(max(y, minPrediction)/pred), -3), 3)
+	detect(&l.ttft, &l.ttftE, le)
 	l.publish()
+	return seen{level: l.ttftE.level, le: le}
 }
 
 // observeITL folds in one request's mean inter-token latency (seconds) with the mean running count it saw.

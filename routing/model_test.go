@@ -3,6 +3,7 @@ package routing
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -193,5 +194,115 @@ func TestPriorIsUsableAtOnce(t *testing.T) {
 	}
 	if p := l.itlMean(1); p < 0.005 || p > 0.1 {
 		t.Fatalf("prior ITL = %v s", p)
+	}
+}
+
+// A fit deferred to the end of a stream (the engine reports cached_tokens) may land after a regime change that
+// its first token preceded. Such an old-regime observation must not pull the rescaled model back: when it did,
+// the per-token coefficient went to zero and long prompts looked cheap on the slowed backend.
+func TestTTFTLateFitsOfTheOldRegimeDoNotUndoAChange(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	var l latency
+	l.init()
+	for range 300 {
+		u, q, r := features(rng)
+		l.observeTTFT(u, q, r, noisy(rng, simLaw.at(u, q, r), 0.05))
+	}
+	type obs struct {
+		u, q, r, y float64
+		s          seen
+	}
+	// Streams that had their first tokens before the slowdown, of all prompt lengths, still decoding.
+	var old []obs
+	for range 6 {
+		u, q, r := features(rng)
+		y := noisy(rng, simLaw.at(u, q, r), 0.05)
+		old = append(old, obs{u, q, r, y, l.detectTTFT(u, q, r, y)})
+	}
+	// The slowdown, seen at the first tokens of three short prompts: the detector fires.
+	slow := simLaw.scaled(5)
+	var fresh []obs
+	for _, u := range []float64{40, 79, 390} {
+		y := slow.at(u, 0, 8)
+		fresh = append(fresh, obs{u, 0, 8, y, l.detectTTFT(u, 0, 8, y)})
+	}
+	if l.ttftE.level == 0 {
+		t.Fatal("three 5x errors did not fire the regime detector")
+	}
+	// The old streams end first, then the slow ones.
+	for _, o := range append(old, fresh...) {
+		l.fitTTFT(o.u, o.q, o.r, o.y, &o.s)
+	}
+	if e := relErrOnGrid(&l, slow); e > 0.35 {
+		t.Fatalf("after the change and the old regime's late fits: worst relative error %.3f against the 5x law, "+
+			"want <= 0.35 (theta %v)", e, l.ttft.theta)
+	}
+}
+
+// The sequence sim-a saw in a run of bench/scenarios/routing-slow-backend.yaml where adaptive then sent it three
+// long documents (4,235 to 8,023 prompt tokens) whose first tokens took 2.3 to 5.1 s: every request to sim-a from
+// the start of the run to that first document, as the gateway logged it (dispatch, TTFT and end in ms from the
+// first dispatch; prompt and completion tokens). sim-a became 5x slower at about 14.2 s; the requests dispatched
+// before that answered at the normal speed and ended, their fits deferred to their usage, after the change.
+var slowBackendRun = []struct{ start, ttft, in, out, end int }{
+	{0, 38, 268, 196, 4429}, {593, 54, 80, 113, 3178}, {625, 56, 148, 56, 1994}, {1007, 236, 1973, 124, 3795},
+	{2481, 68, 314, 137, 5547}, {2979, 56, 169, 31, 3653}, {3345, 44, 59, 763, 37484}, {4017, 58, 199, 36, 4950},
+	{4145, 199, 1478, 33, 5010}, {4856, 52, 146, 53, 5993}, {5185, 66, 195, 147, 8407}, {5328, 56, 105, 65, 6831},
+	{6141, 143, 1078, 156, 9519}, {6523, 57, 117, 32, 7241}, {6657, 49, 42, 478, 34695}, {6692, 57, 220, 295, 13027},
+	{7736, 54, 191, 247, 13068}, {8956, 50, 87, 78, 10659}, {9569, 66, 141, 25, 10163}, {9718, 74, 343, 176, 13657},
+	{10554, 63, 237, 106, 12902}, {10714, 92, 463, 514, 39291}, {11809, 82, 133, 79, 13679},
+	{12120, 68, 292, 165, 31735}, {12466, 60, 243, 427, 39152}, {12964, 62, 207, 67, 16988},
+	{13367, 145, 921, 64, 18648},
+	{14252, 209, 40, 90, 32460}, {14898, 223, 79, 25, 17820}, {15141, 383, 390, 45, 28615}, // 5x slower
+}
+
+func TestTTFTModelReplaysTheSlowBackendRun(t *testing.T) {
+	f := newFleet(t, local(1)...)
+	b := f.b("b0")
+	epoch := f.clk.Now()
+	at := func(ms int) time.Time { return epoch.Add(time.Duration(ms) * time.Millisecond) }
+	type event struct {
+		at    time.Time
+		i     int
+		a     *Attempt
+		first bool
+	}
+	var events []event
+	push := func(e event) {
+		i, _ := slices.BinarySearchFunc(events, e, func(x, y event) int { return x.at.Compare(y.at) })
+		events = slices.Insert(events, i, e)
+	}
+	advanceTo := func(t time.Time) {
+		for len(events) > 0 && !events[0].at.After(t) {
+			e := events[0]
+			events = events[1:]
+			f.clk.ns.Store(e.at.UnixNano())
+			r := slowBackendRun[e.i]
+			if e.first {
+				e.a.FirstToken()
+				push(event{at: at(r.end), i: e.i, a: e.a})
+			} else {
+				e.a.ObserveUsage(Usage{PromptTokens: r.in, CompletionTokens: r.out, HasCached: true})
+				e.a.End(false)
+			}
+		}
+		f.clk.ns.Store(t.UnixNano())
+	}
+	const doc = 4235 // the first long document, dispatched at 18,731 ms
+	var before float64
+	for i, r := range slowBackendRun {
+		advanceTo(at(r.start))
+		if r.start == 14252 {
+			before = b.lat.ttftMean(doc, 0, 0)
+		}
+		a := b.Begin(r.in)
+		push(event{at: at(r.start + r.ttft), i: i, a: &a, first: true})
+	}
+	advanceTo(at(18731))
+	// The three short prompts came back 4.1x, 4.1x and 4.6x slower than predicted; a slowdown is multiplicative,
+	// so the document's prediction must have grown by about as much, not only by the short prompts' fixed cost.
+	if after := b.lat.ttftMean(doc, 0, 0); after < 3*before {
+		t.Fatalf("a %d-token prompt on the slowed backend: predicted %.0f ms, %.2fx the %.0f ms before the slowdown; "+
+			"want >= 3x (theta %v)", doc, after*1e3, after/before, before*1e3, b.lat.ttft.theta)
 	}
 }
