@@ -24,7 +24,9 @@ import (
 //   - Regime change: an EWMA (weight 0.2) of the log error, each term clamped to +-1.5, crosses 0.6 after three
 //     consecutive errors of 4.5x or more (five of 2.5x): every coefficient is scaled by the median of the last
 //     three errors (at most 10x; a backend that slows down usually slows down across the board) and the
-//     covariance is reset, so the next few observations refine it. One or two outliers never cross it.
+//     covariance is reset, so the next few observations refine it. One or two outliers never cross it. A fit
+//     deferred past a change (detectTTFT, then fitTTFT at the stream's usage) is placed in its regime first
+//     (regimeOf).
 //   - Outliers: an observation whose log error exceeds 3 sigma gets its noise variance inflated by
 //     (error/3 sigma)^2 (a Huber-like weight), so one stall does not drag theta away.
 //
