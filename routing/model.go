@@ -189,12 +189,13 @@ type seen struct {
 
 // regimeOf returns the factor by which to scale an observation seen as s so that it describes the model's
 // current regime. A fit deferred until a stream ends (fitTTFT after detectTTFT) may come after a regime change
-// that its own first token preceded: the rescale has reset the covariance, so one such observation of the old
-// regime would pull the fresh coefficients back, and a few of them, of other prompt lengths than the slow ones
-// that triggered the change, taught the model a 5x slower intercept with no per-token cost at all (long prompts
-// then looked cheapest on the slow backend). The observation belongs to whichever regime predicted it better in
-// log terms: the old one (its error then, le) or the new one (le minus the rescale k since): an old-regime
-// observation is scaled by exp(k), a new-regime one (the slow errors that triggered the change) is kept as is.
+// that its own first token preceded. Fitted as it is, an observation of the old regime pulls the rescaled
+// coefficients back with the full gain of the reset covariance, and old observations of other prompt lengths
+// than the slow ones that triggered the change bend its shape: the slowdown lands in the intercept and the
+// per-token cost falls, so a long prompt looks cheap on a backend that is slow for every prompt. The observation
+// belongs to whichever regime predicted it better in log terms, the old one (its error then, le) or the new one
+// (le minus the log rescale k since): an old-regime observation is scaled by exp(k) (a change scales everything,
+// see detect), a new-regime one (the errors that triggered the change) is kept as it is.
 func regimeOf(st *errStat, s seen) float64 {
 	k := st.level - s.level
 	if k == 0 || math.Abs(s.le) >= math.Abs(s.le-k) {
