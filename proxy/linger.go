@@ -33,16 +33,20 @@ func (l lingerListener) Accept() (net.Conn, error) {
 		return c, err
 	}
 	if tc, ok := c.(*net.TCPConn); ok {
-		return &lingerConn{TCPConn: tc}, nil
+		lc := &lingerConn{TCPConn: tc}
+		lc.initRead() // clientread.go
+		return lc, nil
 	}
 	return c, nil
 }
 
 // lingerConn is a client connection with a lingering close. It embeds the *net.TCPConn, so that the peek in
-// clientGone (which needs syscall.Conn) still reaches the socket.
+// clientGone (which needs syscall.Conn) still reaches the socket. Its reads hold a buffer only while a request
+// is being read (clientread.go).
 type lingerConn struct {
 	*net.TCPConn
 	closed atomic.Bool
+	rd     clientRead
 }
 
 // Close shuts the write side down and discards what the client still sends, on a goroutine of its own that

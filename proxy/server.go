@@ -203,15 +203,18 @@ func New(src Source, opts Options) (*Server, error) {
 		sb.attach(s)
 	}
 	s.srv = &fasthttp.Server{
-		Handler:               s.handle,
-		ErrorHandler:          s.handleError,
-		HeaderReceived:        s.headerReceived,
-		ExpectHandler:         s.expect,
-		Name:                  "switchyard",
-		MaxRequestBodySize:    opts.MaxBodyBytes,
-		ReadTimeout:           opts.HeaderTimeout,
-		IdleTimeout:           opts.IdleTimeout,
-		ReadBufferSize:        16 << 10, // also the bound on request header size
+		Handler:            s.handle,
+		ErrorHandler:       s.handleError,
+		HeaderReceived:     s.headerReceived,
+		ExpectHandler:      s.expect,
+		Name:               "switchyard",
+		MaxRequestBodySize: opts.MaxBodyBytes,
+		ReadTimeout:        opts.HeaderTimeout,
+		IdleTimeout:        opts.IdleTimeout,
+		ReadBufferSize:     clientReadBuffer, // also the bound on request header size
+		// A connection gives its read buffer back once a request is read, so that an open stream or an idle
+		// keep-alive connection holds none; clientread.go keeps this from costing a read system call.
+		ReduceMemoryUsage:     true,
 		NoDefaultServerHeader: true,
 		Concurrency:           opts.MaxConns,
 		MaxConnsPerIP:         opts.MaxConnsPerIP,

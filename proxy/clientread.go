@@ -1,0 +1,115 @@
+package proxy
+
+import (
+	"io"
+	"os"
+	"sync"
+	"syscall"
+)
+
+// A client connection holds no read buffer while it waits: neither between keep-alive requests nor while its
+// stream is relayed, which is most of a stream's life (issue 16's memory per open stream). fasthttp's
+// ReduceMemoryUsage (server.go) gives its 16 KiB bufio.Reader back to the pool once a request is read, and
+// waits for the next request with a 1-byte read of the connection before it takes one again. Served as a plain
+// socket read, that 1-byte read costs a system call per keep-alive request: the byte, then the rest of the
+// request, where a buffered reader reads both at once.
+//
+// So the connection serves a 1-byte read itself: it waits for the socket to be readable without any buffer
+// (syscall.RawConn.Read, under the connection's deadlines), then reads what arrived into a pooled buffer of
+// fasthttp's read buffer size, hands over the first byte and keeps the rest for fasthttp's next read, which
+// takes it without a system call; the buffer goes back to the pool once it is empty. The system calls per
+// request are the same as without ReduceMemoryUsage, and the 16 KiB are held for the microseconds between the
+// two reads instead of for the life of the connection.
+
+// clientReadBuffer is fasthttp's read buffer size for client connections (server.go), which is also the bound
+// on a request's headers, and the size of the buffer a 1-byte read fills.
+const clientReadBuffer = 16 << 10
+
+var clientReadBufs = sync.Pool{New: func() any { return new([clientReadBuffer]byte) }}
+
+// clientRead is a client connection's read-ahead state. It is used only by the connection's reader (fasthttp's
+// server goroutine for it), never concurrently.
+type clientRead struct {
+	raw   syscall.RawConn
+	fill  func(fd uintptr) bool // c.fillAhead, bound once per connection so that a read allocates nothing
+	buf   *[clientReadBuffer]byte
+	r, w  int // buf[r:w] was read from the socket and not yet returned
+	n     int // the last fill's result
+	errno error
+}
+
+// initRead prepares c's read-ahead; a connection whose socket cannot be reached raw reads as a plain socket.
+func (c *lingerConn) initRead() {
+	raw, err := c.TCPConn.SyscallConn()
+	if err != nil {
+		return
+	}
+	c.rd.raw = raw
+	c.rd.fill = c.fillAhead
+}
+
+// Read returns what the read-ahead holds, else reads the socket: a 1-byte read through the read-ahead, any other
+// straight into p.
+func (c *lingerConn) Read(p []byte) (int, error) {
+	rd := &c.rd
+	if rd.buf != nil {
+		n := copy(p, rd.buf[rd.r:rd.w])
+		rd.r += n
+		if rd.r == rd.w {
+			clientReadBufs.Put(rd.buf)
+			rd.buf = nil
+		}
+		return n, nil
+	}
+	if len(p) != 1 || rd.raw == nil {
+		return c.TCPConn.Read(p)
+	}
+	rd.n, rd.errno = 0, nil
+	if err := rd.raw.Read(rd.fill); err != nil {
+		if rd.buf != nil { // cannot happen: fillAhead keeps a buffer only when it reports done
+			clientReadBufs.Put(rd.buf)
+			rd.buf = nil
+		}
+		return 0, err // the deadline passed or the connection was closed
+	}
+	switch {
+	case rd.errno != nil:
+		return 0, os.NewSyscallError("read", rd.errno)
+	case rd.n == 0:
+		return 0, io.EOF
+	}
+	p[0] = rd.buf[0]
+	if rd.n == 1 {
+		clientReadBufs.Put(rd.buf)
+		rd.buf = nil
+	} else {
+		rd.r, rd.w = 1, rd.n
+	}
+	return 1, nil
+}
+
+// fillAhead is the syscall.RawConn.Read callback: it reads what the socket holds into a pooled buffer, and
+// reports false (wait for readability) with the buffer given back when there is nothing yet.
+func (c *lingerConn) fillAhead(fd uintptr) bool {
+	rd := &c.rd
+	buf := clientReadBufs.Get().(*[clientReadBuffer]byte)
+	for {
+		n, err := syscall.Read(int(fd), buf[:])
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err == syscall.EAGAIN:
+			clientReadBufs.Put(buf)
+			return false
+		case err != nil:
+			clientReadBufs.Put(buf)
+			rd.errno = err
+			return true
+		case n == 0:
+			clientReadBufs.Put(buf)
+			return true
+		}
+		rd.buf, rd.n = buf, n
+		return true
+	}
+}
