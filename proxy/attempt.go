@@ -146,6 +146,10 @@ func (a *attempt) send(streamed, intact bool) error {
 		if why := a.aborted(); why != nil {
 			return why
 		}
+		var small *fasthttp.ErrSmallBuffer
+		if errors.As(err, &small) { // the backend answered, with more headers than upstreamReadBuffer
+			return a.overLimit(limitHeaders, kindProtocol)
+		}
 		kind := kindConnect
 		if errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, os.ErrDeadlineExceeded) {
 			kind = kindFirstByte
@@ -295,6 +299,7 @@ func (a *attempt) streamError(err error) error {
 
 // The bounds on what an engine sends (the label of switchyard_upstream_limit_exceeded_total).
 const (
+	limitHeaders       = "headers"         // an engine's response headers: upstreamReadBuffer
 	limitPreFirstToken = "pre_first_token" // bytes before the first token: Options.MaxPreFirstTokenBytes
 	limitEvent         = "event"           // one SSE event (line): maxEventBytes
 	limitAnswer        = "answer"          // an answer held whole or assembled: Options.MaxResponseBytes

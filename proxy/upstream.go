@@ -37,6 +37,14 @@ type upstreamKey struct {
 	ca      [32]byte // routing.CABundle.Sum; zero for the system roots
 }
 
+// upstreamReadBuffer is the read buffer of an upstream connection, taken from fasthttp's pool for each
+// response and held until its body is read: for a stream, as long as the stream is open, so it is part of the
+// memory per open stream (docs/profiling.md). It is also the bound on an engine's response headers (fasthttp
+// reads them whole into it; more fails the attempt), which engines and hosted APIs keep to one or two KiB; nginx
+// bounds them by one memory page (proxy_buffer_size). A body is not bounded by it: the SSE reader and a whole
+// answer read through it, and large reads bypass it.
+const upstreamReadBuffer = 8 << 10
+
 // upstream is the pool for one backend URL.
 type upstream struct {
 	hc   *fasthttp.HostClient
@@ -123,7 +131,7 @@ func (u *upstreams) get(cfg *routing.BackendConfig, connectTimeout time.Duration
 		TLSConfig:                     tlsCfg,
 		MaxConns:                      1 << 16,
 		MaxIdleConnDuration:           90 * time.Second,
-		ReadBufferSize:                64 << 10,
+		ReadBufferSize:                upstreamReadBuffer,
 		WriteBufferSize:               64 << 10,
 		StreamResponseBody:            true,
 		NoDefaultUserAgentHeader:      true,
