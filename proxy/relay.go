@@ -328,16 +328,16 @@ func (ex *exchange) record(code int, backend string) {
 	if ex.model != nil {
 		model = ex.model.Name
 	}
-	c := strconv.Itoa(code)
 	m := ex.s.m
-	m.Requests.WithLabelValues(model, backend, c).Inc()
+	m.Requests.WithLabelValues(model, backend, codeLabel(code)).Inc()
 	op, provider, asked := ex.operation(), ex.provider(backend), ""
 	if ex.asked != nil {
 		asked = ex.asked.Name
 	}
-	m.Duration.WithLabelValues(op, provider, asked, model, metrics.ErrorType(code)).Observe(time.Since(ex.arrival).Seconds())
-	ex.settleCost()                                  // cost.go
-	ex.s.rings.record(ex, code, backend, time.Now()) // decisions.go: the status page's charts and decisions
+	now := time.Now()
+	m.Duration.WithLabelValues(op, provider, asked, model, metrics.ErrorType(code)).Observe(now.Sub(ex.arrival).Seconds())
+	ex.settleCost()                           // cost.go
+	ex.s.rings.record(ex, code, backend, now) // decisions.go: the status page's charts and decisions
 	if ex.hasUsage && model != "" {
 		m.Tokens.WithLabelValues(op, provider, asked, model, "input").Observe(float64(ex.usage.PromptTokens))
 		m.Tokens.WithLabelValues(op, provider, asked, model, "output").Observe(float64(ex.usage.CompletionTokens))
@@ -351,6 +351,23 @@ func (ex *exchange) record(code int, backend string) {
 		ex.limited = false
 	}
 	ex.observe(code, backend) // observe.go: the span's end and the access log line
+}
+
+// codeLabels are the status codes as label values: strconv.Itoa allocates for every code above 99, once per
+// request on the counter of requests.
+var codeLabels = func() (l [600]string) {
+	for i := range l {
+		l[i] = strconv.Itoa(i)
+	}
+	return l
+}()
+
+// codeLabel returns code as a label value, without allocating for a valid HTTP status.
+func codeLabel(code int) string {
+	if code >= 0 && code < len(codeLabels) {
+		return codeLabels[code]
+	}
+	return strconv.Itoa(code)
 }
 
 // rewriteModel appends body, a whole JSON answer, to dst with its model renamed from up to pub: a route that
