@@ -73,7 +73,13 @@ func (ex *exchange) emit(b []byte) error {
 func (ex *exchange) startReplay() {
 	if ex.rc.store && ex.sum.Stream {
 		ex.asm.Reset(ex.endpoint) // a streamed answer is also assembled, for the response cache
+		// Bounded by the largest entry the cache keeps, not by MaxResponseBytes: an open stream must not hold
+		// more of its answer than can be kept. The assembler counts less than the body it makes, so no answer
+		// the cache would keep is lost to the bound; past it, step stops assembling (rc.store goes false).
 		ex.asm.Limit = ex.s.opts.MaxResponseBytes
+		if rc := ex.asked.Cache; rc != nil && rc.MaxEntryBytes > 0 {
+			ex.asm.Limit = min(ex.asm.Limit, rc.MaxEntryBytes)
+		}
 	}
 	ex.replay.ResetBytes(ex.cur.pending)
 	ex.replaying = true
