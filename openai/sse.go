@@ -17,6 +17,12 @@ func AppendDone(dst []byte) []byte { return append(dst, "data: [DONE]\n\n"...) }
 // the stream cannot be resynchronised after it.
 var ErrEventTooLarge = errors.New("openai: SSE event too large")
 
+// initialEventBuffer is the size of an EventReader's first buffer: a few of the chunks an engine sends (one is
+// 150 to 400 bytes). A reader on an open stream holds its buffer while it waits for the next event, so this is
+// part of the gateway's memory per open stream (docs/profiling.md); a larger event doubles the buffer, once per
+// reader, and a pooled reader keeps what it grew to.
+const initialEventBuffer = 1 << 10
+
 // DefaultMaxEventBytes is the event bound NewEventReader uses when given none: 1 MiB, far above any chunk an
 // engine sends (a chunk carries a few tokens, or a final usage object).
 const DefaultMaxEventBytes = 1 << 20
@@ -60,7 +66,8 @@ type EventReader struct {
 
 // NewEventReader returns a reader of the events in r, failing with ErrEventTooLarge on any event longer than
 // maxEventBytes (counting its line endings); maxEventBytes <= 0 means DefaultMaxEventBytes, and bounds above
-// 1 GiB are lowered to 1 GiB. The reader's buffer starts at 4 KiB and grows with the events, up to the bound.
+// 1 GiB are lowered to 1 GiB. The reader's buffer starts at initialEventBuffer and grows with the events, up to the
+// bound.
 func NewEventReader(r io.Reader, maxEventBytes int) *EventReader {
 	if maxEventBytes <= 0 {
 		maxEventBytes = DefaultMaxEventBytes
@@ -124,7 +131,7 @@ func (er *EventReader) Next() (Event, error) {
 			er.start = 0
 		}
 		if er.end == len(er.buf) {
-			n := max(2*len(er.buf), min(4096, er.max+1))
+			n := max(2*len(er.buf), min(initialEventBuffer, er.max+1))
 			n = min(n, er.max+1) // one byte past the bound tells an event is too large
 			if n <= len(er.buf) {
 				n = len(er.buf) + 1
