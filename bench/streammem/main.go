@@ -3,7 +3,8 @@
 // opens -streams concurrent streaming chat requests over -ramp, each answered with -tokens content events
 // -gap apart, samples the gateway's resident memory from /proc while they are all open, and prints a Markdown
 // table: RSS before, with every stream open, the peak (VmHWM), KiB per open stream, how every stream ended, and
-// the gateway's own counters of ended streams. bench/results/2026-12-02-stream-memory.md quotes it.
+// the gateway's own counters of ended streams, with the load average at the start and the end. -prompt pads
+// every request body. bench/results/2026-12-02-stream-memory.md quotes it; docs/profiling.md says how to read it.
 //
 //	go build -o switchyard ./cmd/switchyard
 //	go run ./bench/streammem -switchyard ./switchyard -streams 2000
@@ -37,8 +38,9 @@ func main() {
 	ramp := flag.Duration("ramp", 10*time.Second, "time over which the streams are opened")
 	tokens := flag.Int("tokens", 60, "content events per stream")
 	gap := flag.Duration("gap", 500*time.Millisecond, "time between two content events")
+	prompt := flag.Int("prompt", 0, "bytes of prompt text added to each request (0: a short question), to show what the request body costs an open stream")
 	flag.Parse()
-	if err := run(*bin, *streams, *ramp, *tokens, *gap); err != nil {
+	if err := run(*bin, *streams, *ramp, *tokens, *gap, *prompt); err != nil {
 		fmt.Fprintln(os.Stderr, "streammem:", err)
 		os.Exit(1)
 	}
@@ -90,8 +92,7 @@ func slowEngine(tokens int, gap time.Duration) (*http.Server, string, error) {
 
 // stream sends one streaming request and says how it ended: "complete", the error event's message, or the
 // transport error.
-func stream(ctx context.Context, client *http.Client, base string, open *atomic.Int64) string {
-	body := `{"model":"m","stream":true,"max_tokens":64,"messages":[{"role":"user","content":"Tell me a long story."}]}`
+func stream(ctx context.Context, client *http.Client, base, body string, open *atomic.Int64) string {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
 		return "request: " + err.Error()
@@ -132,7 +133,23 @@ func firstWords(s string) string {
 	return s
 }
 
-func run(bin string, n int, ramp time.Duration, tokens int, gap time.Duration) error {
+// loadAverage is the machine's 1-minute load average (/proc/loadavg), "?" where there is none: the figures are
+// quoted with it, since the gateway shares the cores with the engine and the clients.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	if f := strings.Fields(string(b)); len(f) > 0 {
+		return f[0]
+	}
+	return "?"
+}
+
+func run(bin string, n int, ramp time.Duration, tokens int, gap time.Duration, prompt int) error {
+	loadStart := loadAverage()
+	body := `{"model":"m","stream":true,"max_tokens":64,"messages":[{"role":"user","content":"Tell me a long story.` +
+		strings.Repeat(" story", prompt/len(" story")) + `"}]}`
 	eng, engURL, err := slowEngine(tokens, gap)
 	if err != nil {
 		return err
@@ -176,7 +193,7 @@ models:
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n, MaxConnsPerHost: 0, DisableCompression: true}}
 	var open atomic.Int64
 	ctx := context.Background()
-	if r := stream(ctx, client, base, &open); r != "complete" {
+	if r := stream(ctx, client, base, body, &open); r != "complete" {
 		log := gw.Tail(4096)
 		return fmt.Errorf("warm-up stream: %s\n%s", r, log)
 	}
@@ -192,7 +209,7 @@ models:
 		go func() {
 			defer wg.Done()
 			time.Sleep(time.Duration(int64(ramp) * int64(i) / int64(n)))
-			r := stream(ctx, client, base, &open)
+			r := stream(ctx, client, base, body, &open)
 			mu.Lock()
 			ends[r]++
 			mu.Unlock()
@@ -220,8 +237,8 @@ models:
 	after := gw.StatusKiB("VmRSS")
 	metrics, _ := get(fmt.Sprintf("http://127.0.0.1:%d/metrics", admin))
 
-	fmt.Printf("%d streams opened over %v, %d content events %v apart each; all done in %.1f s; at most %d open at once\n\n",
-		n, ramp, tokens, gap, took.Seconds(), maxOpen)
+	fmt.Printf("%d streams opened over %v, %d content events %v apart each, request bodies of %d bytes; all done in %.1f s; at most %d open at once; load average %s at the start, %s at the end\n\n",
+		n, ramp, tokens, gap, len(body), took.Seconds(), maxOpen, loadStart, loadAverage())
 	fmt.Println("| gateway RSS | MB |")
 	fmt.Println("|---|---|")
 	fmt.Printf("| before (one warm-up stream done) | %.1f |\n", float64(before)/1024)
