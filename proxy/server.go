@@ -51,7 +51,8 @@ type Options struct {
 	// pass-through routes) and one assembled from a stream for a client that did not stream. Past it the
 	// answer is a 502. Default 64 MiB.
 	MaxResponseBytes int
-	// HeaderTimeout bounds reading a client's request (headers and body), against slow clients. Default 30 s.
+	// HeaderTimeout bounds reading a client's request (headers and body), against slow clients, from the request's
+	// first byte; a new connection's first byte must come within it of the accept. Default 30 s.
 	HeaderTimeout time.Duration
 	// IdleTimeout closes a client's keep-alive connection after this long without a request. Default 120 s.
 	IdleTimeout time.Duration
@@ -534,6 +535,9 @@ func (s *Server) serveExchange(ctx *fasthttp.RequestCtx, ex *exchange, rt *route
 		ctx.Response.Header.Set(fasthttp.HeaderCacheControl, "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
 		ex.committed = true
+		// The exchange holds its own copy of the request body (serveExchange): fasthttp's goes back to its pool
+		// now (ReduceMemoryUsage), not when the stream ends, so that an open stream holds one copy less.
+		ctx.Request.ResetBody()
 		ctx.SetBodyStream(streamBody{ex}, -1) // the relay owns ex from here; Close releases it
 		return true
 	}
