@@ -58,6 +58,9 @@ type EventReader struct {
 	err        error // sticky error from r, or ErrEventTooLarge
 	borrowed   bool  // buf is the caller's (ResetBytes): never written, never kept
 
+	peek   Event // the event Ready found, which Next returns next
+	peeked bool
+
 	// Scanning state of the event at buf[start:], kept across reads so a slow stream is not rescanned.
 	line                   int // offset from start of the first line not yet examined
 	nData, nComment, nElse int
@@ -102,6 +105,26 @@ func (er *EventReader) ResetBytes(b []byte) {
 
 func (er *EventReader) resetEvent() {
 	er.line, er.nData, er.nComment, er.nElse = 0, 0, 0, 0
+	er.peek, er.peeked = Event{}, false
+}
+
+// Ready reports whether the next call to Next returns an event without reading from the stream: a whole event
+// is buffered. It may scan that event, which Next then returns. The Event Next returned last stays valid, except
+// the Data of an event with several data lines (held in a buffer of the reader's own). Ready does not read, so
+// it never blocks; at the end of the stream it reports false.
+func (er *EventReader) Ready() bool {
+	if er.peeked {
+		return true
+	}
+	if er.err != nil && er.err != io.EOF || er.start >= er.end {
+		return false
+	}
+	ev, ok := er.scan()
+	if !ok {
+		return false
+	}
+	er.peek, er.peeked = ev, true
+	return true
 }
 
 // Next returns the next event. At a clean end of the stream it returns io.EOF. A final event without its blank
@@ -111,6 +134,11 @@ func (er *EventReader) resetEvent() {
 // slices are valid until the next call to Next or Reset. Next does not allocate once its buffer has grown to
 // the size of the stream's events.
 func (er *EventReader) Next() (Event, error) {
+	if er.peeked {
+		ev := er.peek
+		er.peek, er.peeked = Event{}, false
+		return ev, nil
+	}
 	for stalls := 0; ; {
 		if ev, ok := er.scan(); ok {
 			return ev, nil

@@ -261,3 +261,69 @@ func TestEventReaderResetBytes(t *testing.T) {
 		t.Fatal("Reset kept the borrowed buffer")
 	}
 }
+
+// readsCounted counts the reads that reach the underlying stream.
+type readsCounted struct {
+	r     io.Reader
+	reads int
+}
+
+func (c *readsCounted) Read(p []byte) (int, error) {
+	c.reads++
+	return c.r.Read(p)
+}
+
+// TestEventReaderReady: Ready reports a buffered event without reading, Next then returns it, and the event
+// Next returned before stays valid.
+func TestEventReaderReady(t *testing.T) {
+	src := &readsCounted{r: strings.NewReader("data: a\n\n: ping\n\ndata: partial")}
+	er := NewEventReader(src, 0)
+	ev, err := er.Next()
+	if err != nil || string(ev.Data) != "a" {
+		t.Fatalf("first: %q, %v", ev.Data, err)
+	}
+	reads := src.reads
+	if !er.Ready() {
+		t.Fatal("the ping is buffered, Ready says it is not")
+	}
+	if !er.Ready() {
+		t.Fatal("a second Ready forgot the event the first found")
+	}
+	if src.reads != reads {
+		t.Fatal("Ready read from the stream")
+	}
+	if string(ev.Raw) != "data: a\n\n" {
+		t.Fatalf("Ready changed the event returned before: %q", ev.Raw)
+	}
+	ev, err = er.Next()
+	if err != nil || !ev.Comment || string(ev.Raw) != ": ping\n\n" {
+		t.Fatalf("after Ready, Next returned %q, %v; want the ping", ev.Raw, err)
+	}
+	if er.Ready() {
+		t.Fatal("only part of an event is buffered, Ready says one is ready")
+	}
+	if src.reads != reads {
+		t.Fatal("Ready read from the stream")
+	}
+	ev, err = er.Next() // reads on: the stream ends inside an event that is not whole
+	if err != io.ErrUnexpectedEOF {
+		t.Fatalf("last: %q, %v; want io.ErrUnexpectedEOF", ev.Raw, err)
+	}
+	if er.Ready() {
+		t.Fatal("Ready at the end of the stream")
+	}
+	er.ResetBytes([]byte("data: x\n\ndata: y\n\n"))
+	if !er.Ready() {
+		t.Fatal("ResetBytes: Ready says no event is ready")
+	}
+	if ev, err := er.Next(); err != nil || string(ev.Data) != "x" {
+		t.Fatalf("ResetBytes: %q, %v", ev.Data, err)
+	}
+	if !er.Ready() { // y, found and held
+		t.Fatal("ResetBytes: the second event is not ready")
+	}
+	er.Reset(strings.NewReader(""))
+	if er.Ready() {
+		t.Fatal("Reset keeps the event Ready found")
+	}
+}
