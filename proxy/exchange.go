@@ -137,6 +137,7 @@ type relayed struct {
 	committed     bool     // the answer streams to the client: its headers are handed to fasthttp
 	end           endCause // how the committed stream ended (streamend.go), once it did
 	sent          int64    // bytes of events written to a streaming client
+	batch         *[]byte  // events read in a burst, not yet written (relay.go); pooled, nil between bursts
 	replaying     bool
 	replay        *openai.EventReader
 	scratch       []byte

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -16,8 +17,9 @@ import (
 
 // The exchange is the response body stream of a committed streaming answer. fasthttp calls WriteTo once, in
 // the connection's own goroutine, with a writer that frames every Write as one HTTP chunk and flushes it to the
-// socket at once (fasthttp.BodyWriterTo). So each SSE event reaches the client as soon as it is written, a
-// vanished client shows up as a write error, and no extra goroutine or pipe sits between upstream and client.
+// socket at once (fasthttp.BodyWriterTo). So each SSE event reaches the client as soon as it is written (with
+// the events of its burst, emitBatched), a vanished client shows up as a write error, and no extra goroutine or
+// pipe sits between upstream and client.
 var _ fasthttp.BodyWriterTo = (*exchange)(nil)
 
 // SupportsBodyWriteTo tells fasthttp to consume the body with WriteTo.
@@ -39,7 +41,7 @@ func (ex *exchange) relay(w io.Writer) (int64, error) {
 	_ = ex.wd.commit(w)
 	var fail error
 	for {
-		done, err := ex.step(ex.emit)
+		done, err := ex.step(ex.emitBatched)
 		if err != nil {
 			fail = err
 			break
@@ -49,6 +51,9 @@ func (ex *exchange) relay(w io.Writer) (int64, error) {
 			break
 		}
 		ex.s.testPanic(stageRelay)
+	}
+	if err := ex.flush(); err != nil && fail == nil {
+		fail = err // the client left before the last events reached it
 	}
 	ex.noteEnd(fail) // streamend.go: before endStream, whose own write may fail after the real cause
 	if fail != nil && !errors.Is(fail, errClientGone) {
@@ -61,7 +66,73 @@ func (ex *exchange) relay(w io.Writer) (int64, error) {
 	return 0, nil
 }
 
+// emit writes b to the client now, after the events batched before it (in the same write).
 func (ex *exchange) emit(b []byte) error {
+	if ex.batch != nil {
+		if len(*ex.batch)+len(b) <= maxBatch {
+			*ex.batch = append(*ex.batch, b...)
+			return ex.flush()
+		}
+		if err := ex.flush(); err != nil {
+			return err
+		}
+	}
+	return ex.write(b)
+}
+
+// Events that are already read when the relay writes one go to the client in the same write: an engine's
+// burst, or a read that brought several events, costs one system call instead of one per event, and no event
+// waits for anything but the events before it. An event is batched only when the next one is ready without a
+// read (nextReady); the last one of a burst is written with the batch at once, and the relay flushes before it
+// ends. The batch buffer is pooled and taken only for a burst, so a stream that waits holds none.
+
+// maxBatch bounds the bytes of events written in one write.
+const maxBatch = 16 << 10
+
+var batchBufs = sync.Pool{New: func() any { b := make([]byte, 0, maxBatch); return &b }}
+
+// emitBatched relays one event of the answer (step's emit for a streaming client): batched when the next event
+// is ready, else written with the batch before it.
+func (ex *exchange) emitBatched(b []byte) error {
+	if len(b) >= maxBatch || !ex.nextReady() {
+		return ex.emit(b)
+	}
+	if ex.batch != nil && len(*ex.batch)+len(b) > maxBatch {
+		if err := ex.flush(); err != nil {
+			return err
+		}
+	}
+	if ex.batch == nil {
+		ex.batch = batchBufs.Get().(*[]byte)
+	}
+	*ex.batch = append(*ex.batch, b...)
+	return nil
+}
+
+// nextReady reports whether the answer's next event is read already: in the replay of the pending events, or
+// buffered from upstream.
+func (ex *exchange) nextReady() bool {
+	if ex.replaying {
+		return ex.replay.Ready()
+	}
+	return ex.cur != nil && ex.cur.events.Ready()
+}
+
+// flush writes the batched events, if any, and gives the batch buffer back.
+func (ex *exchange) flush() error {
+	bp := ex.batch
+	if bp == nil {
+		return nil
+	}
+	ex.batch = nil
+	err := ex.write(*bp)
+	*bp = (*bp)[:0]
+	batchBufs.Put(bp)
+	return err
+}
+
+// write writes b to the client (serialised with the watchdog's pings) and counts it.
+func (ex *exchange) write(b []byte) error {
 	if err := ex.wd.write(b); err != nil {
 		return err
 	}

@@ -45,3 +45,57 @@ func TestStreamAssemblyBound(t *testing.T) {
 		})
 	}
 }
+
+// writes records each write the relay makes to the client.
+type writes [][]byte
+
+func (w *writes) Write(b []byte) (int, error) {
+	*w = append(*w, append([]byte(nil), b...))
+	return len(b), nil
+}
+
+// TestEmitBatched: events already read when one is relayed go out in one write with it; the last of a burst
+// is written at once, and the batch buffer is given back.
+func TestEmitBatched(t *testing.T) {
+	var got writes
+	ex := &exchange{}
+	ex.wd = &watchdog{w: &got}
+	ex.replay = openai.NewEventReader(nil, maxEventBytes)
+	ex.replay.ResetBytes([]byte("data: a\n\n: ping\n\ndata: c\n\n"))
+	ex.replaying = true
+	for i := 0; ; i++ {
+		ev, err := ex.replay.Next()
+		if err != nil {
+			break
+		}
+		if err := ex.emitBatched(ev.Raw); err != nil {
+			t.Fatal(err)
+		}
+		if last := i == 2; (len(got) > 0) != last {
+			t.Fatalf("after event %d: %d writes, want one only after the last event of the burst", i, len(got))
+		}
+	}
+	if len(got) != 1 || string(got[0]) != "data: a\n\n: ping\n\ndata: c\n\n" {
+		t.Fatalf("writes %q, want the three events in one", got)
+	}
+	if ex.batch != nil {
+		t.Fatal("the batch buffer is kept after the burst")
+	}
+
+	// emit (an error event, a panic's end) writes what is batched first, in the same write.
+	got = nil
+	ex.replay.ResetBytes([]byte("data: a\n\ndata: b\n\n"))
+	ev, _ := ex.replay.Next()
+	if err := ex.emitBatched(ev.Raw); err != nil || len(got) != 0 {
+		t.Fatalf("the first of two events: %v, %d writes", err, len(got))
+	}
+	if err := ex.emit([]byte("data: [DONE]\n\n")); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || string(got[0]) != "data: a\n\ndata: [DONE]\n\n" {
+		t.Fatalf("writes %q, want the batched event and [DONE] in one", got)
+	}
+	if ex.sent != int64(len("data: a\n\n: ping\n\ndata: c\n\n")+len("data: a\n\ndata: [DONE]\n\n")) {
+		t.Fatalf("sent %d bytes, counted %d", len(got[0]), ex.sent)
+	}
+}
