@@ -199,6 +199,7 @@ models:
 	}
 	time.Sleep(500 * time.Millisecond)
 	before := gw.StatusKiB("VmRSS")
+	idleMetrics, _ := get(fmt.Sprintf("http://127.0.0.1:%d/metrics", admin))
 
 	var mu sync.Mutex
 	ends := map[string]int{}
@@ -262,6 +263,9 @@ models:
 			}
 		}
 	}
+	if g0, g1 := metricValue(idleMetrics, "go_goroutines"), metricValue(fullMetrics, "go_goroutines"); g0 > 0 && g1 > 0 {
+		fmt.Printf("| goroutines per open stream ((with every stream open - before) / %d) | %.2f |\n", n, (g1-g0)/float64(n))
+	}
 	fmt.Printf("| peak (VmHWM) | %.1f |\n", float64(hwm)/1024)
 	fmt.Printf("| after | %.1f |\n\n", float64(after)/1024)
 	if open1 > 0 {
@@ -291,6 +295,17 @@ models:
 	}
 	fmt.Println("```")
 	return nil
+}
+
+// metricValue returns the value of the unlabelled metric name in a Prometheus text exposition, 0 if absent.
+func metricValue(text, name string) float64 {
+	for line := range strings.SplitSeq(text, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
 }
 
 func get(url string) (string, error) {
