@@ -42,6 +42,9 @@ func (ex *exchange) relay(w io.Writer) (int64, error) {
 	var fail error
 	for {
 		done, err := ex.step(ex.emitBatched)
+		if err == nil && !done {
+			err = ex.endBurst()
+		}
 		if err != nil {
 			fail = err
 			break
@@ -116,6 +119,15 @@ func (ex *exchange) nextReady() bool {
 		return ex.replay.Ready()
 	}
 	return ex.cur != nil && ex.cur.events.Ready()
+}
+
+// endBurst writes the batch when the next event is not read yet: step relays some events with no write of
+// their own (the usage chunk the client did not ask for), and one of them may end a burst.
+func (ex *exchange) endBurst() error {
+	if ex.batch == nil || ex.nextReady() {
+		return nil
+	}
+	return ex.flush()
 }
 
 // flush writes the batched events, if any, and gives the batch buffer back.

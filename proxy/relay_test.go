@@ -99,3 +99,28 @@ func TestEmitBatched(t *testing.T) {
 		t.Fatalf("sent %d bytes, counted %d", len(got[0]), ex.sent)
 	}
 }
+
+// TestEndBurst: an event that step drops without a write (the usage chunk the client did not ask for) can end
+// a burst; the relay then writes the batch before it reads on.
+func TestEndBurst(t *testing.T) {
+	var got writes
+	ex := &exchange{}
+	ex.wd = &watchdog{w: &got}
+	ex.replay = openai.NewEventReader(nil, maxEventBytes)
+	ex.replay.ResetBytes([]byte("data: a\n\ndata: {\"usage\":{}}\n\n"))
+	ex.replaying = true
+	ev, _ := ex.replay.Next()
+	if err := ex.emitBatched(ev.Raw); err != nil || len(got) != 0 {
+		t.Fatalf("the first event of a burst: %v, %d writes", err, len(got))
+	}
+	if err := ex.endBurst(); err != nil || len(got) != 0 {
+		t.Fatalf("endBurst with the next event ready: %v, %d writes", err, len(got))
+	}
+	_, _ = ex.replay.Next() // dropped: no write of its own
+	if err := ex.endBurst(); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || string(got[0]) != "data: a\n\n" || ex.batch != nil {
+		t.Fatalf("writes %q (batch held: %v), want the first event written once the burst ended", got, ex.batch != nil)
+	}
+}
