@@ -137,6 +137,7 @@ type Backend struct {
 	inflight   atomic.Int64 // requests dispatched and not yet finished
 	prefilling atomic.Int64 // requests dispatched without a first token yet
 	prefillTok atomic.Int64 // uncached prompt tokens of the requests in prefilling (the prefill work queued there)
+	drainAt    atomic.Int64 // UnixNano (backend clock) when that work is done at the learned prefill rate (drain.go)
 	decoding   atomic.Int64 // requests streaming tokens
 	healthy    atomic.Bool
 	requests   atomic.Uint64 // requests dispatched in total
@@ -312,14 +313,15 @@ type load struct {
 // (docs/design.md, "Routing and protection"), so traffic from other gateway replicas counts too. Engine metrics count
 // only while fresh.
 func (b *Backend) loadAt(now time.Time) load {
-	_, tok := b.Prefilling()
-	l := load{queuedTok: float64(tok), running: float64(b.decoding.Load())}
+	l := load{queuedTok: b.queuedAt(now), running: float64(b.decoding.Load())}
 	if p := b.peerLoad(now); p != nil {
-		// The other replicas' decoding sequences count. Their queued prefill does not: a prefill lasts about as
-		// long as a report is old, so the figure in hand is mostly stale, and taken as a feature it taught the
-		// latency models a prefill rate several times too fast. The engine's scraped queue (below) covers the
-		// other replicas' prefill work.
+		// The other replicas' decoding sequences count, and their queued prefill as much of it as is left once
+		// the report's age is drained at the learned prefill rate (drain.go): a prefill lasts about as long as a
+		// report is old, so the raw figure is mostly stale (it taught the models a prefill rate several times
+		// too fast), and leaving it out hid a neighbour's long prefill from the other replica, which then took
+		// a conversation's owner for idle or, once the wait showed, for slow.
 		l.running += float64(p.Decoding)
+		l.queuedTok += p.prefillLeft(now, b.lat.prefillPerToken())
 	}
 	if e := b.engine.Load(); e.Fresh(now, time.Duration(b.staleAfter.Load())) {
 		l.fresh = true
@@ -414,9 +416,10 @@ func (b *Backend) Dispatch(r *Request) Attempt {
 func (b *Backend) begin(a *Attempt, prefillTok int64) {
 	a.prefillTok = prefillTok
 	b.inflight.Add(1)
-	b.prefilling.Add(1)
+	first := b.prefilling.Add(1) == 1
 	b.prefillTok.Add(prefillTok)
 	b.requests.Add(1)
+	b.queuePrefill(a.start, float64(prefillTok), first)
 }
 
 // hitTokens converts matched blocks to the cached tokens the engine should report, scaled by the backend's
@@ -463,9 +466,10 @@ func (a *Attempt) FirstToken() {
 	b := a.b
 	a.first = true
 	b.prefilling.Add(-1)
-	b.prefillTok.Add(-a.prefillTok)
+	left := b.prefillTok.Add(-a.prefillTok)
 	b.decoding.Add(1)
 	now := b.clock.Now()
+	b.prefillDone(now, float64(left))
 	a.firstAt = now
 	a.runAtFirst = float64(b.decoding.Load())
 	a.ttft = now.Sub(a.start).Seconds()
@@ -593,7 +597,7 @@ func (a *Attempt) End(backendFailed bool) {
 		b.decoding.Add(-1)
 	} else {
 		b.prefilling.Add(-1)
-		b.prefillTok.Add(-a.prefillTok)
+		b.prefillDone(b.clock.Now(), float64(b.prefillTok.Add(-a.prefillTok)))
 	}
 	b.inflight.Add(-1)
 	if backendFailed {

@@ -16,15 +16,17 @@ import (
 )
 
 // PeerLoad is the load the other gateway replicas reported on one backend, summed over the replicas whose reports
-// are fresh. Routing adds its Inflight to the backend's own (Backend.Inflight, which every strategy reads) and its
-// Decoding to the sequences the latency models see, until Until. PrefillTokens is shown, not used: a prefill
-// lasts about as long as a report is old (see loadAt).
+// are fresh. Routing adds its Inflight to the backend's own (Backend.Inflight, which every strategy reads), its
+// Decoding to the sequences the latency models see, and what is left of its PrefillTokens at the backend's
+// learned prefill rate to the queued prefill (drain.go), until Until.
 type PeerLoad struct {
 	// Inflight, PrefillTokens and Decoding are the other replicas' requests in flight to the backend, the
-	// uncached prompt tokens they dispatched without a first token yet, and their requests decoding there.
+	// uncached prompt tokens they dispatched without a first token yet and not yet drained (each report drained
+	// by its age to At), and their requests decoding there.
 	Inflight, PrefillTokens, Decoding int64
-	// Until is when the figures go stale (a replica that stopped reporting stops counting).
-	Until time.Time
+	// At is when PrefillTokens was left; Until is when the figures go stale (a replica that stopped reporting
+	// stops counting).
+	At, Until time.Time
 }
 
 // peerLoad returns b's fresh peer load, or nil.
@@ -195,7 +197,8 @@ func (p *Peers) publishLoop(ctx context.Context) {
 }
 
 // loadScript writes this replica's load report (ARGV[2]) under its id (ARGV[1]) with an expiry of ARGV[3] ms
-// in Redis TIME, deletes the expired reports, and returns the others' fresh ones.
+// in Redis TIME, deletes the expired reports, and returns the others' fresh ones, each as "<ms until it expires>
+// <report>": a report's age is the expiry it was written with less that.
 var loadScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -209,7 +212,7 @@ for i = 1, #all, 2 do
   local sp = string.find(v, ' ', 1, true)
   local exp = sp and tonumber(string.sub(v, 1, sp - 1))
   if exp == nil or exp <= now then redis.call('HDEL', KEYS[1], all[i])
-  elseif all[i] ~= ARGV[1] then out[#out + 1] = string.sub(v, sp + 1) end
+  elseif all[i] ~= ARGV[1] then out[#out + 1] = (exp - now) .. ' ' .. string.sub(v, sp + 1) end
 end
 return out
 `)
@@ -217,10 +220,11 @@ return out
 // syncLoad publishes this replica's load and installs the others'.
 func (p *Peers) syncLoad(ctx context.Context) {
 	backends := p.reg.Backends()
+	now := p.o.Clock.Now()
 	var b strings.Builder
 	for _, be := range backends {
 		inflight := be.LocalInflight()
-		_, tok := be.Prefilling()
+		tok := int64(be.queuedAt(now)) // what is left of this replica's prefill there (drain.go)
 		dec := be.Decoding()
 		if inflight == 0 && tok == 0 && dec == 0 {
 			continue
@@ -245,13 +249,24 @@ func (p *Peers) syncLoad(ctx context.Context) {
 		}
 		return // the load in hand expires by itself
 	}
+	read := p.o.Clock.Now()
+	rates := make(map[string]float64, len(backends))
+	for _, be := range backends {
+		rates[be.Name()] = be.lat.prefillPerToken()
+	}
 	sums := make(map[string]*PeerLoad, len(backends))
 	for _, r := range res {
-		parsePeerLoad(r, sums)
+		left, report, ok := strings.Cut(r, " ")
+		ms, err := strconv.ParseInt(left, 10, 64)
+		if !ok || err != nil {
+			continue
+		}
+		age := min(max(p.stale-time.Duration(ms)*time.Millisecond, 0), p.stale)
+		parsePeerLoad(report, age, rates, sums)
 	}
-	until := p.o.Clock.Now().Add(p.stale)
+	until := read.Add(p.stale)
 	for _, be := range backends {
-		pl := PeerLoad{Until: until}
+		pl := PeerLoad{At: read, Until: until}
 		if s := sums[be.Name()]; s != nil {
 			pl.Inflight, pl.PrefillTokens, pl.Decoding = s.Inflight, s.PrefillTokens, s.Decoding
 		}
@@ -259,9 +274,10 @@ func (p *Peers) syncLoad(ctx context.Context) {
 	}
 }
 
-// parsePeerLoad adds one replica's report ("name=inflight,prefill_tokens,decoding;...") to sums. Malformed
-// entries are skipped.
-func parsePeerLoad(r string, sums map[string]*PeerLoad) {
+// parsePeerLoad adds one replica's report ("name=inflight,prefill_tokens,decoding;...") of age age to sums, its
+// prefill tokens drained by that age at rates[name] seconds per token (none for a backend not in rates).
+// Malformed entries are skipped.
+func parsePeerLoad(r string, age time.Duration, rates map[string]float64, sums map[string]*PeerLoad) {
 	for entry := range strings.SplitSeq(r, ";") {
 		name, nums, ok := strings.Cut(entry, "=")
 		if !ok {
@@ -290,6 +306,9 @@ func parsePeerLoad(r string, sums map[string]*PeerLoad) {
 			sums[name] = s
 		}
 		s.Inflight += v[0]
+		if rate := rates[name]; rate > 0 {
+			v[1] = max(v[1]-int64(age.Seconds()/rate), 0)
+		}
 		s.PrefillTokens += v[1]
 		s.Decoding += v[2]
 	}
