@@ -169,6 +169,8 @@ type cand struct {
 	blocks int     // leading prefix blocks held
 	hit    int     // cached tokens predicted
 	cost   float64 // seconds
+	pred   float64 // the predicted engine TTFT in cost (mean, or p90 with UseP90), seconds
+	spread float64 // the backend's p90/mean TTFT factor, exp(z90*sigma) from its recent prediction errors
 	ttft   float64 // p90 TTFT, RTT included, seconds
 	load   float64 // strategy-specific load
 }
@@ -219,6 +221,8 @@ func (s *Adaptive) Pick(r *Request, targets []Target) (Target, error) {
 	var chosen cand
 	if cold {
 		chosen = pickRendezvous(cs, band, 0, coldKey(r), targets)
+	} else if c, kept := keepOwner(cs, coldKey(r), targets); kept {
+		chosen = c
 	} else if c, owned := pickOwner(cs, band, coldKey(r), targets); owned {
 		chosen = c
 	} else {
@@ -264,7 +268,7 @@ func (s *Adaptive) evaluate(r *Request, b *Backend, now time.Time, prompt, block
 	case ObjectiveCost:
 		cost += r.SecondsPerDollar * cfg.Price.estimate(prompt, hit, r.outputTokens())
 	}
-	c := cand{blocks: blocks, hit: hit, cost: cost, ttft: rtt + p90}
+	c := cand{blocks: blocks, hit: hit, cost: cost, pred: ttft, spread: b.lat.ttftSpread.load(), ttft: rtt + p90}
 	itlSLO := r.ITLSLO
 	switch {
 	case s.sat.at(b, cfg, l):
@@ -326,6 +330,36 @@ func pickOwner(cs []cand, band float64, key uint64, targets []Target) (cand, boo
 		return cand{}, false
 	}
 	return pickRendezvous(cs, band, most, key, targets), true
+}
+
+// keepOwner returns the owner of a warm prefix, the rendezvous winner among the candidates holding the most of it,
+// unless another candidate is cheaper beyond both predictions' measured errors: unless even the owner's optimistic
+// cost (its TTFT divided by its p90 factor) exceeds the other's pessimistic one (its TTFT times its p90 factor).
+// It reports false when the owner is outweighed so, and the pick falls back to the near-tie band.
+//
+// Keeping the owner only while it was within the near-tie band of the cheapest candidate lost conversations that
+// alternate between two replicas: each replica's models of the backends differ (each learns from its own half of
+// the traffic), and an owner whose prefill saving was a hundred milliseconds left the band whenever one
+// replica's model of it, or of a cold backend, was off by more than the band's 10% (multi-turn conversations
+// across two replicas stayed on their backend for 70-95% of their turns). The margin here is what the models
+// themselves say they do not know, so it narrows as they learn and widens on a noisy engine, and a load that
+// really outweighs the saving (a queue of other prefills on the owner) still moves the prefix.
+func keepOwner(cs []cand, key uint64, targets []Target) (cand, bool) {
+	most := 0
+	for _, c := range cs {
+		most = max(most, c.blocks)
+	}
+	if most == 0 {
+		return cand{}, false
+	}
+	o := pickRendezvous(cs, math.Inf(1), most, key, targets)
+	lo := o.cost - o.pred*(1-1/o.spread)
+	for _, c := range cs {
+		if c.i != o.i && c.cost+c.pred*(c.spread-1) < lo {
+			return cand{}, false
+		}
+	}
+	return o, true
 }
 
 // sample draws among the TieMax cheapest candidates within band, with P ~ exp(-(cost-min)/(T*max(min, 50ms))).
