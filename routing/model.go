@@ -2,6 +2,7 @@ package routing
 
 import (
 	"math"
+	"slices"
 	"sync"
 )
 
@@ -244,6 +245,35 @@ func detect(m *rls, st *errStat, le float64) {
 	}
 }
 
+// errWindowLen is how many recent prediction errors a model keeps for /debug/backends.
+const errWindowLen = 64
+
+// errWindow keeps the last errWindowLen ratios of an observation to the prediction made before it. Guarded by
+// latency.mu.
+type errWindow struct {
+	buf  [errWindowLen]float64
+	n, i int
+}
+
+func (w *errWindow) add(ratio float64) {
+	w.buf[w.i] = ratio
+	w.i = (w.i + 1) % errWindowLen
+	w.n = min(w.n+1, errWindowLen)
+}
+
+// quantiles returns the 10th, 50th and 90th percentiles of the kept ratios (zeros when there are none).
+func (w *errWindow) quantiles() [3]float64 {
+	if w.n == 0 {
+		return [3]float64{}
+	}
+	var s [errWindowLen]float64
+	v := s[:w.n]
+	copy(v, w.buf[:w.n])
+	slices.Sort(v)
+	at := func(q float64) float64 { return v[min(int(q*float64(w.n)), w.n-1)] }
+	return [3]float64{at(0.1), at(0.5), at(0.9)}
+}
+
 // latency holds a backend's TTFT and ITL models. Updates take mu; the coefficients and spreads are also
 // published as atomics after every update, so predictions on the request path never lock (a reader may see
 // coefficients from two consecutive updates mixed, which are both valid estimates).
@@ -252,6 +282,7 @@ type latency struct {
 	ttft, itl   rls
 	ttftE, itlE errStat
 	nTTFT, nITL int
+	ttftW, itlW errWindow // observed/predicted, the last errWindowLen of each
 
 	pubTTFT    [4]afloat
 	pubITL     [2]afloat
@@ -298,6 +329,7 @@ func (l *latency) fitTTFT(uncached, queued, running, y float64, s *seen) float64
 		y *= regimeOf(&l.ttftE, *s)
 	}
 	pred := observe(&l.ttft, &l.ttftE, &x, y, s != nil)
+	l.ttftW.add(max(y, minPrediction) / pred)
 	l.nTTFT++
 	l.publish()
 	return pred
@@ -322,7 +354,8 @@ func (l *latency) observeITL(running, y float64) {
 	x := [4]float64{1, running / runScale}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	observe(&l.itl, &l.itlE, &x, y, false)
+	pred := observe(&l.itl, &l.itlE, &x, y, false)
+	l.itlW.add(max(y, minPrediction) / pred)
 	l.nITL++
 	l.publish()
 }
@@ -343,4 +376,58 @@ func (l *latency) prefillPerToken() float64 { return l.pubTTFT[1].load() / tokSc
 // itlMean predicts the inter-token latency (seconds) with running sequences decoding. Lock-free.
 func (l *latency) itlMean(running float64) float64 {
 	return max(l.pubITL[0].load()+l.pubITL[1].load()*running/runScale, minPrediction)
+}
+
+// Coefficient is one learned coefficient of a latency model as /debug/backends shows it.
+type Coefficient struct {
+	// Name says what the coefficient multiplies; Unit its unit (ms, ms per 1,000 tokens, ms per 100 sequences).
+	Name string `json:"name"`
+	Unit string `json:"unit"`
+	// Value is the estimate; StdErr its standard error: the square root of the RLS covariance's diagonal,
+	// scaled from the noise the fit assumes (10% of the prediction) to the spread its errors show (Sigma).
+	Value  float64 `json:"value"`
+	StdErr float64 `json:"std_err"`
+}
+
+// ModelStatus is one learned latency model of a backend as /debug/backends shows it: its coefficients with
+// their errors, and how well its recent predictions did.
+type ModelStatus struct {
+	Coefficients []Coefficient `json:"coefficients"`
+	// Samples is how many observations trained it; Sigma the EWMA spread of their log errors (the p90 factor
+	// is exp(1.28 * min(Sigma, 0.8))).
+	Samples int     `json:"samples"`
+	Sigma   float64 `json:"sigma"`
+	// ErrorP10, ErrorP50 and ErrorP90 are quantiles of observed/predicted over the last 64 observations (the
+	// prediction made before each): 1 is exact, a median above 1 a model that predicts too fast. Zero before
+	// any observation.
+	ErrorP10 float64 `json:"error_p10"`
+	ErrorP50 float64 `json:"error_p50"`
+	ErrorP90 float64 `json:"error_p90"`
+}
+
+var (
+	ttftCoefNames = [4][2]string{{"fixed", "ms"}, {"prefill", "ms per 1k uncached tokens"},
+		{"queued", "ms per 1k queued prefill tokens"}, {"running", "ms per 100 decoding sequences"}}
+	itlCoefNames = [4][2]string{{"fixed", "ms per token"}, {"running", "ms per token per 100 decoding sequences"}}
+)
+
+// status returns both models' figures. It takes l.mu: for the admin port, not the request path.
+func (l *latency) status() (ttft, itl ModelStatus) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return modelStatus(&l.ttft, &l.ttftE, &l.ttftW, l.nTTFT, &ttftCoefNames),
+		modelStatus(&l.itl, &l.itlE, &l.itlW, l.nITL, &itlCoefNames)
+}
+
+func modelStatus(m *rls, st *errStat, w *errWindow, n int, names *[4][2]string) ModelStatus {
+	sigma := math.Sqrt(st.v)
+	scale := sigma / m.spec.noise[0]
+	out := ModelStatus{Samples: n, Sigma: sigma}
+	for i := 0; i < m.spec.n; i++ {
+		out.Coefficients = append(out.Coefficients, Coefficient{Name: names[i][0], Unit: names[i][1],
+			Value: m.theta[i] * 1e3, StdErr: math.Sqrt(max(m.p[i][i], 0)) * scale * 1e3})
+	}
+	q := w.quantiles()
+	out.ErrorP10, out.ErrorP50, out.ErrorP90 = q[0], q[1], q[2]
+	return out
 }

@@ -306,3 +306,39 @@ func TestTTFTModelReplaysTheSlowBackendRun(t *testing.T) {
 			"want >= 3x (theta %v)", doc, after*1e3, after/before, before*1e3, b.lat.ttft.theta)
 	}
 }
+
+// TestModelStatusStatesItsError: the coefficients /debug/backends shows are within a few of their standard errors
+// of the law the engine follows, the standard errors are neither zero nor wider than the values, and the recent
+// prediction errors centre on 1 with a spread like the noise.
+func TestModelStatusStatesItsError(t *testing.T) {
+	truth := law{a: 0.025, perTok: 0.0001, perQueued: 0.0001, perRun: 0.0004}
+	const sigma = 0.1
+	rng := rand.New(rand.NewPCG(7, 8))
+	var l latency
+	l.init()
+	for range 600 {
+		u, q, r := features(rng)
+		l.observeTTFT(u, q, r, noisy(rng, truth.at(u, q, r), sigma))
+	}
+	st, _ := l.status()
+	want := []float64{truth.a * 1e3, truth.perTok * 1e6, truth.perQueued * 1e6, truth.perRun * 1e5}
+	if st.Samples != 600 || len(st.Coefficients) != 4 {
+		t.Fatalf("status %+v", st)
+	}
+	for i, c := range st.Coefficients {
+		t.Logf("%s = %.4g ± %.4g %s (law %.4g)", c.Name, c.Value, c.StdErr, c.Unit, want[i])
+		if c.StdErr <= 0 || c.StdErr > c.Value {
+			t.Errorf("%s: standard error %.4g of %.4g", c.Name, c.StdErr, c.Value)
+		}
+		if d := math.Abs(c.Value - want[i]); d > 4*c.StdErr {
+			t.Errorf("%s = %.4g ± %.4g %s, the law has %.4g", c.Name, c.Value, c.StdErr, c.Unit, want[i])
+		}
+	}
+	t.Logf("errors p10 %.3f p50 %.3f p90 %.3f, sigma %.3f", st.ErrorP10, st.ErrorP50, st.ErrorP90, st.Sigma)
+	if st.ErrorP50 < 0.95 || st.ErrorP50 > 1.05 || st.ErrorP10 > 0.95 || st.ErrorP90 < 1.05 || st.ErrorP90 > 1.4 {
+		t.Errorf("prediction errors p10 %.3f p50 %.3f p90 %.3f for log-normal noise of sigma %.2f", st.ErrorP10, st.ErrorP50, st.ErrorP90, sigma)
+	}
+	if st.Sigma < sigma/2 || st.Sigma > 2*sigma {
+		t.Errorf("sigma %.3f for noise %.2f", st.Sigma, sigma)
+	}
+}

@@ -59,12 +59,24 @@ type BackendStatus struct {
 	// Requests and Failures count attempts dispatched to the backend and those it failed.
 	Requests uint64 `json:"requests"`
 	Failures uint64 `json:"failures"`
+	// TTFTModel and ITLModel are what routing learned of the engine (model.go): for TTFT, the fixed cost, what
+	// a cached prefix saves per token (the prefill coefficient) and how load slows it (queued and running),
+	// each with its standard error, and the recent prediction errors.
+	TTFTModel ModelStatus `json:"ttft_model"`
+	ITLModel  ModelStatus `json:"itl_model"`
+	// QueuedTokens is the prefill the cost counts as queued on the backend now: this replica's and the other
+	// replicas', drained at the learned prefill rate (drain.go), at least the engine's queue in tokens.
+	QueuedTokens float64 `json:"queued_tokens"`
+	// HitScale is the calibrated share of the predicted prefix hits the engine really had (1: the index is
+	// right; below, it overestimates what the engine holds).
+	HitScale float64 `json:"hit_scale"`
 }
 
 // statusPromptTokens is the "short prompt" of BackendStatus.TTFTms.
 const statusPromptTokens = 128
 
-// Status returns b's current state and predictions. Safe for concurrent use; it reads atomics only.
+// Status returns b's current state and predictions. Safe for concurrent use; it takes the latency models'
+// mutex once, briefly, to copy their figures.
 func (b *Backend) Status() BackendStatus {
 	cfg := b.Config()
 	now := b.clock.Now()
@@ -99,5 +111,7 @@ func (b *Backend) Status() BackendStatus {
 		s.PeerInflight = p.Inflight
 	}
 	s.Stale = spec.Scrapes() && !l.fresh
+	s.TTFTModel, s.ITLModel = b.lat.status()
+	s.QueuedTokens, s.HitScale = l.queuedTok, b.hitScale.load()
 	return s
 }
