@@ -708,3 +708,80 @@ func TestPickAllocatesNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestAdaptiveFullSeatsSaturate: an engine that states its seats is saturated once they are all taken and a request
+// waits for one, far below the queue threshold; without stated seats, or with a free seat, it is not.
+func TestAdaptiveFullSeatsSaturate(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		maxSeqs, running float64
+		policySeats      int
+		waiting          float64
+		saturated        bool
+	}{
+		{"stated seats full, one waiting", 16, 16, 0, 1, true},
+		{"policy's seats full, one waiting", 0, 8, 8, 1, true},
+		{"a free seat", 16, 15, 0, 1, false},
+		{"full, no queue", 16, 16, 0, 0, false},
+		{"seats unknown", 0, 16, 0, 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfgs := local(2)
+			cfgs[0].MaxNumSeqs = tc.policySeats
+			f := newFleet(t, cfgs...)
+			e := &EngineStats{Waiting: tc.waiting, Running: tc.running, MaxSeqs: tc.maxSeqs,
+				Has: HasWaiting | HasRunning | HasKVUsage, At: f.clk.Now()}
+			if tc.maxSeqs > 0 {
+				e.Has |= HasMaxSeqs
+			}
+			f.b("b0").engine.Store(e)
+			f.engine("b1", 0, 0, 0)
+			sat := saturationOf(DefaultAdaptiveParams())
+			b := f.b("b0")
+			if got := sat.at(b, b.Config(), b.loadAt(f.clk.Now())); got != tc.saturated {
+				t.Fatalf("saturated = %v, want %v", got, tc.saturated)
+			}
+			if got := sat.saturated(b, b.Config(), f.clk.Now()); got != tc.saturated {
+				t.Fatalf("saturated (no load in hand) = %v, want %v", got, tc.saturated)
+			}
+		})
+	}
+}
+
+// TestAdaptiveOwnerKeepsItsPrefix: the backend holding a prompt's prefix keeps it while another is cheaper only
+// within the models' own errors, and loses it when its queued prefill really outweighs the prefill it saves.
+func TestAdaptiveOwnerKeepsItsPrefix(t *testing.T) {
+	prompt := text(21, 6000) // about 1,500 tokens
+	truth := law{a: 0.015, perTok: 0.0001, perQueued: 0.0001, perRun: 0.0002}
+	for _, tc := range []struct {
+		name     string
+		queued   int // prefill tokens queued on the owner
+		wantKeep bool
+	}{
+		{"idle owner", 0, true},
+		// A neighbour's cold prefill ahead costs about what the prefix saves (150 ms): within the errors.
+		{"one prefill ahead", 1500, true},
+		// Ten of them cost a second and a half against 150 ms of prefill elsewhere.
+		{"a queue of prefills", 15000, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFleet(t, local(4)...)
+			for _, tg := range f.targets {
+				f.train(tg.Backend.Name(), truth, 300)
+				f.engine(tg.Backend.Name(), 0, 0, 0)
+			}
+			f.hold("b2", prompt)
+			var atts []Attempt
+			if tc.queued > 0 {
+				atts = append(atts, f.b("b2").Begin(tc.queued))
+			}
+			got := f.picks(adaptive(t, f, ""), prompt, 50)
+			if keep := got["b2"] == 50; keep != tc.wantKeep {
+				t.Fatalf("picks %v, want the owner b2 kept: %v", got, tc.wantKeep)
+			}
+			for i := range atts {
+				atts[i].End(false)
+			}
+		})
+	}
+}

@@ -307,6 +307,19 @@ type load struct {
 	waiting   float64 // engine queue (0 when unknown)
 	kv        float64 // KV usage 0..1 (0 when unknown)
 	fresh     bool    // engine metrics are fresh
+	full      bool    // fresh metrics show every seat taken and requests waiting for one (seatsFull)
+}
+
+// seatsFull reports whether e shows an engine whose batch is full, with requests waiting for a seat: running at
+// least its seats (the most sequences it runs at once, as it exports them, else the policy's max_num_seqs) and a
+// queue. Such an engine starts a new request only when a running one finishes, a wait the latency models (which
+// price prefill and load, not seats) do not see. False when the seats are not known.
+func seatsFull(e *EngineStats, cfg *BackendConfig) bool {
+	seats := float64(cfg.MaxNumSeqs)
+	if e.Has&HasMaxSeqs != 0 && e.MaxSeqs > 0 {
+		seats = e.MaxSeqs
+	}
+	return seats > 0 && e.Has&HasRunning != 0 && e.Running >= seats && e.Waiting > 0
 }
 
 // loadAt combines local accounting with the engine's view: the larger of the two
@@ -325,6 +338,7 @@ func (b *Backend) loadAt(now time.Time) load {
 	}
 	if e := b.engine.Load(); e.Fresh(now, time.Duration(b.staleAfter.Load())) {
 		l.fresh = true
+		l.full = seatsFull(e, b.Config())
 		l.waiting = e.Waiting
 		l.kv = e.KVUsage
 		l.running = max(l.running, e.Running)
