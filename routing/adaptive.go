@@ -15,38 +15,63 @@ import (
 
 // AdaptiveParams tune the adaptive strategy. DefaultAdaptiveParams gives routing.md section 4.8's defaults;
 // Validate says what is out of range.
+//
+// What the strategy must know about an engine is learned per backend, not set here: what a cached prefix saves
+// per token and how load slows it are the TTFT model's coefficients (model.go, shown with their errors in
+// /debug/backends), the prefill queued is drained at the learned rate (drain.go), an engine that states its
+// seats is saturated when they are full with a queue (seatsFull), and the margin by which the owner of a prefix
+// keeps it is the models' own measured error (keepOwner). Each parameter below says why its default is safe on
+// every kind of engine: stepped continuous batching (vLLM, the simulator), fixed seats that slow only when
+// saturated, radix or token-block prefix caches, with or without chunked prefill, and hosted APIs.
 type AdaptiveParams struct {
 	// QueueThreshold is the engine queue (waiting requests) at which a backend counts as fully loaded. Default 4.
+	// Safe everywhere because it is a last resort, not the measure of load: an engine that states its seats is
+	// saturated as soon as they are full with one request waiting (seatsFull); for the others the queue's wait is
+	// already in the cost (waiting times the uncached tokens per request, at the learned rate), so the
+	// threshold only removes a backend the cost already ranks low; and a hosted API exports no queue at all.
 	QueueThreshold float64
-	// KVThreshold is the KV-cache usage (0 to 1) at which a backend counts as fully loaded. Default 0.85.
+	// KVThreshold is the KV-cache usage (0 to 1) at which a backend counts as fully loaded. Default 0.85. Safe
+	// on caches that keep prefixes (vLLM's block cache, SGLang's radix tree) because their usage counts blocks
+	// held by running requests, not evictable cached ones: a cache full of reusable prefixes reads low. Past
+	// 0.85 a paged engine preempts or stops admitting, whatever its batching.
 	KVThreshold float64
 	// Headroom is how far past QueueThreshold a backend's queue may go before it is filtered out as saturated:
 	// it is saturated when waiting > QueueThreshold*(1+Headroom) or kv > KVThreshold (KV usage cannot exceed 1,
-	// so it gets no headroom). Default 0.2.
+	// so it gets no headroom). Default 0.2: a scrape is a snapshot, and an engine that steps every few
+	// milliseconds always has a request or two between steps.
 	Headroom float64
 	// RegionMargin is added to the cost of a backend outside the gateway's region, once per step down the
 	// failover order (a backend in the first failover region pays it once, in the second twice, elsewhere once
 	// more than the last): a remote backend wins only when it is cheaper by more than that, a hysteresis against
-	// flapping between regions. Its RTT is counted separately. Default 100ms.
+	// flapping between regions. Its RTT is counted separately. Default 100ms. A policy choice about regions
+	// (data residency, egress), not engine physics: the engine kind does not enter it.
 	RegionMargin time.Duration
 	// Interference weighs the stall a request's prefill imposes on the sequences already decoding on a
-	// backend: running * prefill_time * Interference seconds are added to its cost. Default 0.05.
+	// backend: running * prefill_time * Interference seconds are added to its cost. Default 0.05. Safe because
+	// it is small next to the request's own TTFT at any running count an engine sustains, and it prices the
+	// stall in the engine's own learned prefill time: an engine with chunked prefill stalls its decodes less
+	// than that, one without stalls them for the whole prefill, and in both the term only tips near-ties.
 	Interference float64
 	// TieRelative and TieAbsolute define near-ties: candidates whose cost is within best*(1+TieRelative) +
-	// TieAbsolute. Defaults 0.1 and 10ms.
+	// TieAbsolute. Defaults 0.1 and 10ms. They decide only among candidates within 10% (plus one engine step) of
+	// the best predicted cost, for a prompt whose owner does not keep it (keepOwner): at most that much is lost on
+	// any engine, and the 10 ms is about one engine step or one scheduling hiccup of the host.
 	TieRelative float64
 	TieAbsolute time.Duration
-	// TieMax caps how many near-tied candidates are sampled among (the cheapest ones). Default 3.
-	TieMax int
-	// Temperature is the softmax temperature of sampling among near-ties, relative to the best cost (at least
-	// 50 ms): P(b) ~ exp(-(cost_b - best) / (Temperature * max(best, 50ms))). Default 0.1.
+	// TieMax caps how many near-tied candidates are sampled among (the cheapest ones). Default 3. Temperature is
+	// the softmax temperature of sampling among near-ties, relative to the best cost (at least 50 ms):
+	// P(b) ~ exp(-(cost_b - best) / (Temperature * max(best, 50ms))). Default 0.1. Both act only within the
+	// near-tie band, for a prompt held by no candidate in it: they spread, within the same bounded loss.
+	TieMax      int
 	Temperature float64
-	// MaxBlocks caps the prompt blocks hashed and matched (64 bytes each). Default cache.DefaultMaxBlocks.
+	// MaxBlocks caps the prompt blocks hashed and matched (64 bytes each). Default cache.DefaultMaxBlocks. A
+	// bound on the gateway's work per request; engines hold longer prefixes, which then match up to it.
 	MaxBlocks int
 	// ImbalanceAbs and ImbalanceRel are a seatbelt that does not depend on the latency models: a backend with
 	// more than ImbalanceAbs requests in flight beyond the least loaded candidate, and more than ImbalanceRel
 	// times its count, is treated as saturated (SGLang's imbalance rule, with its defaults 64 and 1.5), so a
-	// model that has learned nonsense cannot pile the traffic onto one backend.
+	// model that has learned nonsense cannot pile the traffic onto one backend. Counts of requests, so it holds on
+	// any engine; it fires only at an imbalance no healthy model produces.
 	ImbalanceAbs float64
 	ImbalanceRel float64
 	// UseP90 makes the cost use each backend's p90 predicted TTFT instead of its mean. Default false: the
@@ -109,14 +134,17 @@ const maxTies = 8
 //	         + RegionMargin * tier_b (0 in the gateway's region, i in its i-th failover region)
 //	         + out * ITL_b(running_b+1)              under ObjectiveThroughput
 //	         + SecondsPerDollar * price_b(request)   under ObjectiveCost, which also filters on the TTFT SLO
-//	pick:    among candidates within best*(1+TieRelative)+TieAbsolute: for a prefix no candidate holds, the
-//	         rendezvous-hash winner of the first block (every replica agrees); for a prefix some of them hold,
-//	         the rendezvous winner among those holding the most of it (replicas agree on the owner, and a
-//	         prefix does not alternate between two caches); when none within the band holds it, a softmax
-//	         sample among the TieMax cheapest.
+//	pick:    for a prefix some candidate holds, its owner (the rendezvous winner among those holding the most of
+//	         it: replicas agree on it) unless another candidate's cost plus its TTFT's measured error is below
+//	         the owner's cost less its own (keepOwner); otherwise, among candidates within
+//	         best*(1+TieRelative)+TieAbsolute: for a prefix no candidate holds, the rendezvous-hash winner of the
+//	         first block (every replica agrees); for a prefix some of them hold, the rendezvous winner among
+//	         those holding the most of it; when none within the band holds it, a softmax sample among the
+//	         TieMax cheapest.
 //
-// uncached_b is the prompt minus the prefix b is believed to hold, so the owner of a hot prefix keeps it until
-// its queue costs more than the prefill saved elsewhere. Safe for concurrent use; picking among 64 backends with
+// uncached_b is the prompt minus the prefix b is believed to hold, and queued_b the prefill left ahead on b
+// (drain.go), so the owner of a hot prefix keeps it until its queue costs more than the prefill saved elsewhere,
+// by more than the models can tell apart. Safe for concurrent use; picking among 64 backends with
 // an 8 KiB prompt takes microseconds and allocates nothing.
 type Adaptive struct {
 	p      AdaptiveParams
