@@ -138,6 +138,7 @@ type Backend struct {
 	prefilling atomic.Int64 // requests dispatched without a first token yet
 	prefillTok atomic.Int64 // uncached prompt tokens of the requests in prefilling (the prefill work queued there)
 	drainAt    atomic.Int64 // UnixNano (backend clock) when that work is done at the learned prefill rate (drain.go)
+	peerDrain  atomic.Int64 // UnixNano when the other replicas' dispatches announced by their hints are done (drain.go)
 	decoding   atomic.Int64 // requests streaming tokens
 	healthy    atomic.Bool
 	requests   atomic.Uint64 // requests dispatched in total
@@ -327,6 +328,7 @@ func seatsFull(e *EngineStats, cfg *BackendConfig) bool {
 // only while fresh.
 func (b *Backend) loadAt(now time.Time) load {
 	l := load{queuedTok: b.queuedAt(now), running: float64(b.decoding.Load())}
+	peerQ := b.peerDispatchedLeft(now)
 	if p := b.peerLoad(now); p != nil {
 		// The other replicas' decoding sequences count, and their queued prefill as much of it as is left once
 		// the report's age is drained at the learned prefill rate (drain.go): a prefill lasts about as long as a
@@ -334,8 +336,9 @@ func (b *Backend) loadAt(now time.Time) load {
 		// too fast), and leaving it out hid a neighbour's long prefill from the other replica, which then took
 		// a conversation's owner for idle or, once the wait showed, for slow.
 		l.running += float64(p.Decoding)
-		l.queuedTok += p.prefillLeft(now, b.lat.prefillPerToken())
+		peerQ = max(peerQ, p.prefillLeft(now, b.lat.prefillPerToken()))
 	}
+	l.queuedTok += peerQ
 	if e := b.engine.Load(); e.Fresh(now, time.Duration(b.staleAfter.Load())) {
 		l.fresh = true
 		l.full = seatsFull(e, b.Config())
@@ -420,7 +423,7 @@ func (b *Backend) Dispatch(r *Request) Attempt {
 		a.owner.Insert(a.hashes, now)
 		if c := b.hints; c != nil {
 			if p := c.p.Load(); p != nil {
-				p.routed(b, a.hashes, now) // tell the other replicas at once (hints.go); copies, never blocks
+				p.routed(b, a.hashes, int64(a.uncached), now) // tell the other replicas at once (hints.go); copies, never blocks
 			}
 		}
 	}

@@ -17,7 +17,17 @@ import "time"
 //	        on a first token or an end before it, drainAt <= now + (prefill tokens left) * rate
 //	peers:  each replica reports its queued_local at its report's time; the reader drains each report by its age
 //	        (from Redis TIME) and then by the time since it read them:
-//	        queued_peers(now) = max(0, sum - (now - at) / rate)
+//	        reported(now) = max(0, sum - (now - at) / rate)
+//	        and each prefix hint carries its dispatch's uncached tokens, which reach the others within a round
+//	        trip rather than a report interval; the reader queues them at their dispatch time (the stream
+//	        entry's Redis time, less the clock offset the load script measured) like its own:
+//	        peerDrain = max(peerDrain, dispatched) + tokens * rate,  announced(now) = max(0, peerDrain - now) / rate
+//	        queued_peers(now) = max(reported(now), announced(now))    (the same requests, seen twice: never summed)
+//
+// The hints matter because a report is up to an interval old when it is written and another when it is read: a
+// neighbour's cold prefill of 1,400 tokens (140 ms here) was over before the other replica knew of it, which
+// then predicted a cached turn queued behind it at a fifth of what it took; the slow first tokens led passive
+// outlier detection to eject the busiest owner and move every conversation on it at once.
 //
 // The bound by the tokens in flight keeps a learned rate that is too slow from inventing work; a rate that is
 // too fast drains early, and the engine's scraped queue (waiting * tokens per request, loadAt) is the floor.
@@ -62,6 +72,27 @@ func (b *Backend) queuedAt(now time.Time) float64 {
 	}
 	left := float64(b.drainAt.Load()-now.UnixNano()) / 1e9 / rate
 	return min(float64(tok), max(left, 0))
+}
+
+// peerDispatched queues tok uncached tokens another replica dispatched to b at at (its hint, hints.go).
+func (b *Backend) peerDispatched(at time.Time, tok float64) {
+	add := int64(tok * b.lat.prefillPerToken() * 1e9)
+	t := at.UnixNano()
+	for {
+		old := b.peerDrain.Load()
+		if b.peerDrain.CompareAndSwap(old, max(old, t)+add) {
+			return
+		}
+	}
+}
+
+// peerDispatchedLeft returns the prefill tokens the other replicas' hints announced that are left at now.
+func (b *Backend) peerDispatchedLeft(now time.Time) float64 {
+	rate := b.lat.prefillPerToken()
+	if rate <= 0 {
+		return 0
+	}
+	return max(float64(b.peerDrain.Load()-now.UnixNano())/1e9/rate, 0)
 }
 
 // prefillLeft returns the peers' queued prefill left at now, drained at rate seconds per token since At.

@@ -99,6 +99,8 @@ type Peers struct {
 	cancel              context.CancelFunc
 	wg                  sync.WaitGroup
 	published, received atomic.Uint64
+	offsetMs            atomic.Int64 // Redis TIME minus this replica's clock, in ms, as the last load script saw it
+	offsetKnown         atomic.Bool
 
 	kick    chan struct{} // wakes the publisher when a hint is queued
 	mu      sync.Mutex
@@ -109,7 +111,8 @@ type Peers struct {
 
 type pendingHint struct {
 	name     string
-	off, len int // in Peers.hashes
+	off, len int   // in Peers.hashes
+	tok      int64 // the dispatch's uncached prompt tokens (drain.go)
 }
 
 const (
@@ -197,8 +200,8 @@ func (p *Peers) publishLoop(ctx context.Context) {
 }
 
 // loadScript writes this replica's load report (ARGV[2]) under its id (ARGV[1]) with an expiry of ARGV[3] ms
-// in Redis TIME, deletes the expired reports, and returns the others' fresh ones, each as "<ms until it expires>
-// <report>": a report's age is the expiry it was written with less that.
+// in Redis TIME, deletes the expired reports, and returns Redis TIME in ms followed by the others' fresh reports,
+// each as "<ms until it expires> <report>": a report's age is the expiry it was written with less that.
 var loadScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -206,7 +209,7 @@ local ttl = tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], ARGV[1], (now + ttl) .. ' ' .. ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ttl * 4)
 local all = redis.call('HGETALL', KEYS[1])
-local out = {}
+local out = {tostring(now)}
 for i = 1, #all, 2 do
   local v = all[i + 1]
   local sp = string.find(v, ' ', 1, true)
@@ -241,6 +244,7 @@ func (p *Peers) syncLoad(ctx context.Context) {
 		b.WriteString(strconv.FormatInt(dec, 10))
 	}
 	cctx, cancel := context.WithTimeout(ctx, p.opTimeout)
+	sent := p.o.Clock.Now()
 	res, err := loadScript.Run(cctx, p.c, []string{p.loadKey}, p.o.ID, b.String(), p.stale.Milliseconds()).StringSlice()
 	cancel()
 	if err != nil {
@@ -250,6 +254,16 @@ func (p *Peers) syncLoad(ctx context.Context) {
 		return // the load in hand expires by itself
 	}
 	read := p.o.Clock.Now()
+	if len(res) == 0 {
+		return
+	}
+	if redisMs, err := strconv.ParseInt(res[0], 10, 64); err == nil {
+		// The script ran between sent and read: take the middle (on loopback or in one zone, a millisecond).
+		mid := sent.Add(read.Sub(sent) / 2)
+		p.offsetMs.Store(redisMs - mid.UnixMilli())
+		p.offsetKnown.Store(true)
+	}
+	res = res[1:]
 	rates := make(map[string]float64, len(backends))
 	for _, be := range backends {
 		rates[be.Name()] = be.lat.prefillPerToken()
@@ -314,10 +328,10 @@ func parsePeerLoad(r string, age time.Duration, rates map[string]float64, sums m
 	}
 }
 
-// routed queues a prefix hint: a request with these prompt hashes was dispatched to b. It runs on the request
-// path: it copies at most MaxHintBlocks hashes under a mutex, wakes the publisher without waiting, and never
-// waits on Redis.
-func (p *Peers) routed(b *Backend, hashes []uint64, now time.Time) {
+// routed queues a prefix hint: a request with these prompt hashes and tok uncached prompt tokens was dispatched to
+// b. It runs on the request path: it copies at most MaxHintBlocks hashes under a mutex, wakes the publisher
+// without waiting, and never waits on Redis.
+func (p *Peers) routed(b *Backend, hashes []uint64, tok int64, now time.Time) {
 	n := min(len(hashes), p.o.MaxHintBlocks)
 	if n == 0 {
 		return
@@ -336,7 +350,7 @@ func (p *Peers) routed(b *Backend, hashes []uint64, now time.Time) {
 		clear(p.sent)
 	}
 	p.sent[key] = t
-	p.pending = append(p.pending, pendingHint{name: b.Name(), off: len(p.hashes), len: n})
+	p.pending = append(p.pending, pendingHint{name: b.Name(), off: len(p.hashes), len: n, tok: max(tok, 0)})
 	p.hashes = append(p.hashes, hashes[:n]...)
 	select {
 	case p.kick <- struct{}{}:
@@ -352,6 +366,10 @@ func (p *Peers) flushHints(ctx context.Context) {
 		return
 	}
 	payload := encodeHints(nil, p.pending, p.hashes)
+	var toks []byte
+	for _, h := range p.pending {
+		toks = binary.AppendUvarint(toks, uint64(h.tok))
+	}
 	count := len(p.pending)
 	p.pending, p.hashes = p.pending[:0], p.hashes[:0]
 	p.mu.Unlock()
@@ -359,7 +377,7 @@ func (p *Peers) flushHints(ctx context.Context) {
 	defer cancel()
 	_, err := p.c.Pipelined(cctx, func(pl redis.Pipeliner) error {
 		pl.XAdd(cctx, &redis.XAddArgs{Stream: p.streamKey, MaxLen: streamMaxLen, Approx: true,
-			Values: []any{"r", p.o.ID, "d", payload}})
+			Values: []any{"r", p.o.ID, "d", payload, "q", toks}})
 		pl.PExpire(cctx, p.streamKey, streamTTL)
 		return nil
 	})
@@ -447,7 +465,10 @@ func (p *Peers) readLoop(ctx context.Context) {
 					continue
 				}
 				d, _ := m.Values["d"].(string)
-				p.apply([]byte(d))
+				q, _ := m.Values["q"].(string) // absent from replicas that predate it
+				ms, _, _ := strings.Cut(m.ID, "-")
+				at, _ := strconv.ParseInt(ms, 10, 64)
+				p.apply([]byte(d), []byte(q), at)
 			}
 		}
 	}
@@ -482,15 +503,31 @@ func streamIDLess(a, b string) bool {
 	return asq < bsq
 }
 
-// apply confirms another replica's hints in this replica's prefix index.
-func (p *Peers) apply(payload []byte) {
+// apply confirms another replica's hints in this replica's prefix index, and queues the prefill of each
+// dispatch they announce (toks, one uvarint per hint; empty from older replicas) at its time: the stream entry's
+// Redis time in ms (addedMs), less the clock offset, when that is known and the entry is fresher than a report.
+func (p *Peers) apply(payload, toks []byte, addedMs int64) {
 	backends := p.reg.Backends()
 	now := p.o.Clock.Now()
 	t := now.UnixNano()
+	at, fresh := time.Time{}, false
+	if p.offsetKnown.Load() {
+		at = time.UnixMilli(addedMs - p.offsetMs.Load())
+		fresh = now.Sub(at) < p.stale
+	}
 	_ = decodeHints(payload, func(name string, hashes []uint64) {
+		tok, n := binary.Uvarint(toks)
+		if n > 0 {
+			toks = toks[n:]
+		} else {
+			tok, toks = 0, nil
+		}
 		for _, b := range backends {
 			if b.Name() != name {
 				continue
+			}
+			if fresh && tok > 0 {
+				b.peerDispatched(at, float64(tok))
 			}
 			if o := b.prefixOwner(); o != nil && len(hashes) > 0 {
 				o.Confirm(hashes, now)
