@@ -220,25 +220,29 @@ func TestConversationMovesOffAnOverloadedOwner(t *testing.T) {
 		})
 	}
 	defer wg.Wait()
-	// The next turn goes through replica 0, which routed two of the four itself (17,600 tokens) and learns of the
-	// other two from replica 1's load report: wait until it counts more than its own as queued.
+	// The next turn goes through replica 0, which routed two of the four itself and learns of the other two from
+	// replica 1's hints and load report: wait until it counts all four in flight there.
 	deadline := time.Now().Add(5 * time.Second)
+	var seen map[string]any
 	for {
-		q := 0.0
+		n := 0.0
 		for _, b := range debugBackends(t, reps[0]) {
 			if b["name"] == owner {
-				q, _ = b["queued_tokens"].(float64)
+				seen = b
+				local, _ := b["inflight"].(float64)
+				peer, _ := b["peer_inflight"].(float64)
+				n = local + peer
 			}
 		}
-		if q > 20000 {
-			t.Logf("replica 0 counts %.0f prefill tokens queued on %s", q, owner)
+		if n >= 4 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("replica 0 never counted the flood queued on %s (last %.0f tokens)", owner, q)
+			t.Fatalf("replica 0 never counted the flood in flight on %s: %v", owner, seen)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	t.Logf("replica 0 on %s: %.0f prefill tokens queued, TTFT model %v", owner, seen["queued_tokens"], seen["ttft_model"])
 	msgs = append(msgs, map[string]string{"role": "user", "content": "Question after the flood?"})
 	r := converse(t, reps[0].api, "sim-model", msgs, 16)
 	if r.code != http.StatusOK {
