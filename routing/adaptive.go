@@ -18,7 +18,7 @@ import (
 //
 // What the strategy must know about an engine is learned per backend, not set here: what a cached prefix saves
 // per token and how load slows it are the TTFT model's coefficients (model.go, shown with their errors in
-// /debug/backends), the prefill queued is drained at the learned rate (drain.go), an engine that states its
+// /debug/backends), the other replicas' prefill is drained by its age at the learned rate (drain.go), an engine that states its
 // seats is saturated when they are full with a queue (seatsFull), and the margin by which the owner of a prefix
 // keeps it is the models' own measured error (keepOwner). Each parameter below says why its default is safe on
 // every kind of engine: stepped continuous batching (vLLM, the simulator), fixed seats that slow only when
@@ -142,8 +142,8 @@ const maxTies = 8
 //	         those holding the most of it; when none within the band holds it, a softmax sample among the
 //	         TieMax cheapest.
 //
-// uncached_b is the prompt minus the prefix b is believed to hold, and queued_b the prefill left ahead on b
-// (drain.go), so the owner of a hot prefix keeps it until its queue costs more than the prefill saved elsewhere,
+// uncached_b is the prompt minus the prefix b is believed to hold, and queued_b the prefill ahead on b (this
+// replica's and what is left of the others', drain.go), so the owner of a hot prefix keeps it until its queue costs more than the prefill saved elsewhere,
 // by more than the models can tell apart. Safe for concurrent use; picking among 64 backends with
 // an 8 KiB prompt takes microseconds and allocates nothing.
 type Adaptive struct {

@@ -137,7 +137,6 @@ type Backend struct {
 	inflight   atomic.Int64 // requests dispatched and not yet finished
 	prefilling atomic.Int64 // requests dispatched without a first token yet
 	prefillTok atomic.Int64 // uncached prompt tokens of the requests in prefilling (the prefill work queued there)
-	drainAt    atomic.Int64 // UnixNano (backend clock) when that work is done at the learned prefill rate (drain.go)
 	peerDrain  atomic.Int64 // UnixNano when the other replicas' dispatches announced by their hints are done (drain.go)
 	decoding   atomic.Int64 // requests streaming tokens
 	healthy    atomic.Bool
@@ -327,14 +326,16 @@ func seatsFull(e *EngineStats, cfg *BackendConfig) bool {
 // (docs/design.md, "Routing and protection"), so traffic from other gateway replicas counts too. Engine metrics count
 // only while fresh.
 func (b *Backend) loadAt(now time.Time) load {
-	l := load{queuedTok: b.queuedAt(now), running: float64(b.decoding.Load())}
+	_, tok := b.Prefilling()
+	l := load{queuedTok: float64(tok), running: float64(b.decoding.Load())}
 	peerQ := b.peerDispatchedLeft(now)
 	if p := b.peerLoad(now); p != nil {
 		// The other replicas' decoding sequences count, and their queued prefill as much of it as is left once
 		// the report's age is drained at the learned prefill rate (drain.go): a prefill lasts about as long as a
 		// report is old, so the raw figure is mostly stale (it taught the models a prefill rate several times
 		// too fast), and leaving it out hid a neighbour's long prefill from the other replica, which then took
-		// a conversation's owner for idle or, once the wait showed, for slow.
+		// a conversation's owner for idle or, once the wait showed, for slow. This replica's own prefill counts
+		// in full until its first token (drain.go says why).
 		l.running += float64(p.Decoding)
 		peerQ = max(peerQ, p.prefillLeft(now, b.lat.prefillPerToken()))
 	}
@@ -433,10 +434,9 @@ func (b *Backend) Dispatch(r *Request) Attempt {
 func (b *Backend) begin(a *Attempt, prefillTok int64) {
 	a.prefillTok = prefillTok
 	b.inflight.Add(1)
-	first := b.prefilling.Add(1) == 1
+	b.prefilling.Add(1)
 	b.prefillTok.Add(prefillTok)
 	b.requests.Add(1)
-	b.queuePrefill(a.start, float64(prefillTok), first)
 }
 
 // hitTokens converts matched blocks to the cached tokens the engine should report, scaled by the backend's
@@ -483,10 +483,9 @@ func (a *Attempt) FirstToken() {
 	b := a.b
 	a.first = true
 	b.prefilling.Add(-1)
-	left := b.prefillTok.Add(-a.prefillTok)
+	b.prefillTok.Add(-a.prefillTok)
 	b.decoding.Add(1)
 	now := b.clock.Now()
-	b.prefillDone(now, float64(left))
 	a.firstAt = now
 	a.runAtFirst = float64(b.decoding.Load())
 	a.ttft = now.Sub(a.start).Seconds()
@@ -614,7 +613,7 @@ func (a *Attempt) End(backendFailed bool) {
 		b.decoding.Add(-1)
 	} else {
 		b.prefilling.Add(-1)
-		b.prefillDone(b.clock.Now(), float64(b.prefillTok.Add(-a.prefillTok)))
+		b.prefillTok.Add(-a.prefillTok)
 	}
 	b.inflight.Add(-1)
 	if backendFailed {

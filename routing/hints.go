@@ -223,11 +223,10 @@ return out
 // syncLoad publishes this replica's load and installs the others'.
 func (p *Peers) syncLoad(ctx context.Context) {
 	backends := p.reg.Backends()
-	now := p.o.Clock.Now()
 	var b strings.Builder
 	for _, be := range backends {
 		inflight := be.LocalInflight()
-		tok := int64(be.queuedAt(now)) // what is left of this replica's prefill there (drain.go)
+		_, tok := be.Prefilling()
 		dec := be.Decoding()
 		if inflight == 0 && tok == 0 && dec == 0 {
 			continue

@@ -64,8 +64,8 @@ type BackendStatus struct {
 	// each with its standard error, and the recent prediction errors.
 	TTFTModel ModelStatus `json:"ttft_model"`
 	ITLModel  ModelStatus `json:"itl_model"`
-	// QueuedTokens is the prefill the cost counts as queued on the backend now: this replica's and the other
-	// replicas', drained at the learned prefill rate (drain.go), at least the engine's queue in tokens.
+	// QueuedTokens is the prefill the cost counts as queued on the backend now: this replica's, plus what is
+	// left of the other replicas' at the learned prefill rate (drain.go); at least the engine's queue in tokens.
 	QueuedTokens float64 `json:"queued_tokens"`
 	// HitScale is the calibrated share of the predicted prefix hits the engine really had (1: the index is
 	// right; below, it overestimates what the engine holds).
