@@ -15,9 +15,9 @@ import (
 )
 
 // Prediction is a simulator's answer to POST /sim/predict: what the backend would do with a request if it
-// arrived now (its ground truth, computed from its own queues, batch and prefix cache; docs/design.md, "The
-// simulator and the benchmark"). The oracle reads it off the wire; the type is the simulator's own, so that the
-// two sides cannot drift apart.
+// arrived now, its ground truth computed from its own queues, batch and prefix cache (docs/design.md,
+// "The simulator and the benchmark"). The oracle reads it off the wire; the type is the simulator's own, so
+// that the two sides cannot drift apart.
 type Prediction = sim.Prediction
 
 // Oracle is the matrix's "oracle" column: no gateway; before each request it asks every backend of the fleet
