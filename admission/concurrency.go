@@ -97,23 +97,25 @@ func (p CapParams) withDefaults() CapParams {
 // the gate of every attempt (TryAcquire after the pick; Release when the attempt ends). Every method is
 // lock-free and allocation-free. A Cap must not be copied.
 type Cap struct {
-	name     string
-	p        CapParams
-	static   atomic.Int64 // > 0: a fixed limit
-	limit    afloat       // the adaptive limit
-	inflight atomic.Int64
-	since    atomic.Int64 // observations since the last decrease
-	steady   atomic.Bool  // past slow start: a decrease happened
-	seats    atomic.Int64 // the engine's batch size as last learned (0: unknown)
-	seatsAge atomic.Int64 // observations since the last evidence of seats (>= SeatsTTL: probing)
-	seatsLow atomic.Int64 // evidence of fewer seats than the estimate since the last that confirmed it
-	stated   atomic.Int64 // seats the engine or the policy states (0: neither); wins over seats
-	statedBy atomic.Int32 // a SeatSource: SeatsEngine or SeatsPolicy
-	policy   atomic.Int64 // the policy's max_num_seqs (0: none), stated when the engine states nothing
-	floor    atomic.Int64 // the largest batch the engine ran without a queue: it has at least these seats
-	engine   atomic.Pointer[engineRef]
-	scrapeAt atomic.Int64 // UnixNano of the last scrape the cap consumed (engineRef)
-	gauge    prometheus.Gauge
+	name      string
+	p         CapParams
+	static    atomic.Int64 // > 0: a fixed limit
+	limit     afloat       // the adaptive limit
+	inflight  atomic.Int64
+	since     atomic.Int64 // observations since the last decrease
+	steady    atomic.Bool  // past slow start: a decrease happened
+	seats     atomic.Int64 // the engine's batch size as last learned (0: unknown)
+	seatsAge  atomic.Int64 // observations since the last evidence of seats (>= SeatsTTL: probing)
+	seatsLow  atomic.Int64 // evidence of fewer seats than the estimate since the last that confirmed it
+	stated    atomic.Int64 // seats the engine or the policy states (0: neither); wins over seats
+	statedBy  atomic.Int32 // a SeatSource: SeatsEngine or SeatsPolicy
+	policy    atomic.Int64 // the policy's max_num_seqs (0: none), stated when the engine states nothing
+	floor     atomic.Int64 // the largest batch the engine ran without a queue: it has at least these seats
+	queued    atomic.Int32 // scrapes in a row that showed a queue with at least floor running (ObserveBatch)
+	batchSeen atomic.Bool  // a scrape exported the engine's batch and queue (provisional seats apply)
+	engine    atomic.Pointer[engineRef]
+	scrapeAt  atomic.Int64 // UnixNano of the last scrape the cap consumed (engineRef)
+	gauge     prometheus.Gauge
 }
 
 // Name returns the backend's name.
@@ -214,6 +216,12 @@ func (c *Cap) LimitFor(class Class, guard bool) int {
 		}
 		return min(limit, s)
 	}
+	if s := c.provisional(); s > 0 && guard {
+		if class != Critical {
+			s++ // the probe, one seat past what the engine proved it runs
+		}
+		return min(limit, s)
+	}
 	if class == Critical || !guard || limit < 2 {
 		return limit
 	}
@@ -223,10 +231,21 @@ func (c *Cap) LimitFor(class Class, guard bool) int {
 // Free returns the engine seats free on this backend, and whether that is known (the engine's batch size is
 // learned, Seats, and the cap adapts).
 func (c *Cap) Free() (int, bool) {
-	if c.Seats() <= 0 || c.static.Load() > 0 {
+	if c.Batch() <= 0 || c.static.Load() > 0 {
 		return 0, false
 	}
 	return max(c.LimitFor(Critical, true)-c.Inflight(), 0), true
+}
+
+// Batch returns the engine seats the cap works with while the model has critical demand: the known seats
+// (Seats), else, for an adaptive cap that reads its engine's scrapes, the provisional figure (the largest
+// batch the engine ran without a queue, SeatsFloor, or CapParams.Initial if that is more), else 0. The fleet's
+// reserve counts free seats over it (Cap.Free).
+func (c *Cap) Batch() int {
+	if s := c.Seats(); s > 0 {
+		return s
+	}
+	return c.provisional()
 }
 
 // FullFor reports whether TryAcquireFor(class, guard) would fail now.

@@ -154,19 +154,48 @@ func (c *Cap) ObserveBatch(maxSeqs, running, waiting int) {
 	if c.stated.Load() > 0 || running < 0 || waiting < 0 {
 		return
 	}
+	c.batchSeen.Store(true)
 	if waiting == 0 {
+		c.queued.Store(0)
 		for {
 			f := c.floor.Load()
 			if int64(running) <= f || c.floor.CompareAndSwap(f, int64(running)) {
 				break
 			}
 		}
+	} else if f := c.floor.Load(); c.seats.Load() == 0 && f > 0 && int64(running) >= f &&
+		int64(running) < c.inflight.Load() {
+		// The engine runs at least what it proved it runs, and keeps some of the requests sent to it waiting:
+		// its batch is full. One such scrape may catch requests that arrived between two steps with seats
+		// free; a second in a row (several steps later) shows a queue.
+		if c.queued.Add(1) >= batchQueuedScrapes {
+			c.seats.Store(int64(running))
+			c.seatsAge.Store(0)
+			c.seatsLow.Store(0)
+		}
+	} else {
+		c.queued.Store(0)
 	}
 	l := c.limit.load()
 	if waiting == 0 && c.seats.Load() == 0 && float64(c.inflight.Load()) >= l-1 &&
 		float64(running) >= l/2 {
 		c.set(c.limit.update(func(l float64) float64 { return max(l, min(2*l, maxProbeLimit)) }))
 	}
+}
+
+// batchQueuedScrapes is how many scrapes in a row must show the engine keeping requests waiting while it runs
+// at least its proven batch (SeatsFloor) for that batch to be its seats (ObserveBatch).
+const batchQueuedScrapes = 2
+
+// provisional returns the seats an adaptive cap without known seats works with while the model has critical
+// demand (LimitFor, Batch): the largest batch its engine ran without a queue (SeatsFloor), or
+// CapParams.Initial if that is more; 0 when the cap reads no engine that exports its batch and queue (then the
+// cap's limit and CriticalReserve alone apply).
+func (c *Cap) provisional() int {
+	if c.static.Load() > 0 || c.stated.Load() > 0 || c.seats.Load() > 0 || !c.batchSeen.Load() {
+		return 0
+	}
+	return max(int(c.floor.Load()), int(c.p.Initial))
 }
 
 // state installs seats stated by src, and moves the limit to them when they changed.

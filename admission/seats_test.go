@@ -123,8 +123,69 @@ func TestSeatsProbeDoubles(t *testing.T) {
 	if limits[10] != 8192 || limits[11] != 8192 {
 		t.Errorf("limits per scrape = %v: growth must stop once the engine keeps requests waiting", limits)
 	}
-	if n, from := c.SeatsSource(); n != engineSeats || from != SeatsFloor || from.Sure() != "at_least" {
-		t.Errorf("SeatsSource = %d, %v (%s); want %d, probe, at_least", n, from, from.Sure(), engineSeats)
+	// Two scrapes in a row showed the engine running its proven 4,096 with the rest waiting: its batch.
+	if n, from := c.SeatsSource(); n != engineSeats || from != SeatsQueue || from.Sure() != "measured" {
+		t.Errorf("SeatsSource = %d, %v (%s); want %d, queue, measured", n, from, from.Sure(), engineSeats)
+	}
+}
+
+// fillFor takes slots for class under guard until the cap refuses one, and returns how many it took.
+func fillFor(c *Cap, class Class) int {
+	n := 0
+	for c.TryAcquireFor(class, true) {
+		n++
+	}
+	return n
+}
+
+// TestSeatsGuardedProbe: while the model has critical demand and the engine's seats are not known, the cap
+// sends at most one request past the batch the engine proved it runs (standard and sheddable ones only), one
+// seat more per scrape that shows it ran them all, and learns the batch when two scrapes in a row show a queue
+// with that batch running; it never doubles into the engine's queue, where a critical request would wait
+// behind the requests sent before it.
+func TestSeatsGuardedProbe(t *testing.T) {
+	c, _, e := newEngineCap(t, 0)
+	const engineSeats = 13
+	e.scrape(0, 0, 0) // an idle engine that exports its batch and queue
+	held, worst := 0, 0
+	for range 20 {
+		if n := fillFor(c, Critical); n > 0 && held+n > c.Batch() {
+			t.Fatalf("critical requests filled %d past the %d seats", held+n, c.Batch())
+		} else {
+			held += n
+		}
+		held += fillFor(c, Standard)
+		worst = max(worst, held-engineSeats)
+		e.scrape(0, min(held, engineSeats), max(held-engineSeats, 0))
+	}
+	if worst > 1 {
+		t.Errorf("%d requests waited in the engine at once, want at most the one probe", worst)
+	}
+	if n, from := c.SeatsSource(); n != engineSeats || from != SeatsQueue {
+		t.Errorf("SeatsSource = %d, %v; want %d, queue", n, from, engineSeats)
+	}
+	if got := c.LimitFor(Standard, true); got != engineSeats {
+		t.Errorf("standard may fill %d, want the %d seats", got, engineSeats)
+	}
+}
+
+// TestSeatsOneQueuedScrape: one scrape with requests waiting at the proven batch (they arrived between two
+// steps) does not make the batch the seats; the next scrape without a queue resets the count.
+func TestSeatsOneQueuedScrape(t *testing.T) {
+	c, _, e := newEngineCap(t, 0)
+	e.scrape(0, 0, 0)
+	held := fillFor(c, Standard) // 8 + the probe
+	e.scrape(0, held, 0)         // all 9 run: floor 9
+	held += fillFor(c, Standard)
+	e.scrape(0, 9, 1)
+	e.scrape(0, 10, 0)
+	held += fillFor(c, Standard)
+	e.scrape(0, 10, held-10)
+	if n, from := c.SeatsSource(); from != SeatsFloor || n != 10 {
+		t.Errorf("SeatsSource = %d, %v; want 10, probe: no two queued scrapes in a row", n, from)
+	}
+	if got := c.Batch(); got != 10 {
+		t.Errorf("Batch = %d, want the provisional 10", got)
 	}
 }
 

@@ -356,7 +356,7 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 			}
 			if c = g.Cap; c != nil && t.Backend.Healthy() {
 				if f, known := c.Free(); known {
-					free, seats = free+f, seats+c.Seats()
+					free, seats = free+f, seats+c.Batch()
 				}
 			}
 		}
