@@ -110,6 +110,7 @@ type Permit struct {
 	cap     *Cap        // the slot held; nil: none (no cap, or forced past a full one)
 	out     *Outlier    // the detector still to judge the attempt; nil once it has
 	reserve *SeatReserve
+	since   time.Time // when the slot was taken, on the reserve's clock (SeatReserve.Served)
 	queue   Signaler
 	retries *RetryBudget
 	held    bool
@@ -161,6 +162,9 @@ func (p *Permit) Acquire(e *Endpoint, f *Fleet, c Claim) error {
 		wait: c.Wait, waited: c.Waited, serve: c.Serve}
 	if f != nil {
 		p.reserve, p.queue, p.cal = f.Reserve, f.Queue, f.Calibration
+		if cp != nil && f.Reserve != nil {
+			p.since = f.Reserve.Now()
+		}
 	}
 	return nil
 }
@@ -297,7 +301,7 @@ func (p *Permit) End(o *Outcome) {
 		p.retries.Done()
 	}
 	if freed && p.reserve != nil {
-		p.reserve.Done()
+		p.reserve.Served(p.since)
 	}
 	q := p.queue
 	*p = Permit{}

@@ -24,41 +24,71 @@ const (
 
 // SeatReserve sizes the engine seats a model's fleet keeps free for critical requests, before a spike rather
 // than after it: standard requests may take a seat only while more than Seats remain free across the fleet
-// (summed over the backends whose seats the concurrency caps know, Cap.Seats), sheddable ones only while more
-// than twice Seats remain (Admits), critical ones any free seat. Under overload a critical request then starts
-// at once on whichever backend has a seat, instead of waiting for a running sequence to finish; and as the
-// free seats fall towards the reserve, sheddable traffic stops first, then standard.
+// (summed over the backends whose seats the concurrency caps know or hold provisionally, Cap.Batch), sheddable
+// ones only while more than twice Seats remain (Admits), critical ones any free seat. Under overload a critical
+// request then starts at once on whichever backend has a seat, instead of waiting for a running sequence to
+// finish; and as the free seats fall towards the reserve, sheddable traffic stops first, then standard.
 //
-// The size follows a forecast of critical demand. In a full fleet each critical arrival takes a reserved seat
-// and each completion anywhere gives one back (a freed seat goes to critical requests first while the reserve
-// is short), so the reserve's shortfall is a birth-death queue with ratio rho = critical arrivals /
-// completions, and a reserve of R seats runs dry with probability about rho^R. Seats returns the smallest R
-// with rho^R <= ReserveMiss: 6 seats when critical traffic is 40% of what the fleet completes, 3 at 20%, 1 at
-// 1%, 0 without critical traffic in the last minute (then nothing is held idle). The critical rate is the
-// larger of its rates over ReserveShortWindow and ReserveLongWindow (the forecast, Forecast), the completion
-// rate that over ReserveLongWindow; a window younger than the reserve counts from the reserve's first event.
+// In a full fleet each critical arrival takes a reserved seat and each completion anywhere gives one back (a
+// freed seat goes to critical requests first while the reserve is short), so the reserve's shortfall is a
+// birth-death queue with ratio rho = critical arrivals / completions of the full fleet, and a reserve of R seats
+// runs dry with probability about rho^R. Seats returns the smallest R with rho^R <= ReserveMiss: 6 seats when
+// critical traffic is 40% of what the fleet completes, 3 at 20%, 0 without critical traffic in the last minute
+// (then nothing is held idle). Each figure is measured:
+//
+//	critical rate  the larger of the critical arrivals over ReserveShortWindow and ReserveLongWindow (Forecast),
+//	               each raised by one standard error of its count (sqrt(n)/span: Poisson counts), so that the
+//	               few arrivals of a short window do not size the reserve below the demand they sample
+//	completions    the full fleet's: its seats over the mean time an attempt held a seat (Served), over
+//	               ReserveLongWindow; until an attempt is timed, the completion rate itself
+//	share floor    rho is at least the critical share of all arrivals over ReserveLongWindow (Arrive): the
+//	               reserve matters only once the fleet is full, when arrivals are at least its completions and
+//	               critical ones at least that share of them. It holds the reserve from before a spike: at a
+//	               base load, when critical arrivals are few next to the full fleet's completions
+//
+// A window younger than the reserve counts from the reserve's first event.
 //
 // Every method is lock-free and allocation-free. A SeatReserve must not be copied.
 type SeatReserve struct {
 	clock    Clock
 	born     atomic.Int64 // UnixNano of the first event (0: none yet)
 	critical rateWindow
+	all      rateWindow // arrivals of every class
 	done     rateWindow
+	timed    rateWindow // completions whose seat time is known (Served)
+	held     rateWindow // their seat time, in microseconds
 }
 
 // NewSeatReserve returns a reserve reading clock (nil: the system clock).
 func NewSeatReserve(clock Clock) *SeatReserve { return &SeatReserve{clock: orSystem(clock)} }
 
-// Arrive counts a request of class c admitted to the model (only critical ones count).
+// Arrive counts a request of class c arriving for the model: every class counts towards the critical share,
+// critical ones towards the critical rate too. Call it once per request, before it is admitted or refused.
 func (r *SeatReserve) Arrive(c Class) {
+	now := r.stamp()
+	r.all.add(now, 1)
 	if c == Critical {
-		r.critical.add(r.stamp())
+		r.critical.add(now, 1)
 	}
 }
 
 // Done counts an attempt that ended on one of the model's backends (its seat freed), whatever its class and
-// outcome.
-func (r *SeatReserve) Done() { r.done.add(r.stamp()) }
+// outcome, when the time it held its seat is not known; Served when it is.
+func (r *SeatReserve) Done() { r.done.add(r.stamp(), 1) }
+
+// Now returns the reserve's clock reading: the start a Permit passes to Served.
+func (r *SeatReserve) Now() time.Time { return r.clock.Now() }
+
+// Served counts an attempt that ended on one of the model's backends having held its seat since start (Now
+// when the seat was taken).
+func (r *SeatReserve) Served(start time.Time) {
+	now := r.stamp()
+	r.done.add(now, 1)
+	if d := now.Sub(start); d > 0 && !start.IsZero() {
+		r.timed.add(now, 1)
+		r.held.add(now, max(d.Microseconds(), 1))
+	}
+}
 
 // stamp reads the clock and remembers the first event's time.
 func (r *SeatReserve) stamp() time.Time {
@@ -75,53 +105,93 @@ func (r *SeatReserve) Active() bool {
 	return r.critical.count(r.clock.Now(), ReserveLongWindow) > 0
 }
 
-// rate returns w's events per second over the window span ending at now, counting a span younger than the
-// reserve from the second of its first event.
-func (r *SeatReserve) rate(w *rateWindow, now time.Time, span time.Duration) float64 {
+// span returns the window span ending at now, counting a span younger than the reserve from the second of its
+// first event.
+func (r *SeatReserve) span(now time.Time, span time.Duration) time.Duration {
 	if age := time.Duration(now.Unix()-time.Unix(0, r.born.Load()).Unix()+1) * time.Second; age < span {
 		span = max(age, time.Second)
 	}
+	return span
+}
+
+// rate returns w's events per second over the window span ending at now (span).
+func (r *SeatReserve) rate(w *rateWindow, now time.Time, span time.Duration) float64 {
+	span = r.span(now, span)
 	return float64(w.count(now, span)) / span.Seconds()
 }
 
-// Forecast returns the critical arrivals per second the reserve is sized for: the larger of the rates over
-// the short and the long window.
-func (r *SeatReserve) Forecast() float64 {
-	now := r.clock.Now()
-	return max(r.rate(&r.critical, now, ReserveShortWindow), r.rate(&r.critical, now, ReserveLongWindow))
+// upper returns w's events per second over the window span ending at now, raised by one standard error of
+// the count (Poisson: sqrt(n)).
+func (r *SeatReserve) upper(w *rateWindow, now time.Time, span time.Duration) float64 {
+	span = r.span(now, span)
+	n := float64(w.count(now, span))
+	return (n + math.Sqrt(n)) / span.Seconds()
 }
 
-// Seats returns how many seats to keep free for critical requests, at most limit (the caller passes a share of
-// the fleet's seats; a critical stream that alone exceeds the completions gets that).
-func (r *SeatReserve) Seats(limit int) int {
+// Forecast returns the critical arrivals per second the reserve is sized for: the larger of the rates over
+// the short and the long window, each raised by one standard error of its count.
+func (r *SeatReserve) Forecast() float64 {
+	now := r.clock.Now()
+	return max(r.upper(&r.critical, now, ReserveShortWindow), r.upper(&r.critical, now, ReserveLongWindow))
+}
+
+// Share returns the critical share of the arrivals over ReserveLongWindow (0 without any).
+func (r *SeatReserve) Share() float64 {
+	now := r.clock.Now()
+	all := r.all.count(now, ReserveLongWindow)
+	if all == 0 {
+		return 0
+	}
+	return min(float64(r.critical.count(now, ReserveLongWindow))/float64(all), 1)
+}
+
+// Completions returns the completions per second the reserve is sized against: a full fleet's of seats seats,
+// seats over the mean time a timed attempt held its seat over ReserveLongWindow (Served); the measured
+// completion rate while no attempt was timed or seats is not known.
+func (r *SeatReserve) Completions(seats int) float64 {
+	now := r.clock.Now()
+	if n := r.timed.count(now, ReserveLongWindow); n > 0 && seats > 0 {
+		mean := float64(r.held.count(now, ReserveLongWindow)) / float64(n) / 1e6 // seconds
+		return float64(seats) / mean
+	}
+	return r.rate(&r.done, now, ReserveLongWindow)
+}
+
+// Seats returns how many seats to keep free for critical requests in a fleet of seats seats (those the caps
+// know or hold provisionally), at most limit (the caller passes a share of the fleet's seats; a critical stream
+// that alone reaches the completions gets that).
+func (r *SeatReserve) Seats(limit, seats int) int {
 	crit := r.Forecast()
 	if crit == 0 || limit <= 0 {
 		return 0
 	}
-	done := r.rate(&r.done, r.clock.Now(), ReserveLongWindow)
+	done := r.Completions(seats)
 	if crit >= done {
 		return limit
 	}
-	rho := crit / done
+	rho := max(crit/done, r.Share())
+	if rho >= 1 {
+		return limit
+	}
 	n := int(math.Ceil(math.Log(ReserveMiss) / math.Log(rho)))
 	return min(max(n, 1), limit)
 }
 
 // Admits reports whether a request of class c may take one of free engine seats, of seats in the fleet (those
-// the caps know): critical ones always, standard ones while more than Seats(seats/2) are free, sheddable ones
-// while more than twice that are. With no reserve every class may.
+// the caps know or hold provisionally): critical ones always, standard ones while more than Seats(seats/2,
+// seats) are free, sheddable ones while more than twice that are. With no reserve every class may.
 func (r *SeatReserve) Admits(c Class, free, seats int) bool {
 	if c == Critical {
 		return true
 	}
-	n := r.Seats(seats / 2)
+	n := r.Seats(seats/2, seats)
 	if c == Standard {
 		return free > n
 	}
 	return free > 2*n
 }
 
-// rateWindow counts events in one-second buckets over the last reserveBuckets seconds. Lock-free: an event
+// rateWindow counts events (or sums amounts: add's n) in one-second buckets over the last reserveBuckets seconds. Lock-free: an event
 // that races with its bucket's reset to a new second may be lost, which an estimate can afford.
 type rateWindow struct {
 	b [reserveBuckets]struct {
@@ -130,13 +200,13 @@ type rateWindow struct {
 	}
 }
 
-func (w *rateWindow) add(now time.Time) {
+func (w *rateWindow) add(now time.Time, n int64) {
 	s := now.Unix()
 	b := &w.b[s%int64(reserveBuckets)]
 	if old := b.sec.Load(); old != s && b.sec.CompareAndSwap(old, s) {
 		b.n.Store(0)
 	}
-	b.n.Add(1)
+	b.n.Add(n)
 }
 
 // count returns the events of the last span (whole seconds, at most reserveBuckets), the current second

@@ -26,44 +26,48 @@ func play(r *SeatReserve, clk *fakeClock, seconds, crit, other, done int) {
 }
 
 // TestSeatReserveFollowsCriticalDemand: at a steady demand, the reserve is the smallest R with rho^R <=
-// ReserveMiss, rho the critical arrivals over the completions; nothing without critical traffic.
+// ReserveMiss, rho the critical arrivals (the short window's, raised by one standard error) over the
+// completions, or the critical share of arrivals if that is more; nothing without critical traffic.
 func TestSeatReserveFollowsCriticalDemand(t *testing.T) {
 	clk := newFakeClock()
 	r := NewSeatReserve(clk)
-	if got := r.Seats(32); got != 0 {
+	if got := r.Seats(32, 64); got != 0 {
 		t.Fatalf("reserve %d before any traffic, want 0", got)
 	}
 	play(r, clk, 60, 0, 20, 16)
-	if got := r.Seats(32); got != 0 || r.Active() {
+	if got := r.Seats(32, 64); got != 0 || r.Active() {
 		t.Errorf("reserve %d (active %v) without critical traffic, want 0: nothing held idle", got, r.Active())
 	}
 	for _, tc := range []struct {
 		crit, done, want int
 	}{
-		{4, 10, 6},  // the protect-overload fleet: 0.4^6 = 0.004 <= 1% < 0.4^5
-		{2, 10, 3},  // 0.2^3 = 0.008
-		{1, 200, 1}, // 0.005
+		{4, 10, 6},  // the protect-overload fleet: rho 0.426 (below), 0.426^6 = 0.006
+		{2, 10, 4},  // 0.218^4 = 0.0023 > 0.218^3 = 0.010
+		{1, 200, 2}, // the share 1/11 wins over 1.14/197: 0.091^2 = 0.0083
 		{10, 10, 16},
 		{30, 10, 16}, // critical demand alone beyond the completions: the whole allowance
 	} {
 		clk := newFakeClock()
 		r := NewSeatReserve(clk)
 		play(r, clk, 60, tc.crit, 5, tc.done)
-		got := r.Seats(16)
+		got := r.Seats(16, 0)
 		if !r.Active() {
 			t.Errorf("%d critical per %d completions: not active", tc.crit, tc.done)
 		}
 		if got != tc.want {
 			t.Errorf("%d critical per %d completions: reserve %d, want %d", tc.crit, tc.done, got, tc.want)
 		}
-		if rho := float64(tc.crit) / float64(tc.done); rho < 1 &&
+		// The clock stands at the start of a second without events: the long window holds 59 seconds of them,
+		// and wins over the short one, which holds 2.
+		c, n := float64(tc.crit), 59*float64(tc.crit)
+		if rho := max((n+math.Sqrt(n))/60/(59*float64(tc.done)/60), c/(c+10)); rho < 1 &&
 			(math.Pow(rho, float64(got)) > ReserveMiss || got > 1 && math.Pow(rho, float64(got-1)) <= ReserveMiss) {
 			t.Errorf("%d critical per %d completions: %d is not the smallest reserve that runs dry at most %v of the time",
 				tc.crit, tc.done, got, ReserveMiss)
 		}
 		// Critical traffic stops: the reserve is released once the long window has passed.
 		play(r, clk, 61, 0, 5, tc.done)
-		if got := r.Seats(16); got != 0 || r.Active() {
+		if got := r.Seats(16, 0); got != 0 || r.Active() {
 			t.Errorf("reserve %d (active %v) a minute after the last critical request, want 0", got, r.Active())
 		}
 	}
@@ -79,18 +83,18 @@ func TestSeatReserveForecast(t *testing.T) {
 	if f := r.Forecast(); f < 2.5 {
 		t.Errorf("forecast %.2f/s two seconds into a spike of 4/s, want the short window's (>= 2.5)", f)
 	}
-	if got := r.Seats(16); got < 4 {
+	if got := r.Seats(16, 0); got < 4 {
 		t.Errorf("reserve %d two seconds into the spike, want >= 4 (a minute's mean would give 1)", got)
 	}
 	play(r, clk, 58, 4, 10, 10) // the spike lasts a minute
-	if got := r.Seats(16); got != 6 {
-		t.Fatalf("reserve %d at 4 critical per 10 completions, want 6", got)
+	if got := r.Seats(16, 0); got != 6 {
+		t.Fatalf("reserve %d at 4 critical per 10 completions, want 6 (0.426^6 = 0.006)", got)
 	}
 	play(r, clk, 20, 0, 10, 10) // a lull
 	if f := r.Forecast(); f < 2.5 {
 		t.Errorf("forecast %.2f/s after 20 s of lull, want the long window's 40/60 of 4/s", f)
 	}
-	if got := r.Seats(16); got != 4 { // rho 2.67/10: 0.267^4 = 0.005
+	if got := r.Seats(16, 0); got != 4 { // rho (160 + sqrt(160))/60/10 = 0.288: 0.288^4 = 0.0069
 		t.Errorf("reserve %d after a 20 s lull, want 4: the next spike finds its seats kept", got)
 	}
 }
@@ -100,8 +104,8 @@ func TestSeatReserveForecast(t *testing.T) {
 func TestSeatReserveAdmits(t *testing.T) {
 	clk := newFakeClock()
 	r := NewSeatReserve(clk)
-	play(r, clk, 60, 4, 5, 10) // reserve 6 of a 64-seat fleet (Seats(32))
-	if got := r.Seats(32); got != 6 {
+	play(r, clk, 60, 4, 5, 10) // reserve 6 of a 64-seat fleet (Seats(32, 64)), on the completion rate
+	if got := r.Seats(32, 64); got != 6 {
 		t.Fatalf("reserve %d, want 6", got)
 	}
 	for _, tc := range []struct {
@@ -140,9 +144,10 @@ func TestSeatReserveConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for range 1000 {
 				r.Arrive(Critical)
+				r.Arrive(Standard)
 				r.Done()
 				r.Done()
-				_ = r.Seats(10)
+				_ = r.Seats(10, 20)
 			}
 		})
 	}
@@ -150,8 +155,8 @@ func TestSeatReserveConcurrent(t *testing.T) {
 	if c, d := r.critical.count(clk.Now(), time.Second), r.done.count(clk.Now(), time.Second); c != 8000 || d != 16000 {
 		t.Errorf("counted %d critical arrivals and %d completions, want 8000 and 16000 (no reset raced)", c, d)
 	}
-	if got := r.Seats(10); got != 7 { // 0.5^7 = 0.0078
-		t.Errorf("reserve %d at rho 0.5, want 7", got)
+	if got := r.Seats(10, 0); got != 7 { // (8000 + 89)/16000 = 0.506: 0.506^7 = 0.0085
+		t.Errorf("reserve %d at rho 0.506, want 7", got)
 	}
 }
 
@@ -160,7 +165,8 @@ func TestSeatReserveDoesNotAllocate(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() {
 		r.Arrive(Critical)
 		r.Done()
-		_ = r.Seats(8)
+		r.Served(r.Now())
+		_ = r.Seats(8, 16)
 	}); n != 0 {
 		t.Errorf("%v allocations per arrival, completion and sizing; want 0", n)
 	}
@@ -173,14 +179,66 @@ func TestSeatReserveYoung(t *testing.T) {
 	clk.Advance(900 * time.Millisecond)
 	r := NewSeatReserve(clk)
 	r.Arrive(Critical)
-	for range 4 {
+	for range 7 {
+		r.Arrive(Standard)
+	}
+	for range 8 {
 		r.Done()
 	}
 	clk.Advance(200 * time.Millisecond) // the next second
-	if f := r.Forecast(); f != 0.5 {
-		t.Errorf("forecast %v/s, want 1 arrival over the 2 seconds since the first = 0.5", f)
+	if f := r.Forecast(); f != 1 {
+		t.Errorf("forecast %v/s, want 1 arrival and its standard error over the 2 seconds since the first = 1", f)
 	}
-	if got := r.Seats(8); got != 4 { // rho 1/4: 0.25^4 = 0.0039
+	if got := r.Seats(8, 0); got != 4 { // rho 1/4: 0.25^4 = 0.0039
 		t.Errorf("reserve %d, want 4", got)
+	}
+}
+
+// TestSeatReserveFullFleet: with attempts timed (Served), the completions are the full fleet's, its seats over
+// the mean seat time, not the completions of the last minute, which lag a spike: in a spike's first seconds
+// the reserve is sized against what the fleet completes once full.
+func TestSeatReserveFullFleet(t *testing.T) {
+	clk := newFakeClock()
+	r := NewSeatReserve(clk)
+	// A base load on a 64-seat fleet whose attempts hold a seat 3.2 s: 2 critical and 8 others a second.
+	for range 60 {
+		for range 2 {
+			r.Arrive(Critical)
+		}
+		for range 8 {
+			r.Arrive(Standard)
+		}
+		for range 10 {
+			r.Served(clk.Now().Add(-3200 * time.Millisecond))
+		}
+		clk.Advance(time.Second)
+	}
+	if got, want := r.Completions(64), 20.0; math.Abs(got-want) > 1e-9 {
+		t.Fatalf("completions %v/s, want 64 seats / 3.2 s = %v", got, want)
+	}
+	// rho = max((6 + sqrt(6))/3/20 = 0.14, share 0.2) = 0.2: 0.2^3 = 0.008.
+	if got := r.Seats(32, 64); got != 3 {
+		t.Errorf("reserve %d at the base load, want 3: held for the critical share before any spike", got)
+	}
+	// The spike: 8 critical a second. One second in, the short window holds 2+2+8.
+	for range 8 {
+		r.Arrive(Critical)
+	}
+	for range 32 {
+		r.Arrive(Standard)
+	}
+	// rho = (12 + sqrt(12))/3/20 = 0.258: 0.258^4 = 0.0044 (the last minute's completions, 10/s, would give 7).
+	if got := r.Seats(32, 64); got != 4 {
+		t.Errorf("reserve %d a second into the spike, want 4", got)
+	}
+	for range 2 {
+		clk.Advance(time.Second)
+		for range 8 {
+			r.Arrive(Critical)
+		}
+	}
+	// (8+8+8 + sqrt(24))/3/20 = 0.482: 0.482^7 = 0.0061.
+	if got := r.Seats(32, 64); got != 7 {
+		t.Errorf("reserve %d three seconds into the spike, want 7", got)
 	}
 }

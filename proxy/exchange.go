@@ -232,9 +232,7 @@ func (ex *exchange) admit(h *fasthttp.RequestHeader) error {
 	if snap.Shedder == nil {
 		return nil // nothing to decide: every request goes
 	}
-	if ex.class == admission.Critical {
-		ex.rec.reserve.Arrive(ex.class)
-	}
+	ex.rec.reserve.Arrive(ex.class) // every class: the reserve measures the critical share of arrivals
 
 	t, err := ex.choose()
 	if d := ex.model.DegradeTo; d != nil && ex.class != admission.Critical {
