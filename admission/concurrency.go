@@ -203,8 +203,12 @@ func (c *Cap) Seats() int {
 // critical requests went as a seventeenth to 16-seat engines, with a p99 TTFT of 995 ms against 116 ms for
 // those that found a seat.
 //
-// Guarded without a known batch size, critical requests may fill the limit, the others the limit less
-// CriticalReserve. Unguarded (no critical demand), every class may fill the limit: the cap's AIMD alone keeps the
+// Guarded without a known batch size, a cap that reads its engine's batch and queue works with the
+// provisional seats (Batch: the largest batch the engine ran without a queue, or Initial if that is more):
+// critical requests fill at most those, the others one more, the probe that grows them a seat per scrape
+// (ObserveBatch), so that no more than one request waits inside the engine while the seats are found; the limit's
+// doubling by the scrapes would put up to a limit's worth there, and the critical requests sent next behind them.
+// A cap without such scrapes lets critical requests fill the limit, the others the limit less CriticalReserve. Unguarded (no critical demand), every class may fill the limit: the cap's AIMD alone keeps the
 // engine's queue short, nothing is held back for requests that do not come (protect-region-down, which has no
 // critical traffic, shed 13-21 requests while the failover region's caps, less 15%, grew), and a batch size
 // learned from a passing queue (a long prompt's prefill step holding a 64-seat engine) cannot throttle it.
