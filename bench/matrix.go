@@ -410,6 +410,9 @@ type CellPlan struct {
 	Mixed, SharedPrefix bool
 	// Spike is the spike's window on the timeline, when the load has one.
 	Spike *Burst
+	// CriticalShare is the workload's share of requests of the checks' critical class (its priority weight over
+	// all weights; 0 without priorities).
+	CriticalShare float64
 }
 
 // Prepare writes the cell's fleet (fleet.yaml) and scenario (scenario.yaml) to dir and loads the scenario: the
@@ -450,6 +453,16 @@ func (m *Matrix) Prepare(c Cell, dir string) (*CellPlan, error) {
 		return nil, err
 	}
 	p.SharedPrefix = w.Prefix != nil || w.Sessions != nil
+	var total float64
+	for _, pr := range w.Priorities {
+		total += pr.Weight
+		if pr.Value == m.Checks.Critical {
+			p.CriticalShare += pr.Weight
+		}
+	}
+	if total > 0 {
+		p.CriticalShare /= total
+	}
 	if w, err = w.Apply(Overrides{Warmup: m.Warmup, Duration: m.Duration, Seed: m.Seed}); err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"time"
 )
 
 // The thresholds of the two check sets, as the issues state them (issue 19's and issue 15's "Done when").
@@ -30,6 +31,9 @@ const (
 	CheckFail  = "FAIL"
 	CheckNA    = "-"     // the check does not apply to the cell (not mixed, no shared prefix, one run)
 	CheckError = "error" // a run lacks a figure the check needs (a column did not run)
+	// CheckInfeasible: no gateway can pass the check on the cell (ProtectFeasibility says why); the figure is
+	// still measured and shown.
+	CheckInfeasible = "infeasible"
 )
 
 // Range is a figure's minimum and maximum over a cell's runs; N counts the runs that had it.
@@ -294,4 +298,65 @@ func judgeProtect(c Checks, runs [][]*RunReport) Judgement {
 		j.bound("std p99 <= slo", "std p99/slo", ProtectStandard, false),
 	}
 	return Judgement{Figures: j.figures(), Checks: checks, PerRun: j.per}
+}
+
+// Feasibility is what a cell's plan says of the protect checks' reach: the critical demand at the spike's peak,
+// and what the best gateway that refuses the excess could deliver.
+type Feasibility struct {
+	// CritDemand is the critical requests' demand at the spike's peak over the fleet's capacity: the
+	// workload's critical share times the peak rate over the capacity in requests/s (bench/capacity.go).
+	CritDemand float64
+	// Load and Spike are the base and the spike's arrival rates over the capacity, SpikeFor the spike's length
+	// (0: no spike); CapacityOut the fleet's output tokens/s at capacity (Capacity.OutputTPS).
+	Load, Spike float64
+	SpikeFor    time.Duration
+	CapacityOut float64
+}
+
+// ProtectFeasibility marks what the protect checks of a cell cannot pass by construction, whatever the gateway,
+// with two figures:
+//
+//	crit demand  Feasibility.CritDemand. At 1 or more the critical requests alone fill every seat of the fleet,
+//	             so on engines that schedule first come first served a critical request waits for a running
+//	             one to finish however the others are refused: the critical p99 check becomes CheckInfeasible.
+//	out bound    the most out/ref a gateway can reach that refuses what the fleet cannot serve in time: the
+//	             fleet at capacity through the spike and at the base load over the rest of the subject's own
+//	             window, (Load * (W - SpikeFor) + min(Spike, 1) * SpikeFor) / W * CapacityOut, over the
+//	             reference's output tokens/s (the reference serves its backlog after the spike and keeps the
+//	             fleet full over its longer window). Below ProtectOutput in any run the output check becomes
+//	             CheckInfeasible.
+//
+// An infeasible check keeps its measured figure, and its detail says why and what it measured.
+func ProtectFeasibility(j Judgement, c Checks, runs [][]*RunReport, f Feasibility) Judgement {
+	j.Figures = append(j.Figures, Figure{Name: "crit demand", Range: Range{Min: f.CritDemand, Max: f.CritDemand, N: 1}})
+	var bound Range
+	if f.CapacityOut > 0 && f.SpikeFor > 0 {
+		for _, reps := range runs {
+			s, ref := column(reps, c.Subject), column(reps, c.Reference)
+			if s == nil || ref == nil || ref.OutputTPS <= 0 || s.WindowS <= 0 {
+				continue
+			}
+			w, d := s.WindowS, min(f.SpikeFor.Seconds(), s.WindowS)
+			best := (f.Load*(w-d) + min(f.Spike, 1)*d) / w * f.CapacityOut
+			bound.add(best / ref.OutputTPS)
+		}
+	}
+	j.Figures = append(j.Figures, Figure{Name: "out bound", Range: bound})
+	mark := func(name, why string) {
+		for i, ch := range j.Checks {
+			if ch.Name == name && ch.Status != CheckError {
+				j.Checks[i] = CheckResult{Name: name, Status: CheckInfeasible,
+					Detail: fmt.Sprintf("%s (%s: %s)", why, ch.Status, ch.Detail)}
+			}
+		}
+	}
+	if f.CritDemand >= 1 {
+		mark(fmt.Sprintf("crit p99 <= %gx unloaded", ProtectCriticalSpike),
+			fmt.Sprintf("critical demand %.0f%% of capacity", 100*f.CritDemand))
+	}
+	if bound.N > 0 && bound.Min < ProtectOutput {
+		mark(fmt.Sprintf("out >= %g%% ref", 100*ProtectOutput),
+			fmt.Sprintf("at most %s of ref by the fleet's capacity", bound))
+	}
+	return j
 }

@@ -1,8 +1,10 @@
 package bench
 
 import (
+	"math"
 	"strings"
 	"testing"
+	"time"
 )
 
 func hit(x float64) *float64 { return &x }
@@ -154,5 +156,68 @@ func TestJudgeProtect(t *testing.T) {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())
 		}
+	}
+}
+
+// TestProtectFeasibility: a cell whose critical demand alone reaches the fleet's capacity cannot hold its
+// critical p99 on first-come-first-served engines; its check says so and keeps the measured figure.
+func TestProtectFeasibility(t *testing.T) {
+	c := Checks{Kind: "protect", Subject: "shedding", Reference: "no-shedding", Unloaded: "unloaded", Critical: "critical", Standard: "standard"}
+	const spike = "crit p99 <= 1.5x unloaded"
+	for _, tc := range []struct {
+		name   string
+		demand float64
+		p99    float64
+		want   string
+	}{
+		{"feasible, fails", 0.4, 330, CheckFail},
+		{"feasible, holds", 0.4, 140, CheckPass},
+		{"critical alone fills the fleet", 1.0, 330, CheckInfeasible},
+		{"beyond the fleet, holds anyway", 1.2, 140, CheckInfeasible},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			runs := [][]*RunReport{protectRun(100, 100, tc.p99, 100, 950, 1000, 900)}
+			j := ProtectFeasibility(Judge(c, runs, false, false), c, runs, Feasibility{CritDemand: tc.demand})
+			if got := statuses(j)[spike]; got != tc.want {
+				t.Errorf("%s: %s, want %s (%+v)", spike, got, tc.want, j.Checks)
+			}
+			if r := figure(j, "crit demand"); r.N != 1 || r.Min != tc.demand {
+				t.Errorf("crit demand figure %+v, want %v", r, tc.demand)
+			}
+			if r := figure(j, "crit p99/unloaded"); r.N != 1 {
+				t.Errorf("crit p99/unloaded %+v: the measured figure must stay", r)
+			}
+		})
+	}
+}
+
+// TestProtectOutputBound: a 10 s spike of 2x in a 20 s window on a fleet of 1,000 output tokens/s: the best
+// gateway that refuses the excess delivers (0.5 * 10 + 1 * 10) / 20 * 1000 = 750 tokens/s; against a reference
+// that kept the fleet full serving its backlog (900/s) that is 0.83, under the 90% the check asks.
+func TestProtectOutputBound(t *testing.T) {
+	c := Checks{Kind: "protect", Subject: "shedding", Reference: "no-shedding", Unloaded: "unloaded", Critical: "critical", Standard: "standard"}
+	const out = "out >= 90% ref"
+	for _, tc := range []struct {
+		name     string
+		spikeFor time.Duration
+		ref      float64
+		want     string
+		bound    float64
+	}{
+		{"short spike, full reference", 10 * time.Second, 900, CheckInfeasible, 750.0 / 900},
+		{"the spike fills the window", 20 * time.Second, 900, CheckPass, 1000.0 / 900},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			runs := [][]*RunReport{protectRun(100, 100, 140, 100, 850, tc.ref, 900)}
+			runs[0][0].WindowS = 20
+			f := Feasibility{Load: 0.5, Spike: 2, SpikeFor: tc.spikeFor, CapacityOut: 1000}
+			j := ProtectFeasibility(Judge(c, runs, false, false), c, runs, f)
+			if got := statuses(j)[out]; got != tc.want && !(tc.want == CheckPass && got == CheckFail) {
+				t.Errorf("%s: %s, want %s (%+v)", out, got, tc.want, j.Checks)
+			}
+			if r := figure(j, "out bound"); r.N != 1 || math.Abs(r.Min-tc.bound) > 1e-9 {
+				t.Errorf("out bound %+v, want %v", r, tc.bound)
+			}
+		})
 	}
 }

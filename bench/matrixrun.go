@@ -150,6 +150,14 @@ func RunMatrix(ctx context.Context, command string, opt MatrixOptions) (*MatrixR
 			}
 		}
 		res.Judgement = Judge(m.Checks, all, p.Mixed, p.SharedPrefix)
+		if m.Checks.Kind == "protect" && p.Capacity.RequestsPS > 0 {
+			f := Feasibility{CritDemand: p.CriticalShare * p.Peak / p.Capacity.RequestsPS, Load: c.Load.Load,
+				CapacityOut: p.Capacity.OutputTPS}
+			if p.Spike != nil {
+				f.Spike, f.SpikeFor = c.Load.Spike, p.Spike.Duration
+			}
+			res.Judgement = ProtectFeasibility(res.Judgement, m.Checks, all, f)
+		}
 		res.ElapsedS = time.Since(t0).Seconds()
 		e.logf("matrix %s: cell %s: %s in %.0fs", m.Name, c.Name, checkLine(res.Checks), res.ElapsedS)
 		if err := writeMatrix(opt.Out, rep, time.Since(start)); err != nil {
