@@ -311,6 +311,9 @@ type Feasibility struct {
 	Load, Spike float64
 	SpikeFor    time.Duration
 	CapacityOut float64
+	// LostSeats are the seats of a backend that goes down inside the spike, dropping its running streams
+	// (0: none does).
+	LostSeats float64
 }
 
 // ProtectFeasibility marks what the protect checks of a cell cannot pass by construction, whatever the gateway,
@@ -325,8 +328,14 @@ type Feasibility struct {
 //	             reference's output tokens/s (the reference serves its backlog after the spike and keeps the
 //	             fleet full over its longer window). Below ProtectOutput in any run the output check becomes
 //	             CheckInfeasible.
+//	crit ok bound  with a backend going down in the spike (LostSeats), 1 - min(CritDemand, 1) * LostSeats /
+//	             the subject's critical requests: in a full fleet critical requests hold their demand's share
+//	             of every backend's seats, and the streams the backend drops have sent tokens already, so no
+//	             gateway can retry them. Below ProtectCriticalOK in any run the success check becomes
+//	             CheckInfeasible.
 //
-// An infeasible check keeps its measured figure, and its detail says why and what it measured.
+// Only a failed check is marked; an infeasible one keeps its measured figure, and its detail says why and what
+// it measured.
 func ProtectFeasibility(j Judgement, c Checks, runs [][]*RunReport, f Feasibility) Judgement {
 	j.Figures = append(j.Figures, Figure{Name: "crit demand", Range: Range{Min: f.CritDemand, Max: f.CritDemand, N: 1}})
 	var bound Range
@@ -342,9 +351,20 @@ func ProtectFeasibility(j Judgement, c Checks, runs [][]*RunReport, f Feasibilit
 		}
 	}
 	j.Figures = append(j.Figures, Figure{Name: "out bound", Range: bound})
+	var okBound Range
+	if f.LostSeats > 0 {
+		for _, reps := range runs {
+			if s := column(reps, c.Subject); s != nil {
+				if cr := s.Priorities[c.Critical]; cr != nil && cr.Requests > 0 {
+					okBound.add(max(1-min(f.CritDemand, 1)*f.LostSeats/float64(cr.Requests), 0))
+				}
+			}
+		}
+		j.Figures = append(j.Figures, Figure{Name: "crit ok bound", Range: okBound})
+	}
 	mark := func(name, why string) {
 		for i, ch := range j.Checks {
-			if ch.Name == name && ch.Status != CheckError {
+			if ch.Name == name && ch.Status == CheckFail {
 				j.Checks[i] = CheckResult{Name: name, Status: CheckInfeasible,
 					Detail: fmt.Sprintf("%s (%s: %s)", why, ch.Status, ch.Detail)}
 			}
@@ -353,6 +373,10 @@ func ProtectFeasibility(j Judgement, c Checks, runs [][]*RunReport, f Feasibilit
 	if f.CritDemand >= 1 {
 		mark(fmt.Sprintf("crit p99 <= %gx unloaded", ProtectCriticalSpike),
 			fmt.Sprintf("critical demand %.0f%% of capacity", 100*f.CritDemand))
+	}
+	if okBound.N > 0 && okBound.Min < ProtectCriticalOK {
+		mark(fmt.Sprintf("crit ok >= %g%%", 100*ProtectCriticalOK),
+			fmt.Sprintf("at most %s: critical streams on the backend that went down", okBound))
 	}
 	if bound.N > 0 && bound.Min < ProtectOutput {
 		mark(fmt.Sprintf("out >= %g%% ref", 100*ProtectOutput),

@@ -155,6 +155,9 @@ func RunMatrix(ctx context.Context, command string, opt MatrixOptions) (*MatrixR
 				CapacityOut: p.Capacity.OutputTPS}
 			if p.Spike != nil {
 				f.Spike, f.SpikeFor = c.Load.Spike, p.Spike.Duration
+				if ev := c.Event; ev != nil && ev.AtSpike > 0 && ev.Control["down"] == true && c.Seats > 0 {
+					f.LostSeats = float64(c.Seats)
+				}
 			}
 			res.Judgement = ProtectFeasibility(res.Judgement, m.Checks, all, f)
 		}
