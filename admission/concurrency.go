@@ -241,6 +241,20 @@ func (c *Cap) Free() (int, bool) {
 	return max(c.LimitFor(Critical, true)-c.Inflight(), 0), true
 }
 
+// Probing reports whether the only slot left here for standard and sheddable requests under critical demand is
+// the probe past provisional seats (LimitFor): the engine's seats are not known, and the proven ones are taken.
+// The probe seat is not among the free seats the fleet's reserve counts (Free), so taking it leaves the reserve
+// whole; the reserve must let it be taken, or the seats are never found (a fleet held at Initial per engine
+// while its reserve, counted over those, refused the standard requests that would have shown more).
+func (c *Cap) Probing() bool {
+	s := c.provisional()
+	if s <= 0 {
+		return false
+	}
+	n := c.Inflight()
+	return n >= s && n < min(c.Limit(), s+1)
+}
+
 // Batch returns the engine seats the cap works with while the model has critical demand: the known seats
 // (Seats), else, for an adaptive cap that reads its engine's scrapes, the provisional figure (the largest
 // batch the engine ran without a queue, SeatsFloor, or CapParams.Initial if that is more), else 0. The fleet's

@@ -267,3 +267,37 @@ func TestSeatsPollDoesNotAllocate(t *testing.T) {
 		t.Errorf("%v allocations per acquire after a scrape, want 0", n)
 	}
 }
+
+// TestSeatsProbingSeat: the probe seat is the one slot past the provisional seats, left out of Free, and only
+// while those are all taken.
+func TestSeatsProbingSeat(t *testing.T) {
+	c, _, e := newEngineCap(t, 0)
+	if c.Probing() {
+		t.Fatal("probing before any scrape")
+	}
+	e.scrape(0, 0, 0)
+	for range 7 {
+		c.TryAcquireFor(Standard, true)
+	}
+	if f, known := c.Free(); c.Probing() || !known || f != 1 {
+		t.Fatalf("7 of 8 provisional seats taken: probing %v, free %d (known %v); want false, 1", c.Probing(), f, known)
+	}
+	c.TryAcquireFor(Critical, true)
+	if c.Probing() {
+		t.Fatal("probing past the limit of 8")
+	}
+	e.scrape(0, 8, 0) // the engine runs all 8: the limit doubles, the proven seats are 8
+	if f, _ := c.Free(); !c.Probing() || f != 0 {
+		t.Fatalf("8 of 8 taken: probing %v, free %d; want true, 0", c.Probing(), f)
+	}
+	if c.TryAcquireFor(Critical, true) || !c.TryAcquireFor(Standard, true) {
+		t.Fatal("the probe seat went to a critical request, or not to a standard one")
+	}
+	if c.Probing() {
+		t.Error("probing with the probe seat taken")
+	}
+	e.scrape(0, 9, 0) // the engine ran all 9: a seat more
+	if f, _ := c.Free(); c.Batch() != 9 || !c.Probing() || f != 0 {
+		t.Errorf("after the probe ran: batch %d, probing %v, free %d; want 9, true, 0", c.Batch(), c.Probing(), f)
+	}
+}

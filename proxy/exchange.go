@@ -373,11 +373,12 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 	if seats > 0 && ex.guard && !reserve.Admits(ex.class, free, seats) {
 		// The fleet's free seats are down to those kept for critical requests (admission.SeatReserve.Admits):
 		// standard and sheddable ones wait for a seat beyond them. Backends whose batch size is not known are
-		// gated by their caps alone.
+		// gated by their caps alone, and a probe seat past provisional seats (admission.Cap.Probing) is not
+		// one of the free seats counted: it may be taken.
 		n := 0
 		for _, t := range ex.cands {
 			if c := rec.endpointOf(t.Backend).guards.Cap; c != nil {
-				if _, known := c.Free(); known {
+				if _, known := c.Free(); known && !c.Probing() {
 					full = true
 					continue
 				}
