@@ -244,8 +244,9 @@ func (c *Cap) Free() (int, bool) {
 // Probing reports whether the only slot left here for standard and sheddable requests under critical demand is
 // the probe past provisional seats (LimitFor): the engine's seats are not known, and the proven ones are taken.
 // The probe seat is not among the free seats the fleet's reserve counts (Free), so taking it leaves the reserve
-// whole; the reserve must let it be taken, or the seats are never found (a fleet held at Initial per engine
-// while its reserve, counted over those, refused the standard requests that would have shown more).
+// whole; the reserve must let it be taken while a counted seat is free elsewhere, or the seats are never found
+// (a fleet held at Initial per engine while its reserve, counted over those, refused the standard requests that
+// would have shown more).
 func (c *Cap) Probing() bool {
 	s := c.provisional()
 	if s <= 0 {
