@@ -16,7 +16,8 @@ const ReserveMiss = 0.01
 const (
 	// ReserveShortWindow is the short window of the critical-arrival forecast.
 	ReserveShortWindow = 3 * time.Second
-	// ReserveLongWindow is the long window of the forecast, and of the completion rate.
+	// ReserveLongWindow is the long window of the forecast, and that of the critical share, the seat time and
+	// the completion rate.
 	ReserveLongWindow = 60 * time.Second
 	// reserveBuckets is how many one-second buckets the windows' counters keep.
 	reserveBuckets = int(ReserveLongWindow / time.Second)
