@@ -256,16 +256,6 @@ func (c *Cap) Probing() bool {
 	return n >= s && n < min(c.Limit(), s+1)
 }
 
-// TryAcquireProbe takes the probe seat past provisional seats for a request of any class (Claim.Probe), and
-// reports whether it did: only while the cap has provisional seats and the probe seat is within the limit.
-func (c *Cap) TryAcquireProbe() bool {
-	s := c.provisional()
-	if s <= 0 {
-		return false
-	}
-	return c.tryAcquire(int64(min(c.Limit(), s+1)))
-}
-
 // Batch returns the engine seats the cap works with while the model has critical demand: the known seats
 // (Seats), else, for an adaptive cap that reads its engine's scrapes, the provisional figure (the largest
 // batch the engine ran without a queue, SeatsFloor, or CapParams.Initial if that is more), else 0. The fleet's

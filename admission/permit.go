@@ -45,10 +45,6 @@ type Claim struct {
 	// Force lets the attempt go without a concurrency slot when the cap is full: retries and hedges of an
 	// admitted request, which already hold their place.
 	Force bool
-	// Probe lets the attempt take the probe seat past its backend's provisional seats (Cap.Probing) whatever
-	// its class: a critical request that finds no counted seat free in the fleet, for which the probe seat,
-	// most likely a real one while the seats are being found, beats waiting for a completion.
-	Probe bool
 	// Retries, when set, is the budget whose retry slot the attempt holds (RetryBudget.Allow returned true):
 	// the permit gives it back at the first token or at the end. On a refusal it stays the caller's.
 	Retries *RetryBudget
@@ -144,7 +140,7 @@ func (p *Permit) Acquire(e *Endpoint, f *Fleet, c Claim) error {
 		done = d
 	}
 	cp := e.Cap
-	if cp != nil && !(c.Probe && cp.TryAcquireProbe()) && !cp.TryAcquireFor(c.Class, c.Guard) {
+	if cp != nil && !cp.TryAcquireFor(c.Class, c.Guard) {
 		if !c.Force {
 			if done != nil {
 				done(ErrNotSent)

@@ -301,36 +301,3 @@ func TestSeatsProbingSeat(t *testing.T) {
 		t.Errorf("after the probe ran: batch %d, probing %v, free %d; want 9, true, 0", c.Batch(), c.Probing(), f)
 	}
 }
-
-// TestSeatsProbeClaim: a claim with Probe takes the probe seat whatever its class (a critical request that
-// finds no counted seat free in the fleet), and no more than it.
-func TestSeatsProbeClaim(t *testing.T) {
-	c, _, e := newEngineCap(t, 0)
-	if c.TryAcquireProbe() {
-		t.Fatal("a probe seat before any scrape")
-	}
-	e.scrape(0, 0, 0)
-	for range 8 {
-		c.TryAcquireFor(Critical, true)
-	}
-	e.scrape(0, 8, 0) // all 8 run: the limit doubles, 8 proven
-	var p Permit
-	ep := &Endpoint{Cap: c}
-	if err := p.Acquire(ep, nil, Claim{Class: Critical, Guard: true}); err != ErrCapFull {
-		t.Fatalf("critical claim past the proven seats: %v, want ErrCapFull", err)
-	}
-	if err := p.Acquire(ep, nil, Claim{Class: Critical, Guard: true, Probe: true}); err != nil {
-		t.Fatalf("critical claim of the probe seat: %v", err)
-	}
-	var q Permit
-	if err := q.Acquire(ep, nil, Claim{Class: Critical, Guard: true, Probe: true}); err != ErrCapFull {
-		t.Errorf("a second probe claim: %v, want ErrCapFull", err)
-	}
-	if c.Inflight() != 9 {
-		t.Errorf("inflight %d, want 8 + the probe", c.Inflight())
-	}
-	p.End(&Outcome{})
-	if c.Inflight() != 8 {
-		t.Errorf("inflight %d after End, want 8", c.Inflight())
-	}
-}

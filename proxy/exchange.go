@@ -99,7 +99,6 @@ type routed struct {
 	key      *admission.Key
 	class    admission.Class
 	guard    bool // the model has critical demand to keep engine seats for (set by each pick)
-	probe    bool // the pick may take a probe seat past provisional ones (admission.Claim.Probe; set by each pick)
 	quota    admission.Quota
 	limited  bool // quota holds a reservation to settle
 	quoted   bool // quota holds the x-ratelimit-* headers to send
@@ -391,21 +390,6 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 		}
 		ex.cands = ex.cands[:n]
 	}
-	ex.probe = false
-	if respectCaps && full && len(ex.cands) == 0 && ex.class == admission.Critical && free == 0 {
-		// No counted seat is free anywhere: a critical request may take a probe seat past provisional seats
-		// (admission.Cap.Probing), most likely a real seat while the seats are being found, rather than wait
-		// at the head of the queue for a completion, holding back the requests behind it.
-		for i, t := range rec.m.Targets {
-			g := &rec.ends[i].guards
-			if g.Cap == nil || !g.Cap.Probing() || !t.Backend.Healthy() || ex.triedContains(t.Backend) ||
-				(ex.pin != nil && t.Backend != ex.pin) || (g.Outlier != nil && !g.Outlier.Available()) {
-				continue
-			}
-			ex.cands = append(ex.cands, t)
-		}
-		ex.probe = len(ex.cands) > 0
-	}
 	t, err := ex.model.Strategy.Pick(&ex.rreq, ex.cands)
 	if err != nil && full {
 		return t, errNoCapacity
@@ -419,7 +403,7 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 // place), a full cap does not refuse: the attempt goes without a slot.
 func (ex *exchange) take(a *attempt, t routing.Target, force bool) error {
 	b := t.Backend
-	c := admission.Claim{Class: ex.class, Guard: ex.guard, Force: force, Probe: ex.probe}
+	c := admission.Claim{Class: ex.class, Guard: ex.guard, Force: force}
 	if a.retry {
 		c.Retries = ex.s.retries
 	}
