@@ -208,19 +208,27 @@ func histogramByLabel(t *testing.T, g prometheus.Gatherer, name, label, value st
 	return 0
 }
 
-// TestSheddableRefusedFirst: when every backend is at capacity, sheddable requests are refused at once with 503
-// and Retry-After (they would miss their objective waiting), while critical ones wait and are served.
-func TestSheddableRefusedFirst(t *testing.T) {
-	t.Parallel()
+// oneSlotGateway is a gateway with admission and the shedder in front of one simulated engine (20 ms steps)
+// that it may send one request at a time, for a model whose TTFT objective is ttft.
+func oneSlotGateway(t *testing.T, ttft time.Duration) (*Snapshot, *gateway) {
+	t.Helper()
 	be := startSim(t, "a", func(c *sim.Config) { c.ITL = 20 * time.Millisecond })
 	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 2, be.URL()))
-	snap.Models["sim-model"].SLO = SLO{TTFT: 200 * time.Millisecond}
+	snap.Models["sim-model"].SLO = SLO{TTFT: ttft}
 	cfg := *snap.Backends[0].Config()
 	cfg.MaxConcurrency = 1
 	snap.Backends[0] = routing.NewBackend(&cfg)
 	snap.Models["sim-model"].Targets[0].Backend = snap.Backends[0]
 	gw := startGateway(t, snap, Options{})
 	snap.Shedder = admission.NewShedder(admission.DefaultShedParams(), gw.m)
+	return snap, gw
+}
+
+// TestSheddableRefusedFirst: when every backend is at capacity, sheddable requests are refused at once with 503
+// and Retry-After (they would miss their objective waiting), while critical ones wait and are served.
+func TestSheddableRefusedFirst(t *testing.T) {
+	t.Parallel()
+	snap, gw := oneSlotGateway(t, 200*time.Millisecond)
 	// Occupy the only slot for about a second.
 	busy := make(chan answer, 1)
 	go func() {
@@ -348,16 +356,8 @@ func (firstHealthy) Pick(_ *routing.Request, ts []routing.Target) (routing.Targe
 // taken, rather than dispatched late when the slot frees; the refusal counts as queue_timeout.
 func TestStandardRefusedWhenItsChanceHasPassed(t *testing.T) {
 	t.Parallel()
-	be := startSim(t, "a", func(c *sim.Config) { c.ITL = 20 * time.Millisecond })
-	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 2, be.URL()))
 	// Objective 1.5 s; the long request holds the only slot for at least 100 * 20ms = 2 s, less than twice it.
-	snap.Models["sim-model"].SLO = SLO{TTFT: 1500 * time.Millisecond}
-	cfg := *snap.Backends[0].Config()
-	cfg.MaxConcurrency = 1
-	snap.Backends[0] = routing.NewBackend(&cfg)
-	snap.Models["sim-model"].Targets[0].Backend = snap.Backends[0]
-	gw := startGateway(t, snap, Options{})
-	snap.Shedder = admission.NewShedder(admission.DefaultShedParams(), gw.m)
+	snap, gw := oneSlotGateway(t, 1500*time.Millisecond)
 	busy := make(chan answer, 1)
 	go func() {
 		busy <- post(t, gw.url, `{"model":"sim-model","max_tokens":100,"messages":[{"role":"user","content":"long"}]}`,
