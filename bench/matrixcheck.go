@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"time"
 )
 
 // The thresholds of the two check sets, as the issues state them (issue 19's and issue 15's "Done when").
@@ -253,12 +252,16 @@ func judgeRouting(c Checks, runs [][]*RunReport, mixed, shared bool) Judgement {
 
 // judgeProtect: crit ok is the subject's critical success share over the measured window; crit p99/unloaded
 // its critical p99 TTFT over the requests scheduled inside the spike (the workload's first burst, from its
-// first second; the whole window when there is no burst) over the unloaded column's critical p99; out/ref its
-// output tokens/s over the reference's; std p99/slo its admitted standard requests' p99 TTFT over the TTFT
-// objective.
+// first second; the whole window when there is no burst) over the unloaded column's critical p99; out/ref the
+// output tokens/s the fleet delivered while the spike lasted (BurstReport.OutputTPS; over the whole window
+// when there is no burst) over the reference's in the same window, so that it measures the capacity shedding
+// left idle while the fleet was overloaded, not the backlog the reference serves after the spike (out/ref all
+// is the whole-window ratio, a figure without a check); std p99/slo its admitted standard requests' p99 TTFT
+// over the TTFT objective.
 func judgeProtect(c Checks, runs [][]*RunReport) Judgement {
 	j := newJudge(len(runs))
-	j.declare("crit ok", "crit p99/unloaded", "out/ref", "std p99/slo", "crit p99 ms", "unloaded p99 ms", "crit n")
+	j.declare("crit ok", "crit p99/unloaded", "out/ref", "std p99/slo", "crit p99 ms", "unloaded p99 ms", "crit n",
+		"out/ref all")
 	for i, reps := range runs {
 		s := column(reps, c.Subject)
 		if s == nil {
@@ -285,7 +288,13 @@ func judgeProtect(c Checks, runs [][]*RunReport) Judgement {
 			}
 		}
 		if ref := column(reps, c.Reference); ref != nil && ref.OutputTPS > 0 {
-			j.set(i, "out/ref", s.OutputTPS/ref.OutputTPS)
+			j.set(i, "out/ref all", s.OutputTPS/ref.OutputTPS)
+			switch {
+			case len(s.Bursts) == 0:
+				j.set(i, "out/ref", s.OutputTPS/ref.OutputTPS)
+			case len(ref.Bursts) > 0 && ref.Bursts[0].OutputTPS > 0:
+				j.set(i, "out/ref", s.Bursts[0].OutputTPS/ref.Bursts[0].OutputTPS)
+			}
 		}
 		if st := s.Priorities[c.Standard]; st != nil && st.TTFT.N > 0 && s.SLO.TTFT > 0 {
 			j.set(i, "std p99/slo", st.TTFT.P99/s.SLO.TTFT)
@@ -301,33 +310,22 @@ func judgeProtect(c Checks, runs [][]*RunReport) Judgement {
 }
 
 // Feasibility is what a cell's plan says of the protect checks' reach: the critical demand at the spike's peak,
-// and what the best gateway that refuses the excess could deliver.
+// and the seats a backend that goes down takes with it.
 type Feasibility struct {
 	// CritDemand is the critical requests' demand at the spike's peak over the fleet's capacity: the
 	// workload's critical share times the peak rate over the capacity in requests/s (bench/capacity.go).
 	CritDemand float64
-	// Load and Spike are the base and the spike's arrival rates over the capacity, SpikeFor the spike's length
-	// (0: no spike); CapacityOut the fleet's output tokens/s at capacity (Capacity.OutputTPS).
-	Load, Spike float64
-	SpikeFor    time.Duration
-	CapacityOut float64
 	// LostSeats are the seats of a backend that goes down inside the spike, dropping its running streams
 	// (0: none does).
 	LostSeats float64
 }
 
 // ProtectFeasibility marks what the protect checks of a cell cannot pass by construction, whatever the gateway,
-// with two figures:
+// with these figures:
 //
 //	crit demand  Feasibility.CritDemand. At 1 or more the critical requests alone fill every seat of the fleet,
 //	             so on engines that schedule first come first served a critical request waits for a running
 //	             one to finish however the others are refused: the critical p99 check becomes CheckInfeasible.
-//	out bound    the most out/ref a gateway can reach that refuses what the fleet cannot serve in time: the
-//	             fleet at capacity through the spike and at the base load over the rest of the subject's own
-//	             window, (Load * (W - SpikeFor) + min(Spike, 1) * SpikeFor) / W * CapacityOut, over the
-//	             reference's output tokens/s (the reference serves its backlog after the spike and keeps the
-//	             fleet full over its longer window). Below ProtectOutput in any run the output check becomes
-//	             CheckInfeasible.
 //	crit ok bound  with a backend going down in the spike (LostSeats), 1 - min(CritDemand, 1) * LostSeats /
 //	             the subject's critical requests: in a full fleet critical requests hold their demand's share
 //	             of every backend's seats, and the streams the backend drops have sent tokens already, so no
@@ -338,19 +336,6 @@ type Feasibility struct {
 // it measured.
 func ProtectFeasibility(j Judgement, c Checks, runs [][]*RunReport, f Feasibility) Judgement {
 	j.Figures = append(j.Figures, Figure{Name: "crit demand", Range: Range{Min: f.CritDemand, Max: f.CritDemand, N: 1}})
-	var bound Range
-	if f.CapacityOut > 0 && f.SpikeFor > 0 {
-		for _, reps := range runs {
-			s, ref := column(reps, c.Subject), column(reps, c.Reference)
-			if s == nil || ref == nil || ref.OutputTPS <= 0 || s.WindowS <= 0 {
-				continue
-			}
-			w, d := s.WindowS, min(f.SpikeFor.Seconds(), s.WindowS)
-			best := (f.Load*(w-d) + min(f.Spike, 1)*d) / w * f.CapacityOut
-			bound.add(best / ref.OutputTPS)
-		}
-	}
-	j.Figures = append(j.Figures, Figure{Name: "out bound", Range: bound})
 	var okBound Range
 	if f.LostSeats > 0 {
 		for _, reps := range runs {
@@ -377,10 +362,6 @@ func ProtectFeasibility(j Judgement, c Checks, runs [][]*RunReport, f Feasibilit
 	if okBound.N > 0 && okBound.Min < ProtectCriticalOK {
 		mark(fmt.Sprintf("crit ok >= %g%%", 100*ProtectCriticalOK),
 			fmt.Sprintf("at most %s: critical streams on the backend that went down", okBound))
-	}
-	if bound.N > 0 && bound.Min < ProtectOutput {
-		mark(fmt.Sprintf("out >= %g%% ref", 100*ProtectOutput),
-			fmt.Sprintf("at most %s of ref by the fleet's capacity", bound))
 	}
 	return j
 }

@@ -138,7 +138,10 @@ type BurstReport struct {
 	At         time.Duration `json:"at_ns"`
 	Duration   time.Duration `json:"duration_ns"`
 	Multiplier float64       `json:"multiplier"`
-	All        ClassReport   `json:"all"`
+	// OutputTPS is the output tokens/s the fleet delivered inside the burst's window, by when the tokens
+	// arrived (burstTally.deliver): how much of the fleet's capacity served someone while it was overloaded.
+	OutputTPS float64     `json:"output_tokens_per_s"`
+	All       ClassReport `json:"all"`
 	// Classes is by priority class, when the workload has priorities.
 	Classes map[string]*ClassReport `json:"classes,omitempty"`
 }
@@ -204,6 +207,7 @@ func Summary(res *Result, target string, slo SLO) *RunReport {
 		if s.Sent {
 			r.SentAll++
 		}
+		bursts.deliver(s) // warm-up requests still streaming in a burst are the fleet's output too
 		if it.Warmup {
 			continue
 		}
@@ -303,6 +307,7 @@ type burstTally struct {
 	classes []map[string]*ClassReport
 	all     []ClassReport
 	ttft    []map[string][]float64 // by class, "" for all
+	tokens  []float64              // output tokens delivered inside each burst's window (deliver)
 }
 
 func newBurstTally(w *Workload) *burstTally {
@@ -316,7 +321,40 @@ func newBurstTally(w *Workload) *burstTally {
 		t.all = append(t.all, ClassReport{})
 		t.ttft = append(t.ttft, map[string][]float64{})
 	}
+	t.tokens = make([]float64, len(w.Bursts))
 	return t
+}
+
+// deliver adds a successful answer's output tokens to every burst window they arrived in, by when they
+// arrived, not when the request was sent: a stream's tokens at its content events (its first at SendAt+TTFT,
+// then one ITL gap after another, OutputTokens spread evenly over ContentEvents), a non-streamed answer's all
+// at its last byte. So BurstReport.OutputTPS is the fleet's output while the burst lasts, whatever became of the
+// requests sent in it.
+func (t *burstTally) deliver(s *Sample) {
+	if len(t.w.Bursts) == 0 || s.Err != "" || !s.Sent || s.OutputTokens <= 0 {
+		return
+	}
+	add := func(at time.Duration, n float64) {
+		for i, b := range t.w.Bursts {
+			if at >= b.At && at < b.At+b.Duration {
+				t.tokens[i] += n
+			}
+		}
+	}
+	if !s.Stream || s.ContentEvents == 0 || s.TTFT <= 0 {
+		add(s.SendAt+s.E2E, float64(s.OutputTokens))
+		return
+	}
+	per := float64(s.OutputTokens) / float64(s.ContentEvents)
+	at := s.SendAt + s.TTFT
+	add(at, per)
+	for _, g := range s.ITL {
+		at += g
+		add(at, per)
+	}
+	if rest := s.ContentEvents - 1 - len(s.ITL); rest > 0 { // events past the gaps kept: at the last byte
+		add(s.SendAt+s.E2E, per*float64(rest))
+	}
 }
 
 // add counts a measured item in every burst its scheduled time falls in.
@@ -355,6 +393,9 @@ func (t *burstTally) reports() []BurstReport {
 	var out []BurstReport
 	for i, b := range t.w.Bursts {
 		br := BurstReport{At: b.At, Duration: b.Duration, Multiplier: b.Multiplier, All: t.all[i]}
+		if b.Duration > 0 {
+			br.OutputTPS = t.tokens[i] / b.Duration.Seconds()
+		}
 		br.All.TTFT = Summarize(t.ttft[i][""])
 		if len(t.classes[i]) > 0 {
 			br.Classes = t.classes[i]

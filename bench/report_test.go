@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -179,4 +180,36 @@ func parseSVG(t *testing.T, data []byte) (series, events, texts []string) {
 		t.Fatalf("root element %q", root)
 	}
 	return series, events, texts
+}
+
+// TestBurstOutputByArrival: a burst's OutputTPS counts tokens by when they arrived inside its window, whenever
+// their request was sent: a stream sent before the burst delivers into it, one sent inside it may deliver after
+// it, a non-streamed answer counts at its last byte, and a failed answer not at all.
+func TestBurstOutputByArrival(t *testing.T) {
+	w := &Workload{Bursts: []Burst{{At: 10 * time.Second, Duration: 10 * time.Second, Multiplier: 2}}}
+	tl := newBurstTally(w)
+	sec := time.Second
+	// Sent at 8 s, first token at 9 s, then one event a second: events at 9..18 s, 2 tokens each, of which the
+	// 9 at 10-18 s fall in [10 s, 20 s).
+	gaps := make([]time.Duration, 9)
+	for i := range gaps {
+		gaps[i] = sec
+	}
+	tl.deliver(&Sample{Sent: true, Stream: true, SendAt: 8 * sec, TTFT: sec, ITL: gaps, ContentEvents: 10,
+		OutputTokens: 20, E2E: 10 * sec})
+	// Sent at 19 s: its tokens arrive from 19.5 s, only the first event (0.5 s) inside the window.
+	tl.deliver(&Sample{Sent: true, Stream: true, SendAt: 19 * sec, TTFT: sec / 2, ITL: []time.Duration{sec, sec},
+		ContentEvents: 3, OutputTokens: 30, E2E: 3 * sec})
+	// Not streamed, last byte at 15 s: all 50 tokens; a failed one and a refused one: none.
+	tl.deliver(&Sample{Sent: true, SendAt: 12 * sec, E2E: 3 * sec, OutputTokens: 50})
+	tl.deliver(&Sample{Sent: true, SendAt: 12 * sec, E2E: 3 * sec, OutputTokens: 50, Err: "stream broke"})
+	tl.deliver(&Sample{Sent: true, SendAt: 12 * sec, E2E: time.Millisecond, Status: 503})
+	reps := tl.reports()
+	if len(reps) != 1 {
+		t.Fatalf("%d reports", len(reps))
+	}
+	want := (9*2 + 10 + 50) / 10.0
+	if got := reps[0].OutputTPS; math.Abs(got-want) > 1e-9 {
+		t.Errorf("OutputTPS %v, want %v", got, want)
+	}
 }
