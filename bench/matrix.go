@@ -28,6 +28,7 @@ import (
 //	fleets: [{file: ../fleets/small-batch.yaml}]
 //	sizes: [{n: 1}, {n: 4}]
 //	seats: [8, 64]                              # optional: max_num_seqs on every backend
+//	seats_from: [policy, discover]              # optional: does the gateway's policy state them
 //	workloads: [{file: ../workloads/overload-mix.yaml}]
 //	loads: [{name: 3x-10s, load: 0.5, spike: 3, for: 10s}]
 //	events: [{name: steady}, {name: one-down, backend: 0, at_spike: 0.5, control: {down: true}}]
@@ -52,14 +53,19 @@ type Matrix struct {
 	// generator. Default 120.
 	MaxRate float64 `yaml:"max_rate"`
 
-	Fleets    []FleetAxis    `yaml:"fleets"`
-	Sizes     []SizeAxis     `yaml:"sizes"`
-	Seats     []int          `yaml:"seats"`
+	Fleets []FleetAxis `yaml:"fleets"`
+	Sizes  []SizeAxis  `yaml:"sizes"`
+	Seats  []int       `yaml:"seats"`
+	// SeatsFrom is how the gateway knows each engine's seats: "policy" states every backend's max_num_seqs in
+	// the generated gateway config (the simulator's own figure, as an operator who set vLLM's --max-num-seqs
+	// would), "discover" leaves the gateway to learn them from the engine (its exported figure, else the
+	// probe). Optional; without it the gateway is told nothing, as with discover, and no name segment is added.
+	SeatsFrom []string       `yaml:"seats_from"`
 	Workloads []WorkloadAxis `yaml:"workloads"`
 	Loads     []LoadAxis     `yaml:"loads"`
 	Events    []EventAxis    `yaml:"events"`
-	// Exclude drops the cells that match any entry: an entry maps axis names (fleet, size, seats, workload,
-	// load, event) to a value's name ("!name": any other value), and matches when every axis it names does.
+	// Exclude drops the cells that match any entry: an entry maps axis names (fleet, size, seats, seats_from,
+	// workload, load, event) to a value's name ("!name": any other value), and matches when every axis it names does.
 	Exclude []map[string]string `yaml:"exclude"`
 	Columns []Column            `yaml:"columns"`
 
@@ -131,15 +137,18 @@ type EventAxis struct {
 
 // Cell is one combination of axis values.
 type Cell struct {
-	// Name is the values' names joined by "/" in axis order (fleet/size[/seats]/workload/load[/event]).
-	Name     string
-	Axes     map[string]string
-	Fleet    FleetAxis
-	Size     SizeAxis
-	Seats    int // 0: the fleet file's
-	Workload WorkloadAxis
-	Load     LoadAxis
-	Event    *EventAxis
+	// Name is the values' names joined by "/" in axis order
+	// (fleet/size[/seats][/seats-FROM]/workload/load[/event]).
+	Name  string
+	Axes  map[string]string
+	Fleet FleetAxis
+	Size  SizeAxis
+	Seats int // 0: the fleet file's
+	// SeatsFrom is Matrix.SeatsFrom's value ("": the axis is not set).
+	SeatsFrom string
+	Workload  WorkloadAxis
+	Load      LoadAxis
+	Event     *EventAxis
 }
 
 // defaultMaxRate is Matrix.MaxRate's default, from the 2-core machine the matrices were sized on: 110
@@ -232,7 +241,7 @@ func cmp0(d, def time.Duration) time.Duration {
 }
 
 // axisNames are the axes in cell-name order.
-var axisNames = []string{"fleet", "size", "seats", "workload", "load", "event"}
+var axisNames = []string{"fleet", "size", "seats", "seats_from", "workload", "load", "event"}
 
 func (m *Matrix) validate(errs *fieldErrors) {
 	names := map[string]bool{}
@@ -279,6 +288,11 @@ func (m *Matrix) validate(errs *fieldErrors) {
 	for i, s := range m.Seats {
 		if s < 1 {
 			errs.add(fmt.Sprintf("seats[%d]", i), "seats must be >= 1, got %d", s)
+		}
+	}
+	for i, f := range m.SeatsFrom {
+		if f != "policy" && f != "discover" {
+			errs.add(fmt.Sprintf("seats_from[%d]", i), "seats_from is policy or discover, got %q", f)
 		}
 	}
 	for i, w := range m.Workloads {
@@ -333,6 +347,10 @@ func (m *Matrix) Cells(filter *regexp.Regexp) []Cell {
 	if len(m.Seats) > 0 {
 		seats = m.Seats
 	}
+	froms := []string{""}
+	if len(m.SeatsFrom) > 0 {
+		froms = m.SeatsFrom
+	}
 	events := []*EventAxis{nil}
 	for i := range m.Events {
 		if i == 0 {
@@ -344,26 +362,32 @@ func (m *Matrix) Cells(filter *regexp.Regexp) []Cell {
 	for _, f := range m.Fleets {
 		for _, sz := range m.Sizes {
 			for _, st := range seats {
-				for _, w := range m.Workloads {
-					for _, l := range m.Loads {
-						for _, ev := range events {
-							c := Cell{Fleet: f, Size: sz, Seats: st, Workload: w, Load: l, Event: ev,
-								Axes: map[string]string{"fleet": f.Name, "size": sz.Name, "workload": w.Name, "load": l.Name}}
-							parts := []string{f.Name, sz.Name}
-							if st > 0 {
-								c.Axes["seats"] = "s" + strconv.Itoa(st)
-								parts = append(parts, c.Axes["seats"])
+				for _, from := range froms {
+					for _, w := range m.Workloads {
+						for _, l := range m.Loads {
+							for _, ev := range events {
+								c := Cell{Fleet: f, Size: sz, Seats: st, SeatsFrom: from, Workload: w, Load: l, Event: ev,
+									Axes: map[string]string{"fleet": f.Name, "size": sz.Name, "workload": w.Name, "load": l.Name}}
+								parts := []string{f.Name, sz.Name}
+								if st > 0 {
+									c.Axes["seats"] = "s" + strconv.Itoa(st)
+									parts = append(parts, c.Axes["seats"])
+								}
+								if from != "" {
+									c.Axes["seats_from"] = from
+									parts = append(parts, "seats-"+from)
+								}
+								parts = append(parts, w.Name, l.Name)
+								if ev != nil {
+									c.Axes["event"] = ev.Name
+									parts = append(parts, ev.Name)
+								}
+								c.Name = strings.Join(parts, "/")
+								if m.excluded(c) || (filter != nil && !filter.MatchString(c.Name)) {
+									continue
+								}
+								out = append(out, c)
 							}
-							parts = append(parts, w.Name, l.Name)
-							if ev != nil {
-								c.Axes["event"] = ev.Name
-								parts = append(parts, ev.Name)
-							}
-							c.Name = strings.Join(parts, "/")
-							if m.excluded(c) || (filter != nil && !filter.MatchString(c.Name)) {
-								continue
-							}
-							out = append(out, c)
 						}
 					}
 				}
@@ -438,6 +462,11 @@ func (m *Matrix) Prepare(c Cell, dir string) (*CellPlan, error) {
 	p.Backends = names
 	if c.Size.Slower > 1 {
 		if err := SlowFleet(fleetPath, c.Size.Slower); err != nil {
+			return nil, err
+		}
+	}
+	if c.SeatsFrom == "policy" {
+		if err := StateSeats(fleetPath); err != nil {
 			return nil, err
 		}
 	}
@@ -581,6 +610,43 @@ func mixedFleet(path string) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// StateSeats rewrites the fleet file at path so that the gateway's policy states each backend's seats: every
+// entry's gateway mapping gets max_num_seqs, the simulator's own (its entry's, else the simulator's default), as
+// an operator who started vLLM with --max-num-seqs would write it into backends[].max_num_seqs.
+func StateSeats(path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("bench: fleet: %w", err)
+	}
+	cfgs, err := sim.ParseFleet(path, data)
+	if err != nil {
+		return fmt.Errorf("bench: fleet: %w", err)
+	}
+	var entries []map[string]any
+	if err := yaml.Unmarshal(data, &entries); err != nil {
+		return yamlErrors(path, err)
+	}
+	if len(entries) != len(cfgs) {
+		return fmt.Errorf("bench: fleet: %s: %d entries, %d simulators", path, len(entries), len(cfgs))
+	}
+	for i, e := range entries {
+		gw, _ := e["gateway"].(map[string]any)
+		if gw == nil {
+			gw = map[string]any{}
+		}
+		gw["max_num_seqs"] = cfgs[i].MaxNumSeqs
+		e["gateway"] = gw
+	}
+	out, err := yaml.Marshal(entries)
+	if err != nil {
+		return fmt.Errorf("bench: fleet: %w", err)
+	}
+	if err := os.WriteFile(path, out, 0o644); err != nil {
+		return fmt.Errorf("bench: fleet: %w", err)
+	}
+	return nil
 }
 
 // SlowFleet rewrites the fleet file at path so that every backend takes f times as long for everything it does

@@ -386,3 +386,53 @@ func TestCapacityFollowsThePhysics(t *testing.T) {
 		t.Errorf("seats: %.4f req/s, want %.4f (each seat prefills beside the others)", got, want)
 	}
 }
+
+// TestSeatsFromAxis: seats_from names its cells, and its policy value makes the generated gateway config state
+// each backend's own seats (the seats axis's, else the fleet entry's, else the simulator's default), while
+// discover leaves the gateway to learn them.
+func TestSeatsFromAxis(t *testing.T) {
+	dir := writeFiles(t, map[string]string{"f.yaml": testFleetMixed + "- {name: plain, gateway: {max_concurrency: 7}}\n",
+		"w.yaml": testWL, "m.yaml": `
+checks: {kind: protect}
+max_rate: 1000
+fleets: [{file: f.yaml}]
+sizes: [{n: 3}]
+seats_from: [policy, discover]
+workloads: [{file: w.yaml}]
+loads: [{load: 0.5, spike: 2, for: 2s}]
+exclude: [{seats_from: discover, size: "!3"}]
+columns: [{name: shedding, strategy: adaptive}, {name: no-shedding, strategy: adaptive}, {name: unloaded, strategy: adaptive, no_bursts: true}]
+`})
+	m, err := LoadMatrix(filepath.Join(dir, "m.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cells := m.Cells(nil)
+	if len(cells) != 2 || cells[0].Name != "f/n3/seats-policy/w/2x-2s" || cells[1].Name != "f/n3/seats-discover/w/2x-2s" {
+		t.Fatalf("cells %+v", cells)
+	}
+	want := map[string][]any{"seats-policy": {32, 8, sim.DefaultConfig().MaxNumSeqs}, "seats-discover": {nil, nil, nil}}
+	for _, c := range cells {
+		out := filepath.Join(dir, "out", c.Axes["seats_from"])
+		if _, err := m.Prepare(c, out); err != nil {
+			t.Fatal(err)
+		}
+		bes, err := PrepareFleet(filepath.Join(out, "fleet.yaml"), filepath.Join(out, "fleet.run.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := want["seats-"+c.Axes["seats_from"]]
+		for i, b := range bes {
+			if got := b.Gateway["max_num_seqs"]; got != w[i] {
+				t.Errorf("%s: backend %s states %v seats, want %v", c.Name, b.Name, got, w[i])
+			}
+		}
+		if got := bes[2].Gateway["max_concurrency"]; got != 7 {
+			t.Errorf("%s: the entry's own gateway settings are lost: %v", c.Name, bes[2].Gateway)
+		}
+	}
+	dir = writeFiles(t, map[string]string{"m.yaml": "checks: {kind: protect}\nseats_from: [engine]\n"})
+	if _, err := LoadMatrix(filepath.Join(dir, "m.yaml")); err == nil || !strings.Contains(err.Error(), "seats_from is policy or discover") {
+		t.Errorf("seats_from engine: %v", err)
+	}
+}
