@@ -204,11 +204,16 @@ func (c *Cap) Seats() int {
 // those that found a seat.
 //
 // Guarded without a known batch size, a cap that reads its engine's batch and queue works with the
-// provisional seats (Batch: the largest batch the engine ran without a queue, or Initial if that is more):
-// critical requests fill at most those, the others one more, the probe that grows them a seat per scrape
-// (ObserveBatch), so that no more than one request waits inside the engine while the seats are found; the limit's
-// doubling by the scrapes would put up to a limit's worth there, and the critical requests sent next behind them.
-// A cap without such scrapes lets critical requests fill the limit, the others the limit less CriticalReserve. Unguarded (no critical demand), every class may fill the limit: the cap's AIMD alone keeps the
+// provisional seats (Batch: twice the largest batch the engine ran without a queue and one, or Initial if
+// that is more), every class alike: the seats double per scrape that shows the engine running all it was sent, as TCP's
+// slow start doubles per round trip, until the engine first keeps requests waiting and so shows its batch
+// (ObserveBatch), and the fleet's reserve counts free seats over them. A probe of one seat past the proven batch
+// instead grew the seats a seat per scrape: a 4,096-seat engine stayed at 8 through a burst, and with critical
+// demand its reserve, half of those 8, refused 75 of 106 requests at half the capacity of a 64-seat engine.
+// Doubling may send up to the proven batch into the engine's queue once, for the two scrapes it takes to see
+// it (provisionalGrowth says why that bound is the price).
+// A cap without such scrapes lets critical requests fill the limit, the others the limit less
+// CriticalReserve. Unguarded (no critical demand), every class may fill the limit: the cap's AIMD alone keeps the
 // engine's queue short, nothing is held back for requests that do not come (protect-region-down, which has no
 // critical traffic, shed 13-21 requests while the failover region's caps, less 15%, grew), and a batch size
 // learned from a passing queue (a long prompt's prefill step holding a 64-seat engine) cannot throttle it.
@@ -221,9 +226,6 @@ func (c *Cap) LimitFor(class Class, guard bool) int {
 		return min(limit, s)
 	}
 	if s := c.provisional(); s > 0 && guard {
-		if class != Critical {
-			s++ // the probe, one seat past what the engine proved it runs
-		}
 		return min(limit, s)
 	}
 	if class == Critical || !guard || limit < 2 {
@@ -239,21 +241,6 @@ func (c *Cap) Free() (int, bool) {
 		return 0, false
 	}
 	return max(c.LimitFor(Critical, true)-c.Inflight(), 0), true
-}
-
-// Probing reports whether the only slot left here for standard and sheddable requests under critical demand is
-// the probe past provisional seats (LimitFor): the engine's seats are not known, and the proven ones are taken.
-// The probe seat is not among the free seats the fleet's reserve counts (Free), so taking it leaves the reserve
-// whole; the reserve must let it be taken while a counted seat is free elsewhere, or the seats are never found
-// (a fleet held at Initial per engine while its reserve, counted over those, refused the standard requests that
-// would have shown more).
-func (c *Cap) Probing() bool {
-	s := c.provisional()
-	if s <= 0 {
-		return false
-	}
-	n := c.Inflight()
-	return n >= s && n < min(c.Limit(), s+1)
 }
 
 // Batch returns the engine seats the cap works with while the model has critical demand: the known seats

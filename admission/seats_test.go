@@ -114,13 +114,13 @@ func TestSeatsProbeDoubles(t *testing.T) {
 		e.scrape(0, min(held, engineSeats), max(held-engineSeats, 0))
 		limits = append(limits, c.Limit())
 	}
-	want := []int{16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192}
+	want := []int{17, 35, 71, 143, 287, 575, 1151, 2303, 4607, 4607} // twice what ran, and one (provisionalGrowth)
 	for i, w := range want {
 		if limits[i] != w {
 			t.Fatalf("limits per scrape = %v, want %v first", limits, want)
 		}
 	}
-	if limits[10] != 8192 || limits[11] != 8192 {
+	if limits[10] != 4607 || limits[11] != 4607 {
 		t.Errorf("limits per scrape = %v: growth must stop once the engine keeps requests waiting", limits)
 	}
 	// Two scrapes in a row showed the engine running its proven 4,096 with the rest waiting: its batch.
@@ -139,10 +139,9 @@ func fillFor(c *Cap, class Class) int {
 }
 
 // TestSeatsGuardedProbe: while the model has critical demand and the engine's seats are not known, the cap
-// sends at most one request past the batch the engine proved it runs (standard and sheddable ones only), one
-// seat more per scrape that shows it ran them all, and learns the batch when two scrapes in a row show a queue
-// with that batch running; it never doubles into the engine's queue, where a critical request would wait
-// behind the requests sent before it.
+// sends at most twice the batch the engine proved it runs, doubling per scrape that shows it ran them all, and
+// learns the batch when two scrapes in a row show a queue with that batch running: the engine's queue holds at
+// most the batch proven before it, once.
 func TestSeatsGuardedProbe(t *testing.T) {
 	c, _, e := newEngineCap(t, 0)
 	const engineSeats = 13
@@ -158,8 +157,8 @@ func TestSeatsGuardedProbe(t *testing.T) {
 		worst = max(worst, held-engineSeats)
 		e.scrape(0, min(held, engineSeats), max(held-engineSeats, 0))
 	}
-	if worst > 1 {
-		t.Errorf("%d requests waited in the engine at once, want at most the one probe", worst)
+	if worst > 8 {
+		t.Errorf("%d requests waited in the engine at once, want at most the 8 proven before the queue", worst)
 	}
 	if n, from := c.SeatsSource(); n != engineSeats || from != SeatsQueue {
 		t.Errorf("SeatsSource = %d, %v; want %d, queue", n, from, engineSeats)
@@ -184,8 +183,8 @@ func TestSeatsOneQueuedScrape(t *testing.T) {
 	if n, from := c.SeatsSource(); from != SeatsFloor || n != 10 {
 		t.Errorf("SeatsSource = %d, %v; want 10, probe: no two queued scrapes in a row", n, from)
 	}
-	if got := c.Batch(); got != 10 {
-		t.Errorf("Batch = %d, want the provisional 10", got)
+	if got := c.Batch(); got != 21 {
+		t.Errorf("Batch = %d, want the provisional 21 (twice 10, and one)", got)
 	}
 }
 
@@ -224,8 +223,8 @@ func TestSeatsProbeOncePerScrape(t *testing.T) {
 		c.Limit()
 		c.Full()
 	}
-	if got := c.Limit(); got != 16 {
-		t.Errorf("Limit = %d, want 16", got)
+	if got := c.Limit(); got != 17 {
+		t.Errorf("Limit = %d, want 17 (twice the 8 that ran, and one)", got)
 	}
 }
 
@@ -237,18 +236,18 @@ func TestSeatsProbeStopsAtTheBatch(t *testing.T) {
 	c.ObserveEngine(time.Second, 100*time.Millisecond, 0, 8) // slow, without a queue: past slow start
 	takeAll(c)
 	e.scrape(0, c.Inflight(), 0)
-	if got := c.Limit(); got != 14 {
-		t.Fatalf("Limit = %d, want 14 (7 after the decrease, doubled)", got)
+	if got := c.Limit(); got != 17 {
+		t.Fatalf("Limit = %d, want 17 (the 8 that ran, twice and one, over the decrease to 7)", got)
 	}
 	takeAll(c)
 	for range seatsLowEvidence {
-		c.ObserveScrape(time.Second, 3, 12) // the engine runs 12 and queues the rest
+		c.ObserveScrape(time.Second, 4, 13) // the engine runs 13 and queues the rest
 	}
-	if n, from := c.SeatsSource(); n != 12 || from != SeatsQueue || from.Sure() != "measured" {
-		t.Fatalf("SeatsSource = %d, %v; want 12, queue", n, from)
+	if n, from := c.SeatsSource(); n != 13 || from != SeatsQueue || from.Sure() != "measured" {
+		t.Fatalf("SeatsSource = %d, %v; want 13, queue", n, from)
 	}
 	before := c.Limit()
-	e.scrape(0, 12, 0)
+	e.scrape(0, 13, 0)
 	if got := c.Limit(); got != before {
 		t.Errorf("Limit = %d, want %d: seats measured, no more doubling", got, before)
 	}
@@ -268,36 +267,66 @@ func TestSeatsPollDoesNotAllocate(t *testing.T) {
 	}
 }
 
-// TestSeatsProbingSeat: the probe seat is the one slot past the provisional seats, left out of Free, and only
-// while those are all taken.
-func TestSeatsProbingSeat(t *testing.T) {
+// TestSeatsProvisionalDoubles: the provisional seats are Initial until a scrape shows a batch, then twice the
+// largest batch the engine ran without a queue, for every class, and all of them count as free seats for the
+// fleet's reserve.
+func TestSeatsProvisionalDoubles(t *testing.T) {
 	c, _, e := newEngineCap(t, 0)
-	if c.Probing() {
-		t.Fatal("probing before any scrape")
+	if _, known := c.Free(); known || c.Batch() != 0 {
+		t.Fatalf("before any scrape: batch %d, free known %v; want 0, false", c.Batch(), known)
 	}
 	e.scrape(0, 0, 0)
+	if got := c.Batch(); got != 8 {
+		t.Fatalf("Batch = %d after an idle scrape, want the initial 8", got)
+	}
 	for range 7 {
 		c.TryAcquireFor(Standard, true)
 	}
-	if f, known := c.Free(); c.Probing() || !known || f != 1 {
-		t.Fatalf("7 of 8 provisional seats taken: probing %v, free %d (known %v); want false, 1", c.Probing(), f, known)
+	if f, known := c.Free(); !known || f != 1 {
+		t.Fatalf("7 of 8 provisional seats taken: free %d (known %v); want 1", f, known)
 	}
-	c.TryAcquireFor(Critical, true)
-	if c.Probing() {
-		t.Fatal("probing past the limit of 8")
+	if !c.TryAcquireFor(Standard, true) || c.TryAcquireFor(Critical, true) {
+		t.Fatal("the eighth seat refused, or a ninth granted")
 	}
-	e.scrape(0, 8, 0) // the engine runs all 8: the limit doubles, the proven seats are 8
-	if f, _ := c.Free(); !c.Probing() || f != 0 {
-		t.Fatalf("8 of 8 taken: probing %v, free %d; want true, 0", c.Probing(), f)
+	e.scrape(0, 8, 0) // the engine runs all 8
+	if got, lc, ls := c.Batch(), c.LimitFor(Critical, true), c.LimitFor(Standard, true); got != 17 || lc != 17 || ls != 17 {
+		t.Fatalf("after the engine ran 8: batch %d, critical limit %d, standard limit %d; want 17 each", got, lc, ls)
 	}
-	if c.TryAcquireFor(Critical, true) || !c.TryAcquireFor(Standard, true) {
-		t.Fatal("the probe seat went to a critical request, or not to a standard one")
+	if n, from := c.SeatsSource(); n != 8 || from != SeatsFloor {
+		t.Errorf("SeatsSource = %d, %v; want 8, probe (at least)", n, from)
 	}
-	if c.Probing() {
-		t.Error("probing with the probe seat taken")
-	}
-	e.scrape(0, 9, 0) // the engine ran all 9: a seat more
-	if f, _ := c.Free(); c.Batch() != 9 || !c.Probing() || f != 0 {
-		t.Errorf("after the probe ran: batch %d, probing %v, free %d; want 9, true, 0", c.Batch(), c.Probing(), f)
+}
+
+// TestSeatsProvisionalGrowUnderAReserve: standard requests that stop short of the fleet's reserve still grow
+// the provisional seats until the engine's batch shows: fast when the reserve is a small share of them, and at
+// least a seat a scrape when it holds half of them and no critical request comes to take any (the reserve
+// over proven seats alone held a 64-seat engine at 5 running).
+func TestSeatsProvisionalGrowUnderAReserve(t *testing.T) {
+	const engineSeats = 64
+	for _, tc := range []struct {
+		share  float64
+		within int
+	}{{0.1, 8}, {0.25, 10}, {0.5, engineSeats + batchQueuedScrapes}} {
+		c, _, e := newEngineCap(t, 0)
+		e.scrape(0, 0, 0)
+		held, scrapes := 0, 0
+		for ; scrapes < 100; scrapes++ {
+			if _, from := c.SeatsSource(); from == SeatsQueue {
+				break
+			}
+			before := c.Batch()
+			reserve := int(tc.share * float64(before))
+			for before-held > reserve && c.TryAcquireFor(Standard, true) {
+				held++
+			}
+			e.scrape(0, min(held, engineSeats), max(held-engineSeats, 0))
+			if b := c.Batch(); b <= before && held <= engineSeats {
+				t.Fatalf("reserve %.0f%%: provisional seats %d after %d, no growth", 100*tc.share, b, before)
+			}
+		}
+		if n, from := c.SeatsSource(); n != engineSeats || from != SeatsQueue || scrapes > tc.within {
+			t.Errorf("reserve %.0f%% of the seats: SeatsSource = %d, %v after %d scrapes; want %d, queue within %d",
+				100*tc.share, n, from, scrapes, engineSeats, tc.within)
+		}
 	}
 }

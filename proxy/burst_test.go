@@ -18,12 +18,23 @@ import (
 // one engine with 4,096 seats, sent a burst of streams that outlast the burst (so that no completion frees a
 // slot and no first token comes in time to teach the cap anything), must admit them all. The engine exports
 // what vLLM does (running, waiting, its KV cache), not its batch limit: the cap grows from the scrapes of its
-// running batch.
+// running batch. One request in ten is critical, so that the fleet's seat reserve is in force while the seats
+// are found: a reserve sized over the seats the engine had proved (the probe's floor) refused 75 of 106
+// requests at half the capacity of a 64-seat engine, the engine running 5.
 func TestBurstFillsALargeEngine(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a 4 s burst of 400 streams")
 	}
 	t.Parallel()
+	for _, critical := range []bool{false, true} {
+		t.Run(fmt.Sprintf("critical=%v", critical), func(t *testing.T) {
+			t.Parallel()
+			burstFillsALargeEngine(t, critical)
+		})
+	}
+}
+
+func burstFillsALargeEngine(t *testing.T, critical bool) {
 	be := startSim(t, "big", func(c *sim.Config) {
 		c.MaxNumSeqs = 4096
 		c.KVBlocks = 1 << 16
@@ -48,7 +59,16 @@ func TestBurstFillsALargeEngine(t *testing.T) {
 			defer wg.Done()
 			body := fmt.Sprintf(`{"model":"sim-model","max_tokens":%d,"stream":true,"messages":[{"role":"user",`+
 				`"content":"burst %d"}]}`, tokens, i)
-			resp, err := client.Post(gw.url+"/v1/chat/completions", "application/json", bytes.NewBufferString(body))
+			req, err := http.NewRequest(http.MethodPost, gw.url+"/v1/chat/completions", bytes.NewBufferString(body))
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			req.Header.Set("Content-Type", "application/json")
+			if critical && i%10 == 0 {
+				req.Header.Set("X-Switchyard-Priority", "critical")
+			}
+			resp, err := client.Do(req)
 			if err != nil {
 				errs[i] = err
 				return

@@ -373,14 +373,11 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 	if seats > 0 && ex.guard && !reserve.Admits(ex.class, free, seats) {
 		// The fleet's free seats are down to those kept for critical requests (admission.SeatReserve.Admits):
 		// standard and sheddable ones wait for a seat beyond them. Backends whose batch size is not known are
-		// gated by their caps alone. A probe seat past provisional seats (admission.Cap.Probing) is not one of
-		// the free seats counted: it may be taken while a counted seat is free elsewhere, so that a critical
-		// request need not wait for this engine (a probe that the engine keeps waiting holds its backend's
-		// next seat; on a lone engine of 8 seats a critical request then waited two completions, 1.4 s).
+		// gated by their caps alone.
 		n := 0
 		for _, t := range ex.cands {
 			if c := rec.endpointOf(t.Backend).guards.Cap; c != nil {
-				if _, known := c.Free(); known && !(free > 0 && c.Probing()) {
+				if _, known := c.Free(); known {
 					full = true
 					continue
 				}
