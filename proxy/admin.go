@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/switchyard/switchyard/admission"
 	"github.com/switchyard/switchyard/routing"
 )
 
@@ -40,7 +41,18 @@ type SeatsStatus struct {
 	From string `json:"from"`
 	// Sure is stated (engine, policy), measured (queue), at_least (probe) or none.
 	Sure string `json:"sure"`
+	// Working is the seats the cap works with now while the model has critical demand (admission.Cap.Batch):
+	// the figure when stated or measured, provisional seats past a probe's figure, 0 when the cap reads no batch
+	// from its engine.
+	Working int `json:"working"`
+	// Hint says, for a figure that is not stated, how to state it.
+	Hint string `json:"hint,omitempty"`
 }
+
+// seatsHint is SeatsStatus.Hint for an adaptive cap whose engine's seats are not stated.
+const seatsHint = "the engine does not state its batch limit: set backends[].max_num_seqs in the policy to its " +
+	"--max-num-seqs (SGLang: --max-running-requests) so that its seats are known from the first request; " +
+	"until then they are measured from its running batch and queue"
 
 // Admin serves the admin port: /metrics, /healthz, /readyz, /debug/backends, /debug/config, the status
 // page's data (/debug/timeseries, /debug/decisions, /debug/policy) and the live status page at / (status.html,
@@ -100,7 +112,12 @@ func (a *Admin) Backends() []BackendStatus {
 		if c := a.s.caps.Get(st.Name); c != nil {
 			st.ConcurrencyLimit, st.EngineSeats = c.Limit(), c.Seats()
 			n, from := c.SeatsSource()
-			st.Seats = SeatsStatus{Figure: n, From: from.String(), Sure: from.Sure()}
+			st.Seats = SeatsStatus{Figure: n, From: from.String(), Sure: from.Sure(), Working: c.Batch()}
+			if c.Adaptive() && from.Sure() != "stated" {
+				st.Seats.Hint = seatsHint
+			}
+		} else {
+			st.Seats = SeatsStatus{From: admission.SeatsUnknown.String(), Sure: admission.SeatsUnknown.Sure()}
 		}
 		out = append(out, st)
 	}

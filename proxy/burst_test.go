@@ -113,9 +113,13 @@ func burstFillsALargeEngine(t *testing.T, critical bool) {
 	// The probe sees the engine's running batch at each scrape, the test its own in-flight count every 50 ms:
 	// on a loaded machine the peak the scrapes caught trails the test's by a step or two, so the figure must
 	// reach three quarters of the test's peak (and far above the cap's start), not the peak itself.
-	if want := peak * 3 / 4; st.Seats.From != "probe" || st.Seats.Sure != "at_least" || st.Seats.Figure < want {
-		t.Errorf("/debug/backends seats = %+v, want at least %d (3/4 of the peak in flight) from the probe",
-			st.Seats, want)
+	if want := peak * 3 / 4; st.Seats.From != "probe" || st.Seats.Sure != "at_least" || st.Seats.Figure < want ||
+		st.Seats.Hint == "" {
+		t.Errorf("/debug/backends seats = %+v, want at least %d (3/4 of the peak in flight) from the probe, and "+
+			"a hint to state them", st.Seats, want)
+	}
+	if critical && st.Seats.Working <= st.Seats.Figure {
+		t.Errorf("/debug/backends seats = %+v: the cap works with no more than the probe's figure", st.Seats)
 	}
 }
 
@@ -135,7 +139,7 @@ func TestSeatsFromPolicy(t *testing.T) {
 	// limit is checked here only.
 	gw.s.follow(snap)
 	st := NewAdmin(gw.s, gw.reg).Backends()[0]
-	want := SeatsStatus{Figure: 512, From: "policy", Sure: "stated"}
+	want := SeatsStatus{Figure: 512, From: "policy", Sure: "stated", Working: 512}
 	if st.Seats != want || st.EngineSeats != 512 || st.ConcurrencyLimit < 512 {
 		t.Errorf("before any request: seats %+v, engine_seats %d, limit %d; want %+v, 512, >= 512", st.Seats,
 			st.EngineSeats, st.ConcurrencyLimit, want)
