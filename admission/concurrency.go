@@ -204,14 +204,14 @@ func (c *Cap) Seats() int {
 // those that found a seat.
 //
 // Guarded without a known batch size, a cap that reads its engine's batch and queue works with the
-// provisional seats (Batch: twice the largest batch the engine ran without a queue and one, or Initial if
-// that is more), every class alike: the seats double per scrape that shows the engine running all it was sent, as TCP's
-// slow start doubles per round trip, until the engine first keeps requests waiting and so shows its batch
-// (ObserveBatch), and the fleet's reserve counts free seats over them. A probe of one seat past the proven batch
-// instead grew the seats a seat per scrape: a 4,096-seat engine stayed at 8 through a burst, and with critical
-// demand its reserve, half of those 8, refused 75 of 106 requests at half the capacity of a 64-seat engine.
-// Doubling may send up to the proven batch into the engine's queue once, for the two scrapes it takes to see
-// it (provisionalGrowth says why that bound is the price).
+// provisional seats (Batch: the largest batch the engine ran without a queue, or Initial if that is more):
+// critical requests fill at most those, the others a probe more (probeMargin: one seat for small engines, an
+// eighth of the proven batch for large ones), the probe that grows them per scrape that shows the engine ran
+// them all (ObserveBatch), so that few requests wait inside the engine while the seats are found; the limit's
+// doubling by the scrapes would put up to a limit's worth there, and the critical requests sent next behind
+// them. The fleet's reserve does not count provisional seats (Free): held over a lower bound, half of a fresh
+// cap's 8, it kept the standard requests that would have shown more seats from ever filling them, and refused
+// 75 of 106 requests at half the capacity of a 64-seat engine.
 // A cap without such scrapes lets critical requests fill the limit, the others the limit less
 // CriticalReserve. Unguarded (no critical demand), every class may fill the limit: the cap's AIMD alone keeps the
 // engine's queue short, nothing is held back for requests that do not come (protect-region-down, which has no
@@ -226,6 +226,9 @@ func (c *Cap) LimitFor(class Class, guard bool) int {
 		return min(limit, s)
 	}
 	if s := c.provisional(); s > 0 && guard {
+		if class != Critical {
+			s += probeMargin(s) // the probe, past what the engine proved it runs
+		}
 		return min(limit, s)
 	}
 	if class == Critical || !guard || limit < 2 {
@@ -234,10 +237,10 @@ func (c *Cap) LimitFor(class Class, guard bool) int {
 	return limit - max(1, int(math.Ceil(CriticalReserve*float64(limit))))
 }
 
-// Free returns the engine seats free on this backend, and whether that is known (the engine's batch size is
-// learned, Seats, and the cap adapts).
+// Free returns the engine seats free on this backend, and whether that is known: the engine's batch size is
+// stated or measured (Seats), not provisional, and the cap adapts.
 func (c *Cap) Free() (int, bool) {
-	if c.Batch() <= 0 || c.static.Load() > 0 {
+	if c.Seats() <= 0 || c.static.Load() > 0 {
 		return 0, false
 	}
 	return max(c.LimitFor(Critical, true)-c.Inflight(), 0), true
@@ -246,7 +249,7 @@ func (c *Cap) Free() (int, bool) {
 // Batch returns the engine seats the cap works with while the model has critical demand: the known seats
 // (Seats), else, for an adaptive cap that reads its engine's scrapes, the provisional figure (the largest
 // batch the engine ran without a queue, SeatsFloor, or CapParams.Initial if that is more), else 0. The fleet's
-// reserve counts free seats over it (Cap.Free).
+// reserve counts free seats over known seats only (Cap.Free).
 func (c *Cap) Batch() int {
 	if s := c.Seats(); s > 0 {
 		return s

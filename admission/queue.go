@@ -51,7 +51,8 @@ type QueueConfig[T any] struct {
 // client leaves, or the queue closes. Every waiter is answered; none is forgotten.
 //
 //   - Bands: one per class, strict priority: a request is offered to Dispatch only when every more important
-//     one was dispatched; if the head cannot go (ErrNoCapacity), nothing behind it is offered.
+//     one was dispatched; if the head cannot go (ErrNoCapacity), nothing behind it is offered, unless what is
+//     left is capacity only less important classes may take (ErrNoCapacityForClass): then the next band is.
 //   - Within a band, earliest deadline first (EDF), then first come first served. Deadlines come from the
 //     caller (Shedder.Deadline: queue_timeout, shortened by the SLO).
 //   - Late binding: a waiter is not bound to a backend; Dispatch re-runs routing when capacity frees, so a
@@ -326,9 +327,13 @@ func (q *Queue[T]) pumpLocked(now int64) {
 	}
 	for i := range q.bands {
 		h := &q.bands[i]
+	band:
 		for h.len() > 0 {
 			err := q.dispatch(h.items[0].item)
-			if errors.Is(err, ErrNoCapacity) {
+			switch {
+			case err == ErrNoCapacityForClass:
+				break band // what is left is for less important classes: offer it to them
+			case errors.Is(err, ErrNoCapacity):
 				return // strict priority: nothing overtakes the head
 			}
 			q.answer(h.remove(0), err, now)

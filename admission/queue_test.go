@@ -204,6 +204,47 @@ func TestQueueHeadBlocks(t *testing.T) {
 	})
 }
 
+// TestQueueHeadLeavesWhatItMayNotTake: a head that cannot go because the capacity left is not for its class
+// (ErrNoCapacityForClass) lets the next band have it; within its own band, and behind a plain ErrNoCapacity,
+// nothing overtakes.
+func TestQueueHeadLeavesWhatItMayNotTake(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := newFakeClock()
+		f := newFleet("a")
+		q := newQueue(QueueConfig[*job]{Dispatch: f.dispatch, Clock: clk})
+		w := newWaiters(t, q, clk)
+		for i := range 4 { // 0, 2: critical; 1, 3: standard
+			w.start(context.Background(), i, ClassAt(i%2), time.Minute)
+		}
+		if !errors.Is(ErrNoCapacityForClass, ErrNoCapacity) {
+			t.Fatal("ErrNoCapacityForClass is not ErrNoCapacity")
+		}
+		f.mu.Lock()
+		f.refuse[0], f.refuse[2] = ErrNoCapacityForClass, ErrNoCapacityForClass
+		f.mu.Unlock()
+		f.add("a", 1)
+		q.pump()
+		if got := f.dispatched(); !slices.Equal(got, []int{1}) {
+			t.Fatalf("dispatched %v with the critical head refused for its class, want the first standard one", got)
+		}
+		f.mu.Lock()
+		f.refuse[0] = ErrNoCapacity
+		f.mu.Unlock()
+		f.add("a", 1)
+		q.pump()
+		if got := f.dispatched(); !slices.Equal(got, []int{1}) {
+			t.Errorf("dispatched %v behind a head with no capacity at all, want nothing more", got)
+		}
+		f.mu.Lock()
+		delete(f.refuse, 0)
+		delete(f.refuse, 2)
+		f.mu.Unlock()
+		f.add("a", 2)
+		q.pump()
+		w.answers(4)
+	})
+}
+
 // TestQueueLateBinding: a waiter is bound to whichever backend frees first, at dispatch time.
 func TestQueueLateBinding(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

@@ -114,13 +114,13 @@ func TestSeatsProbeDoubles(t *testing.T) {
 		e.scrape(0, min(held, engineSeats), max(held-engineSeats, 0))
 		limits = append(limits, c.Limit())
 	}
-	want := []int{17, 35, 71, 143, 287, 575, 1151, 2303, 4607, 4607} // twice what ran, and one (provisionalGrowth)
+	want := []int{16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192}
 	for i, w := range want {
 		if limits[i] != w {
 			t.Fatalf("limits per scrape = %v, want %v first", limits, want)
 		}
 	}
-	if limits[10] != 4607 || limits[11] != 4607 {
+	if limits[10] != 8192 || limits[11] != 8192 {
 		t.Errorf("limits per scrape = %v: growth must stop once the engine keeps requests waiting", limits)
 	}
 	// Two scrapes in a row showed the engine running its proven 4,096 with the rest waiting: its batch.
@@ -139,9 +139,10 @@ func fillFor(c *Cap, class Class) int {
 }
 
 // TestSeatsGuardedProbe: while the model has critical demand and the engine's seats are not known, the cap
-// sends at most twice the batch the engine proved it runs, doubling per scrape that shows it ran them all, and
-// learns the batch when two scrapes in a row show a queue with that batch running: the engine's queue holds at
-// most the batch proven before it, once.
+// sends at most one request past the batch the engine proved it runs (standard and sheddable ones only), one
+// seat more per scrape that shows it ran them all, and learns the batch when two scrapes in a row show a queue
+// with that batch running; it never doubles into the engine's queue, where a critical request would wait
+// behind the requests sent before it.
 func TestSeatsGuardedProbe(t *testing.T) {
 	c, _, e := newEngineCap(t, 0)
 	const engineSeats = 13
@@ -157,8 +158,8 @@ func TestSeatsGuardedProbe(t *testing.T) {
 		worst = max(worst, held-engineSeats)
 		e.scrape(0, min(held, engineSeats), max(held-engineSeats, 0))
 	}
-	if worst > 8 {
-		t.Errorf("%d requests waited in the engine at once, want at most the 8 proven before the queue", worst)
+	if worst > 1 {
+		t.Errorf("%d requests waited in the engine at once, want at most the one probe", worst)
 	}
 	if n, from := c.SeatsSource(); n != engineSeats || from != SeatsQueue {
 		t.Errorf("SeatsSource = %d, %v; want %d, queue", n, from, engineSeats)
@@ -183,8 +184,8 @@ func TestSeatsOneQueuedScrape(t *testing.T) {
 	if n, from := c.SeatsSource(); from != SeatsFloor || n != 10 {
 		t.Errorf("SeatsSource = %d, %v; want 10, probe: no two queued scrapes in a row", n, from)
 	}
-	if got := c.Batch(); got != 21 {
-		t.Errorf("Batch = %d, want the provisional 21 (twice 10, and one)", got)
+	if got := c.Batch(); got != 10 {
+		t.Errorf("Batch = %d, want the provisional 10", got)
 	}
 }
 
@@ -223,8 +224,8 @@ func TestSeatsProbeOncePerScrape(t *testing.T) {
 		c.Limit()
 		c.Full()
 	}
-	if got := c.Limit(); got != 17 {
-		t.Errorf("Limit = %d, want 17 (twice the 8 that ran, and one)", got)
+	if got := c.Limit(); got != 16 {
+		t.Errorf("Limit = %d, want 16", got)
 	}
 }
 
@@ -236,18 +237,18 @@ func TestSeatsProbeStopsAtTheBatch(t *testing.T) {
 	c.ObserveEngine(time.Second, 100*time.Millisecond, 0, 8) // slow, without a queue: past slow start
 	takeAll(c)
 	e.scrape(0, c.Inflight(), 0)
-	if got := c.Limit(); got != 17 {
-		t.Fatalf("Limit = %d, want 17 (the 8 that ran, twice and one, over the decrease to 7)", got)
+	if got := c.Limit(); got != 14 {
+		t.Fatalf("Limit = %d, want 14 (7 after the decrease, doubled)", got)
 	}
 	takeAll(c)
 	for range seatsLowEvidence {
-		c.ObserveScrape(time.Second, 4, 13) // the engine runs 13 and queues the rest
+		c.ObserveScrape(time.Second, 3, 12) // the engine runs 12 and queues the rest
 	}
-	if n, from := c.SeatsSource(); n != 13 || from != SeatsQueue || from.Sure() != "measured" {
-		t.Fatalf("SeatsSource = %d, %v; want 13, queue", n, from)
+	if n, from := c.SeatsSource(); n != 12 || from != SeatsQueue || from.Sure() != "measured" {
+		t.Fatalf("SeatsSource = %d, %v; want 12, queue", n, from)
 	}
 	before := c.Limit()
-	e.scrape(0, 13, 0)
+	e.scrape(0, 12, 0)
 	if got := c.Limit(); got != before {
 		t.Errorf("Limit = %d, want %d: seats measured, no more doubling", got, before)
 	}
@@ -267,66 +268,64 @@ func TestSeatsPollDoesNotAllocate(t *testing.T) {
 	}
 }
 
-// TestSeatsProvisionalDoubles: the provisional seats are Initial until a scrape shows a batch, then twice the
-// largest batch the engine ran without a queue, for every class, and all of them count as free seats for the
-// fleet's reserve.
-func TestSeatsProvisionalDoubles(t *testing.T) {
+// TestSeatsProbeMargin: under critical demand with the seats not known, critical requests fill the proven
+// batch and the others a probe past it, one seat while the batch is small and an eighth of it once it is large;
+// provisional seats are not free seats of the fleet's reserve, measured ones are.
+func TestSeatsProbeMargin(t *testing.T) {
 	c, _, e := newEngineCap(t, 0)
-	if _, known := c.Free(); known || c.Batch() != 0 {
-		t.Fatalf("before any scrape: batch %d, free known %v; want 0, false", c.Batch(), known)
-	}
 	e.scrape(0, 0, 0)
-	if got := c.Batch(); got != 8 {
-		t.Fatalf("Batch = %d after an idle scrape, want the initial 8", got)
+	if _, known := c.Free(); known || c.Batch() != 8 {
+		t.Fatalf("after an idle scrape: batch %d, free known %v; want the provisional 8, not known", c.Batch(), known)
 	}
-	for range 7 {
+	if held := fillFor(c, Critical); held != 8 || fillFor(c, Standard) != 0 {
+		t.Fatalf("critical requests took %d of 8 provisional seats, or standard ones more", held)
+	}
+	for _, tc := range []struct{ ran, critical, standard int }{
+		{8, 8, 9},    // the engine ran all 8: a probe of one
+		{9, 9, 10},   // small: a seat a scrape
+		{15, 15, 16}, // still under 16
+		{16, 16, 18}, // an eighth: 2
+		{100, 100, 112},
+	} {
+		e.scrape(0, tc.ran, 0)
+		if lc, ls := c.LimitFor(Critical, true), c.LimitFor(Standard, true); lc != tc.critical || ls != tc.standard {
+			t.Errorf("after the engine ran %d: critical may fill %d, standard %d; want %d, %d", tc.ran, lc, ls,
+				tc.critical, tc.standard)
+		}
+	}
+	for range 112 - c.Inflight() {
 		c.TryAcquireFor(Standard, true)
 	}
-	if f, known := c.Free(); !known || f != 1 {
-		t.Fatalf("7 of 8 provisional seats taken: free %d (known %v); want 1", f, known)
+	for range batchQueuedScrapes { // the probe waits, scrape after scrape: the batch is 100
+		e.scrape(0, 100, 12)
+		c.Limit() // the request path reads each scrape
 	}
-	if !c.TryAcquireFor(Standard, true) || c.TryAcquireFor(Critical, true) {
-		t.Fatal("the eighth seat refused, or a ninth granted")
-	}
-	e.scrape(0, 8, 0) // the engine runs all 8
-	if got, lc, ls := c.Batch(), c.LimitFor(Critical, true), c.LimitFor(Standard, true); got != 17 || lc != 17 || ls != 17 {
-		t.Fatalf("after the engine ran 8: batch %d, critical limit %d, standard limit %d; want 17 each", got, lc, ls)
-	}
-	if n, from := c.SeatsSource(); n != 8 || from != SeatsFloor {
-		t.Errorf("SeatsSource = %d, %v; want 8, probe (at least)", n, from)
+	if f, known := c.Free(); !known || f != 0 || c.Seats() != 100 {
+		t.Errorf("seats measured at 100 with 112 in flight: seats %d, free %d (known %v); want 100, 0, true",
+			c.Seats(), f, known)
 	}
 }
 
-// TestSeatsProvisionalGrowUnderAReserve: standard requests that stop short of the fleet's reserve still grow
-// the provisional seats until the engine's batch shows: fast when the reserve is a small share of them, and at
-// least a seat a scrape when it holds half of them and no critical request comes to take any (the reserve
-// over proven seats alone held a 64-seat engine at 5 running).
-func TestSeatsProvisionalGrowUnderAReserve(t *testing.T) {
-	const engineSeats = 64
+// TestSeatsFoundFast: a large engine's seats are found in a few seconds of scrapes under critical demand, and
+// a small engine's with at most one request waiting inside it at a time.
+func TestSeatsFoundFast(t *testing.T) {
 	for _, tc := range []struct {
-		share  float64
-		within int
-	}{{0.1, 8}, {0.25, 10}, {0.5, engineSeats + batchQueuedScrapes}} {
+		seats, scrapes, waited int
+	}{{13, 8, 1}, {64, 40, 8}, {4096, 70, 512}} {
 		c, _, e := newEngineCap(t, 0)
 		e.scrape(0, 0, 0)
-		held, scrapes := 0, 0
-		for ; scrapes < 100; scrapes++ {
+		held, worst, n := 0, 0, 0
+		for ; n < 1000; n++ {
 			if _, from := c.SeatsSource(); from == SeatsQueue {
 				break
 			}
-			before := c.Batch()
-			reserve := int(tc.share * float64(before))
-			for before-held > reserve && c.TryAcquireFor(Standard, true) {
-				held++
-			}
-			e.scrape(0, min(held, engineSeats), max(held-engineSeats, 0))
-			if b := c.Batch(); b <= before && held <= engineSeats {
-				t.Fatalf("reserve %.0f%%: provisional seats %d after %d, no growth", 100*tc.share, b, before)
-			}
+			held += fillFor(c, Critical) + fillFor(c, Standard)
+			worst = max(worst, held-tc.seats)
+			e.scrape(0, min(held, tc.seats), max(held-tc.seats, 0))
 		}
-		if n, from := c.SeatsSource(); n != engineSeats || from != SeatsQueue || scrapes > tc.within {
-			t.Errorf("reserve %.0f%% of the seats: SeatsSource = %d, %v after %d scrapes; want %d, queue within %d",
-				100*tc.share, n, from, scrapes, engineSeats, tc.within)
+		if s := c.Seats(); s != tc.seats || n > tc.scrapes || worst > tc.waited {
+			t.Errorf("%d-seat engine: seats %d after %d scrapes with at most %d waiting inside it; want %d within "+
+				"%d scrapes, at most %d waiting", tc.seats, s, n, worst, tc.seats, tc.scrapes, tc.waited)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"time"
@@ -22,6 +23,10 @@ const (
 
 // errNoCapacity: every candidate backend is at its concurrency cap or out of service (the request can wait).
 var errNoCapacity = errors.New("proxy: no backend has capacity")
+
+// errNoCapacityForClass is errNoCapacity for a critical request when a backend's cap still has the probe seat
+// that only standard and sheddable requests may take (admission.ErrNoCapacityForClass).
+var errNoCapacityForClass = fmt.Errorf("%w for this class", errNoCapacity)
 
 // hedgeMaxPromptTokens bounds the prompts that may be hedged: a hedge repeats the prefill on a second backend,
 // which is cheap for a short prompt and a real cost for a long one (routing.md 4.7: hedge cheap prefills only).
@@ -321,6 +326,9 @@ func dispatchQueued(ex *exchange) (err error) {
 	}()
 	ex.s.testPanic(stageDispatch)
 	if err := ex.pick(ex.queued, true); err != nil {
+		if errors.Is(err, errNoCapacityForClass) {
+			return admission.ErrNoCapacityForClass
+		}
 		if errors.Is(err, errNoCapacity) {
 			return admission.ErrNoCapacity
 		}
@@ -342,6 +350,7 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 	ex.cands = ex.cands[:0]
 	full := false
 	free, seats := 0, 0 // engine seats free and in all, over the available backends whose batch size is known
+	lower := false      // a full backend has a slot a less important class may take (the probe)
 	rec := ex.rec
 	reserve := rec.reserve
 	ex.guard = ex.class == admission.Critical || reserve.Active()
@@ -366,6 +375,7 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 		}
 		if c != nil && c.FullFor(ex.class, ex.guard) && t.Backend.Healthy() {
 			full = true
+			lower = lower || (ex.class == admission.Critical && !c.FullFor(admission.Standard, ex.guard))
 			continue
 		}
 		ex.cands = append(ex.cands, t)
@@ -389,6 +399,9 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 	}
 	t, err := ex.model.Strategy.Pick(&ex.rreq, ex.cands)
 	if err != nil && full {
+		if lower {
+			return t, errNoCapacityForClass
+		}
 		return t, errNoCapacity
 	}
 	return t, err
