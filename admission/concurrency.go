@@ -115,6 +115,8 @@ type Cap struct {
 	batchSeen atomic.Bool  // a scrape exported the engine's batch and queue (provisional seats apply)
 	engine    atomic.Pointer[engineRef]
 	scrapeAt  atomic.Int64 // UnixNano of the last scrape the cap consumed (engineRef)
+	idle      atomic.Bool  // that scrape showed nothing waiting
+	crept     atomic.Int64 // scrapeAt of the last request let past the fleet's reserve below the proven batch (Probe)
 	gauge     prometheus.Gauge
 }
 
@@ -209,9 +211,7 @@ func (c *Cap) Seats() int {
 // eighth of the proven batch for large ones), the probe that grows them per scrape that shows the engine ran
 // them all (ObserveBatch), so that few requests wait inside the engine while the seats are found; the limit's
 // doubling by the scrapes would put up to a limit's worth there, and the critical requests sent next behind
-// them. The fleet's reserve does not count provisional seats (Free): held over a lower bound, half of a fresh
-// cap's 8, it kept the standard requests that would have shown more seats from ever filling them, and refused
-// 75 of 106 requests at half the capacity of a 64-seat engine.
+// them. The fleet's reserve counts free seats over the provisional ones; what lets the probe past it is Probe.
 // A cap without such scrapes lets critical requests fill the limit, the others the limit less
 // CriticalReserve. Unguarded (no critical demand), every class may fill the limit: the cap's AIMD alone keeps the
 // engine's queue short, nothing is held back for requests that do not come (protect-region-down, which has no
@@ -238,12 +238,39 @@ func (c *Cap) LimitFor(class Class, guard bool) int {
 }
 
 // Free returns the engine seats free on this backend, and whether that is known: the engine's batch size is
-// stated or measured (Seats), not provisional, and the cap adapts.
+// known or provisional (Batch), and the cap adapts.
 func (c *Cap) Free() (int, bool) {
-	if c.Seats() <= 0 || c.static.Load() > 0 {
+	if c.Batch() <= 0 || c.static.Load() > 0 {
 		return 0, false
 	}
 	return max(c.LimitFor(Critical, true)-c.Inflight(), 0), true
+}
+
+// Probe reports whether a standard or sheddable request may take a slot here past the fleet's reserve
+// (SeatReserve.Admits) because it probes seats the engine has not proved: the engine's seats are provisional,
+// and either the proven ones are all taken (the probe past them, probeMargin), or the last scrape showed nothing
+// waiting and no request has crept past the reserve since that scrape. Probe claims the creep: call it only
+// when the reserve would refuse the request.
+//
+// The probe's slots are not among the free seats the reserve counts (Free). The creep, one request a scrape,
+// is what lets provisional seats grow while the reserve holds part of them: counted over a lower bound, half of
+// a fresh cap's 8, the reserve kept standard requests from ever filling the rest, so the probe past them never
+// ran, and 75 of 106 requests were refused at half the capacity of a 64-seat engine that ran 5.
+func (c *Cap) Probe() bool {
+	s := c.provisional()
+	if s <= 0 {
+		return false
+	}
+	n, lim := c.Inflight(), min(c.Limit(), s+probeMargin(s))
+	if n >= lim {
+		return false
+	}
+	if n >= s {
+		return true
+	}
+	at := c.scrapeAt.Load()
+	last := c.crept.Load()
+	return c.idle.Load() && last != at && c.crept.CompareAndSwap(last, at)
 }
 
 // Batch returns the engine seats the cap works with while the model has critical demand: the known seats

@@ -155,6 +155,7 @@ func (c *Cap) ObserveBatch(maxSeqs, running, waiting int) {
 		return
 	}
 	c.batchSeen.Store(true)
+	c.idle.Store(waiting == 0)
 	// Whatever the engine ran at once it has seats for, queue or not: the floor is the most it ever ran. A
 	// floor raised only by scrapes without a queue stood still at 8 through a burst of 200 requests/s, whose
 	// arrivals between two steps had some waiting at nearly every scrape.

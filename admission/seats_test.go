@@ -270,12 +270,12 @@ func TestSeatsPollDoesNotAllocate(t *testing.T) {
 
 // TestSeatsProbeMargin: under critical demand with the seats not known, critical requests fill the proven
 // batch and the others a probe past it, one seat while the batch is small and an eighth of it once it is large;
-// provisional seats are not free seats of the fleet's reserve, measured ones are.
+// provisional seats count as free seats of the fleet's reserve, the probe does not (Probe).
 func TestSeatsProbeMargin(t *testing.T) {
 	c, _, e := newEngineCap(t, 0)
 	e.scrape(0, 0, 0)
-	if _, known := c.Free(); known || c.Batch() != 8 {
-		t.Fatalf("after an idle scrape: batch %d, free known %v; want the provisional 8, not known", c.Batch(), known)
+	if f, known := c.Free(); !known || f != 8 || c.Batch() != 8 {
+		t.Fatalf("after an idle scrape: batch %d, free %d (known %v); want the provisional 8, all free", c.Batch(), f, known)
 	}
 	if held := fillFor(c, Critical); held != 8 || fillFor(c, Standard) != 0 {
 		t.Fatalf("critical requests took %d of 8 provisional seats, or standard ones more", held)
@@ -303,6 +303,42 @@ func TestSeatsProbeMargin(t *testing.T) {
 	if f, known := c.Free(); !known || f != 0 || c.Seats() != 100 {
 		t.Errorf("seats measured at 100 with 112 in flight: seats %d, free %d (known %v); want 100, 0, true",
 			c.Seats(), f, known)
+	}
+}
+
+// TestSeatsProbePastTheReserve: below the proven batch, one request a scrape that showed nothing waiting may
+// pass the fleet's reserve (the creep that lets provisional seats grow under it); at the proven batch, the probe
+// past it may, up to its margin; a scrape with a queue stops the creep.
+func TestSeatsProbePastTheReserve(t *testing.T) {
+	c, _, e := newEngineCap(t, 0)
+	if c.Probe() {
+		t.Fatal("a probe before any scrape")
+	}
+	e.scrape(0, 0, 0)
+	for range 3 {
+		c.TryAcquireFor(Standard, true)
+	}
+	if !c.Probe() || c.Probe() {
+		t.Fatal("want exactly one creep past the reserve after an idle scrape")
+	}
+	e.scrape(0, 3, 1)
+	if c.Probe() {
+		t.Error("a creep after a scrape with a queue")
+	}
+	e.scrape(0, 3, 0)
+	if !c.Probe() {
+		t.Error("no creep after the next idle scrape")
+	}
+	for c.Inflight() < 8 {
+		c.TryAcquireFor(Critical, true)
+	}
+	e.scrape(0, 8, 0) // all 8 run: the probe of one past them
+	if !c.Probe() || !c.Probe() {
+		t.Error("the probe at the proven batch is not open to every request while it lasts")
+	}
+	c.TryAcquireFor(Standard, true)
+	if c.Probe() {
+		t.Error("a probe with the probe taken")
 	}
 }
 

@@ -351,6 +351,7 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 	full := false
 	free, seats := 0, 0 // engine seats free and in all, over the available backends whose batch size is known
 	lower := false      // a full backend has a slot a less important class may take (the probe)
+	counted := 0        // backends whose free seats are counted
 	rec := ex.rec
 	reserve := rec.reserve
 	ex.guard = ex.class == admission.Critical || reserve.Active()
@@ -363,7 +364,7 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 			}
 			if c = g.Cap; c != nil && t.Backend.Healthy() {
 				if f, known := c.Free(); known {
-					free, seats = free+f, seats+c.Batch()
+					free, seats, counted = free+f, seats+c.Batch(), counted+1
 				}
 			}
 		}
@@ -383,11 +384,16 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 	if seats > 0 && ex.guard && !reserve.Admits(ex.class, free, seats) {
 		// The fleet's free seats are down to those kept for critical requests (admission.SeatReserve.Admits):
 		// standard and sheddable ones wait for a seat beyond them. Backends whose batch size is not known are
-		// gated by their caps alone.
+		// gated by their caps alone. A probe of seats the engine has not proved (admission.Cap.Probe) is not
+		// one of the free seats counted: it may be taken past the reserve while a counted seat is free
+		// elsewhere, so that a critical request need not wait for this engine (probes taken with none free
+		// put standard requests in the queues of every engine of n4/s16 in a spike's first seconds, and
+		// critical ones behind them: p99 11x unloaded), or when there is no elsewhere (a lone engine's probe
+		// waited for a seat that never came, and its seats were never found).
 		n := 0
 		for _, t := range ex.cands {
 			if c := rec.endpointOf(t.Backend).guards.Cap; c != nil {
-				if _, known := c.Free(); known {
+				if _, known := c.Free(); known && !((free > 0 || counted == 1) && c.Probe()) {
 					full = true
 					continue
 				}
