@@ -318,7 +318,7 @@ func TestSeatsProbePastTheReserve(t *testing.T) {
 	for range 3 {
 		c.TryAcquireFor(Standard, true)
 	}
-	if !c.Probe() || c.Probe() {
+	if first, again := c.Probe(), c.Probe(); !first || again {
 		t.Fatal("want exactly one creep past the reserve after an idle scrape")
 	}
 	e.scrape(0, 3, 1)
@@ -333,7 +333,7 @@ func TestSeatsProbePastTheReserve(t *testing.T) {
 		c.TryAcquireFor(Critical, true)
 	}
 	e.scrape(0, 8, 0) // all 8 run: the probe of one past them
-	if !c.Probe() || !c.Probe() {
+	if first, again := c.Probe(), c.Probe(); !first || !again {
 		t.Error("the probe at the proven batch is not open to every request while it lasts")
 	}
 	c.TryAcquireFor(Standard, true)
