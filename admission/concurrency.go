@@ -110,8 +110,8 @@ type Cap struct {
 	stated    atomic.Int64 // seats the engine or the policy states (0: neither); wins over seats
 	statedBy  atomic.Int32 // a SeatSource: SeatsEngine or SeatsPolicy
 	policy    atomic.Int64 // the policy's max_num_seqs (0: none), stated when the engine states nothing
-	floor     atomic.Int64 // the largest batch the engine ran without a queue: it has at least these seats
-	queued    atomic.Int32 // scrapes in a row that showed a queue with at least floor running (ObserveBatch)
+	floor     atomic.Int64 // the largest batch the engine ever ran: it has at least these seats
+	queued    atomic.Int32 // scrapes in a row that showed a queue with floor running, no more (ObserveBatch)
 	batchSeen atomic.Bool  // a scrape exported the engine's batch and queue (provisional seats apply)
 	engine    atomic.Pointer[engineRef]
 	scrapeAt  atomic.Int64 // UnixNano of the last scrape the cap consumed (engineRef)
@@ -206,7 +206,7 @@ func (c *Cap) Seats() int {
 // those that found a seat.
 //
 // Guarded without a known batch size, a cap that reads its engine's batch and queue works with the
-// provisional seats (Batch: the largest batch the engine ran without a queue, or Initial if that is more):
+// provisional seats (Batch: the largest batch the engine ever ran, or Initial if that is more):
 // critical requests fill at most those, the others a probe more (probeMargin: one seat for small engines, an
 // eighth of the proven batch for large ones), the probe that grows them per scrape that shows the engine ran
 // them all (ObserveBatch), so that few requests wait inside the engine while the seats are found; the limit's

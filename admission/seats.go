@@ -29,7 +29,7 @@ const (
 	SeatsPolicy
 	// SeatsQueue: measured, the engine's running count while it kept requests waiting (Cap.ObserveScrape).
 	SeatsQueue
-	// SeatsFloor: a lower bound, the largest batch the engine ran without a queue (Cap.ObserveBatch).
+	// SeatsFloor: a lower bound, the largest batch the engine ever ran (Cap.ObserveBatch).
 	SeatsFloor
 )
 
@@ -224,7 +224,7 @@ const probeShare = 8
 func probeMargin(floor int) int { return max(1, floor/probeShare) }
 
 // provisional returns the seats an adaptive cap without known seats works with while the model has critical
-// demand (LimitFor, Batch): the largest batch its engine ran without a queue (SeatsFloor), or
+// demand (LimitFor, Batch): the largest batch its engine ever ran (SeatsFloor), or
 // CapParams.Initial if that is more; 0 when the cap reads no engine that exports its batch and queue (then the
 // cap's limit and CriticalReserve alone apply).
 func (c *Cap) provisional() int {

@@ -37,7 +37,7 @@ type SeatsStatus struct {
 	// Figure is the seats (0: none yet).
 	Figure int `json:"figure"`
 	// From is engine (its metrics state them), policy (backends[].max_num_seqs), queue (its running count
-	// while it kept requests waiting), probe (the largest batch it ran without a queue) or unknown.
+	// while it kept requests waiting), probe (the largest batch it ever ran) or unknown.
 	From string `json:"from"`
 	// Sure is stated (engine, policy), measured (queue), at_least (probe) or none.
 	Sure string `json:"sure"`
