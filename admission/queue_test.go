@@ -66,6 +66,19 @@ func (f *fleet) dispatch(j *job) error {
 	return ErrNoCapacity
 }
 
+// setRefuse makes dispatch answer err for ids (nil: dispatch them as usual again).
+func (f *fleet) setRefuse(err error, ids ...int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, id := range ids {
+		if err == nil {
+			delete(f.refuse, id)
+		} else {
+			f.refuse[id] = err
+		}
+	}
+}
+
 func (f *fleet) add(backend string, n int) {
 	f.mu.Lock()
 	f.free[backend] += n
@@ -219,26 +232,19 @@ func TestQueueHeadLeavesWhatItMayNotTake(t *testing.T) {
 		if !errors.Is(ErrNoCapacityForClass, ErrNoCapacity) {
 			t.Fatal("ErrNoCapacityForClass is not ErrNoCapacity")
 		}
-		f.mu.Lock()
-		f.refuse[0], f.refuse[2] = ErrNoCapacityForClass, ErrNoCapacityForClass
-		f.mu.Unlock()
+		f.setRefuse(ErrNoCapacityForClass, 0, 2)
 		f.add("a", 1)
 		q.pump()
 		if got := f.dispatched(); !slices.Equal(got, []int{1}) {
 			t.Fatalf("dispatched %v with the critical head refused for its class, want the first standard one", got)
 		}
-		f.mu.Lock()
-		f.refuse[0] = ErrNoCapacity
-		f.mu.Unlock()
+		f.setRefuse(ErrNoCapacity, 0)
 		f.add("a", 1)
 		q.pump()
 		if got := f.dispatched(); !slices.Equal(got, []int{1}) {
 			t.Errorf("dispatched %v behind a head with no capacity at all, want nothing more", got)
 		}
-		f.mu.Lock()
-		delete(f.refuse, 0)
-		delete(f.refuse, 2)
-		f.mu.Unlock()
+		f.setRefuse(nil, 0, 2)
 		f.add("a", 2)
 		q.pump()
 		w.answers(4)
