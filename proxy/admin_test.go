@@ -62,8 +62,9 @@ func TestAdminEndpoints(t *testing.T) {
 	if bs[0].Name != "b0" || bs[0].Breaker != "closed" || bs[0].Requests != 1 || !bs[0].Healthy {
 		t.Errorf("/debug/backends[0] = %+v", bs[0])
 	}
-	// Each backend says its engine and which load signals it provides and lacks (vLLM exports no batch limit).
-	if bs[0].Engine != routing.EngineVLLM || len(bs[0].Signals) != 7 || !slices.Equal(bs[0].Lacks, []string{"max_seqs"}) ||
+	// Each backend says its engine and which load signals it provides and lacks (vLLM states no batch limit, nor
+	// a ceiling of requests it holds).
+	if bs[0].Engine != routing.EngineVLLM || len(bs[0].Signals) != 7 || !slices.Equal(bs[0].Lacks, []string{"max_seqs", "max_inflight"}) ||
 		!strings.Contains(body, `"signals": [`) || !strings.Contains(body, `"lacks": [`) {
 		t.Errorf("/debug/backends[0] engine %q signals %v lacks %v", bs[0].Engine, bs[0].Signals, bs[0].Lacks)
 	}

@@ -144,9 +144,10 @@ type Backend struct {
 	failures   atomic.Uint64 // attempts that failed because of the backend
 
 	engine     atomic.Pointer[EngineStats]
-	staleAfter atomic.Int64 // nanoseconds: engine metrics older than this are ignored
-	rttProbe   minWindow    // probe round trips, seconds
-	rttConn    minWindow    // connection-setup times, seconds
+	info       atomic.Pointer[InfoStatus] // the last read of the engine's info document (the Monitor's)
+	staleAfter atomic.Int64               // nanoseconds: engine metrics older than this are ignored
+	rttProbe   minWindow                  // probe round trips, seconds
+	rttConn    minWindow                  // connection-setup times, seconds
 
 	lat       latency
 	ttftCount atomic.Int64
@@ -256,6 +257,17 @@ func (b *Backend) EngineBatch() (maxSeqs, running, waiting int, at time.Time) {
 		maxSeqs = int(min(e.MaxSeqs, 1<<30))
 	}
 	return maxSeqs, running, waiting, e.At
+}
+
+// EngineCeiling returns the most requests the engine holds at once, running and queued, before it refuses new
+// ones, as its info document states it (InfoSpec.MaxInflight, TGI's max_concurrent_requests), or 0 when it
+// states none. admission.Cap never lets more than that through. Lock-free.
+func (b *Backend) EngineCeiling() int {
+	e := b.engine.Load()
+	if e == nil || e.Has&HasMaxInflight == 0 {
+		return 0
+	}
+	return int(min(e.MaxInflight, maxEngineLimit))
 }
 
 // RTT returns the round trip to b: the larger of the minimum of the last 8 probes and the minimum of the last 8

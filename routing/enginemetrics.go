@@ -36,8 +36,15 @@ type EngineStats struct {
 	// StartTime is the engine process's start (process_start_time_seconds), in Unix seconds.
 	StartTime float64
 	// MaxSeqs is the most sequences the engine runs at once, as it exports it (SignalMaxSeqs), summed over
-	// ranks.
+	// ranks, or as its info document states it (InfoSpec.MaxSeqs) when its metrics do not.
 	MaxSeqs float64
+	// MaxSeqsFrom says where MaxSeqs came from: "metrics", or the info document's path (/get_server_info).
+	MaxSeqsFrom string
+	// MaxInflight is the most requests the engine holds at once, running and queued, before it refuses new
+	// ones, as its info document states it (InfoSpec.MaxInflight; TGI's max_concurrent_requests).
+	MaxInflight float64
+	// MaxInflightFrom is the info document's path MaxInflight came from.
+	MaxInflightFrom string
 	// Has says which of the fields above were present (HasWaiting | HasRunning | ...).
 	Has EngineFields
 	// At is when the scrape that produced these values finished.
@@ -59,6 +66,7 @@ const (
 	HasPrefixCounters
 	HasStartTime
 	HasMaxSeqs
+	HasMaxInflight
 )
 
 // Fresh reports whether s may be trusted at now: it exists, its scrape succeeded, and it is at most maxAge old.

@@ -139,6 +139,9 @@ type EngineSpec struct {
 	// --scheduling-policy priority). Off in every built-in entry, since it depends on how the engine was started;
 	// the policy turns it on (engines.*.priority).
 	Priority PriorityOrder
+	// Info is where the engine states its own limits outside its metrics (SGLang's /get_server_info, TGI's
+	// /info); the zero value reads nothing.
+	Info InfoSpec
 
 	byName map[string][]seriesRef
 	has    EngineFields
@@ -166,6 +169,16 @@ func NewEngineSpec(e EngineSpec) *EngineSpec {
 		}
 		if len(out.Signals[sig]) > 0 && sig != SignalKVBlockSize {
 			out.has |= sig.field()
+		}
+	}
+	out.Info = InfoSpec{Paths: slices.Clone(e.Info.Paths), MaxSeqs: slices.Clone(e.Info.MaxSeqs),
+		MaxInflight: slices.Clone(e.Info.MaxInflight)}
+	if out.Info.Reads() {
+		if len(out.Info.MaxSeqs) > 0 {
+			out.has |= HasMaxSeqs
+		}
+		if len(out.Info.MaxInflight) > 0 {
+			out.has |= HasMaxInflight
 		}
 	}
 	return &out
@@ -268,11 +281,24 @@ var builtinEngines = func() map[string]*EngineSpec {
 			SignalPrefixQueries: one("sglang:prompt_tokens_total"),
 			SignalPreemptions:   one("sglang:num_retracted_reqs_total"),
 			SignalStartTime:     one("process_start_time_seconds"),
+		}, Info: InfoSpec{
+			// SGLang states the seats it computed (or was given with --max-running-requests) per data-parallel
+			// rank; the top-level server argument is null unless set.
+			Paths: []string{"/get_server_info", "/server_info"},
+			MaxSeqs: []JSONField{mustField("internal_states[].effective_max_running_requests_per_dp"),
+				mustField("max_running_requests")},
 		}},
 		// TGI: docs/engines.md#tgi (TGI's "Metrics" reference page). No KV-cache, prefix-cache or process metrics.
 		{Name: EngineTGI, MetricsPath: DefaultMetricsPath, IdleProbes: true, Signals: [NumSignals][]Series{
 			SignalRunning: one("tgi_batch_current_size"),
 			SignalWaiting: one("tgi_queue_size"),
+		}, Info: InfoSpec{
+			// max_batch_size is null unless TGI was started with --max-batch-size (its batch is then bounded by
+			// --max-batch-total-tokens); max_concurrent_requests (default 128) is the router's limit, past which
+			// it answers 429.
+			Paths:       []string{"/info"},
+			MaxSeqs:     []JSONField{mustField("max_batch_size")},
+			MaxInflight: []JSONField{mustField("max_concurrent_requests")},
 		}},
 		// trtllm-serve: docs/engines.md#trtllm-serve (TensorRT-LLM's prometheus_metrics example). Only KV usage,
 		// and only from the releases that export it.
@@ -342,7 +368,7 @@ func SignalsOf(f EngineFields) []string {
 	}{
 		{HasRunning, "running"}, {HasWaiting, "waiting"}, {HasKVUsage, "kv_usage"}, {HasCacheConfig, "kv_capacity"},
 		{HasPrefixCounters, "prefix_cache"}, {HasPreemptions, "preemptions"}, {HasStartTime, "start_time"},
-		{HasMaxSeqs, "max_seqs"},
+		{HasMaxSeqs, "max_seqs"}, {HasMaxInflight, "max_inflight"},
 	} {
 		if f&x.f != 0 {
 			out = append(out, x.name)
@@ -353,4 +379,4 @@ func SignalsOf(f EngineFields) []string {
 
 // AllSignals is every EngineStats field a scrape can fill.
 const AllSignals = HasWaiting | HasRunning | HasKVUsage | HasCacheConfig | HasPreemptions | HasPrefixCounters |
-	HasStartTime | HasMaxSeqs
+	HasStartTime | HasMaxSeqs | HasMaxInflight

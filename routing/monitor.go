@@ -275,6 +275,11 @@ type scraper struct {
 
 	caClient *http.Client // for a backend with a CA bundle of its own (BackendConfig.CA), built for caSum
 	caSum    [32]byte
+
+	info     EngineInfo // what the engine's info document stated at its last good read (InfoSpec)
+	infoAt   time.Time  // the last read's time, on the Monitor's clock (zero: due)
+	infoErr  bool       // the last read failed
+	infoPath string     // the path that answered last
 }
 
 // client returns the HTTP client for the backend's current configuration: the Monitor's, or one that trusts
@@ -311,7 +316,10 @@ func (s *scraper) scrape(ctx context.Context) error {
 		return err
 	}
 	st.At = now
-	if s.restarted(st, now) {
+	restarted := s.restarted(st, now)
+	s.refreshInfo(ctx, now, restarted)
+	s.applyInfo(st)
+	if restarted {
 		if o := b.prefixOwner(); o != nil {
 			o.Clear()
 		}

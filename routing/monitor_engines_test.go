@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/pem"
+	"math/bits"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -18,12 +19,13 @@ import (
 // cites.
 var engineExpositions = []struct {
 	engine, path, text string
-	want               EngineStats // Has, Waiting, Running, KVUsage, BlockSize, NumGPUBlocks, prefix, preemptions, start
+	want               EngineStats       // Has, Waiting, Running, KVUsage, BlockSize, NumGPUBlocks, prefix, preemptions, start
+	info               map[string]string // the engine's info documents by path, in its own shape
 }{
-	{EngineVLLM, "/metrics", vllmText(2, 7, 0.5, 4096, 1e9, false), EngineStats{
+	{engine: EngineVLLM, path: "/metrics", text: vllmText(2, 7, 0.5, 4096, 1e9, false), want: EngineStats{
 		Waiting: 2, Running: 7, KVUsage: 0.5, BlockSize: 16, NumGPUBlocks: 4096, Preemptions: 3,
-		PrefixHits: 600, PrefixQueries: 1000, StartTime: 1e9, Has: AllSignals &^ HasMaxSeqs}},
-	{EngineSGLang, "/metrics", `# HELP sglang:num_running_reqs The number of running requests.
+		PrefixHits: 600, PrefixQueries: 1000, StartTime: 1e9, Has: AllSignals &^ (HasMaxSeqs | HasMaxInflight)}},
+	{engine: EngineSGLang, path: "/metrics", text: `# HELP sglang:num_running_reqs The number of running requests.
 # TYPE sglang:num_running_reqs gauge
 sglang:num_running_reqs{model_name="m",tp_rank="0"} 11.0
 sglang:num_queue_reqs{model_name="m",tp_rank="0"} 4.0
@@ -35,9 +37,15 @@ sglang:num_retracted_reqs_total{model_name="m"} 1.0
 sglang:cached_tokens_total{model_name="m"} 40.0
 sglang:prompt_tokens_total{model_name="m"} 100.0
 process_start_time_seconds 1.2e9
-`, EngineStats{Waiting: 4, Running: 11, KVUsage: 0.9, BlockSize: 16, NumGPUBlocks: 20000, Preemptions: 1,
-		PrefixHits: 40, PrefixQueries: 100, StartTime: 1.2e9, Has: AllSignals &^ HasMaxSeqs}},
-	{EngineTGI, "/metrics", `# TYPE tgi_batch_current_size gauge
+`, want: EngineStats{Waiting: 4, Running: 11, KVUsage: 0.9, BlockSize: 16, NumGPUBlocks: 20000, Preemptions: 1,
+		PrefixHits: 40, PrefixQueries: 100, StartTime: 1.2e9, MaxSeqs: 96, MaxSeqsFrom: "/get_server_info",
+		Has: AllSignals &^ HasMaxInflight},
+		// Two data-parallel ranks of 48 seats; the top-level server argument is null (SGLang computed them).
+		info: map[string]string{"/get_server_info": `{"model_path":"m","max_running_requests":null,"dp_size":2,` +
+			`"internal_states":[{"last_gen_throughput":120.5,"memory_usage":{"token_capacity":20480},` +
+			`"effective_max_running_requests_per_dp":48},{"effective_max_running_requests_per_dp":48}],` +
+			`"version":"0.5.4"}`}},
+	{engine: EngineTGI, path: "/metrics", text: `# TYPE tgi_batch_current_size gauge
 tgi_batch_current_size 5
 # TYPE tgi_batch_current_max_tokens gauge
 tgi_batch_current_max_tokens 9000
@@ -45,14 +53,19 @@ tgi_batch_current_max_tokens 9000
 tgi_queue_size 3
 # TYPE tgi_request_count counter
 tgi_request_count 1200
-`, EngineStats{Waiting: 3, Running: 5, Has: HasWaiting | HasRunning}},
-	{EngineTRTLLMServe, "/prometheus/metrics", `# TYPE trtllm_request_success_total counter
+`, want: EngineStats{Waiting: 3, Running: 5, MaxSeqs: 32, MaxSeqsFrom: "/info", MaxInflight: 128,
+		MaxInflightFrom: "/info", Has: HasWaiting | HasRunning | HasMaxSeqs | HasMaxInflight},
+		info: map[string]string{"/info": `{"model_id":"m","model_dtype":"torch.float16","model_device_type":"cuda",` +
+			`"max_concurrent_requests":128,"max_best_of":2,"max_stop_sequences":4,"max_input_tokens":4095,` +
+			`"max_total_tokens":4096,"max_batch_total_tokens":16000,"max_waiting_tokens":20,` +
+			`"max_batch_size":32,"validation_workers":2,"version":"3.0.1"}`}},
+	{engine: EngineTRTLLMServe, path: "/prometheus/metrics", text: `# TYPE trtllm_request_success_total counter
 trtllm_request_success_total{finished_reason="stop",model_name="m"} 7.0
 # TYPE trtllm_kv_cache_utilization gauge
 trtllm_kv_cache_utilization{engine_type="trtllm",model_name="m"} 0.25
 trtllm_kv_cache_hit_rate{engine_type="trtllm",model_name="m"} 0.5
-`, EngineStats{KVUsage: 0.25, Has: HasKVUsage}},
-	{EngineTriton, "/metrics", `# HELP nv_trt_llm_request_metrics TRT LLM request metrics
+`, want: EngineStats{KVUsage: 0.25, Has: HasKVUsage}},
+	{engine: EngineTriton, path: "/metrics", text: `# HELP nv_trt_llm_request_metrics TRT LLM request metrics
 # TYPE nv_trt_llm_request_metrics gauge
 nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="waiting",version="1"} 6
 nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="context",version="1"} 1
@@ -67,18 +80,18 @@ nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="used",model="tensorrt_llm
 nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="free",model="tensorrt_llm",version="1"} 3197
 nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max",model="tensorrt_llm",version="1"} 6239
 nv_inference_pending_request_count{model="tensorrt_llm",version="1"} 2
-`, EngineStats{Waiting: 6, Running: 8, KVUsage: 0.4875, BlockSize: 64, NumGPUBlocks: 6239, MaxSeqs: 512,
-		Has: HasWaiting | HasRunning | HasKVUsage | HasCacheConfig | HasMaxSeqs}},
-	{EngineNIM, "/v1/metrics", `# HELP num_requests_running Number of requests currently running on GPU.
+`, want: EngineStats{Waiting: 6, Running: 8, KVUsage: 0.4875, BlockSize: 64, NumGPUBlocks: 6239,
+		MaxSeqs: 512, MaxSeqsFrom: "metrics", Has: HasWaiting | HasRunning | HasKVUsage | HasCacheConfig | HasMaxSeqs}},
+	{engine: EngineNIM, path: "/v1/metrics", text: `# HELP num_requests_running Number of requests currently running on GPU.
 # TYPE num_requests_running gauge
 num_requests_running{model_name="meta/llama"} 9.0
 num_requests_waiting{model_name="meta/llama"} 1.0
 num_request_max{model_name="meta/llama"} 256.0
 gpu_cache_usage_perc{model_name="meta/llama"} 0.75
 process_start_time_seconds 1.3e9
-`, EngineStats{Waiting: 1, Running: 9, KVUsage: 0.75, StartTime: 1.3e9, MaxSeqs: 256,
-		Has: HasWaiting | HasRunning | HasKVUsage | HasStartTime | HasMaxSeqs}},
-	{EngineLlamaCpp, "/metrics", `# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
+`, want: EngineStats{Waiting: 1, Running: 9, KVUsage: 0.75, StartTime: 1.3e9, MaxSeqs: 256,
+		MaxSeqsFrom: "metrics", Has: HasWaiting | HasRunning | HasKVUsage | HasStartTime | HasMaxSeqs}},
+	{engine: EngineLlamaCpp, path: "/metrics", text: `# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
 # TYPE llamacpp:prompt_tokens_total counter
 llamacpp:prompt_tokens_total 6886
 # HELP llamacpp:kv_cache_usage_ratio KV-cache usage. 1 means 100 percent usage.
@@ -91,12 +104,19 @@ llamacpp:requests_processing 2
 # HELP llamacpp:requests_deferred Number of requests deferred.
 # TYPE llamacpp:requests_deferred gauge
 llamacpp:requests_deferred 1
-`, EngineStats{Waiting: 1, Running: 2, KVUsage: 0.125, Has: HasWaiting | HasRunning | HasKVUsage}},
+`, want: EngineStats{Waiting: 1, Running: 2, KVUsage: 0.125, Has: HasWaiting | HasRunning | HasKVUsage}},
 }
 
-// exposition serves text at path on loopback, and answers /health.
-func exposition(t *testing.T, path, text string) *httptest.Server {
+// exposition serves text at path on loopback, each of docs at its path as JSON, and answers /health.
+func exposition(t *testing.T, path, text string, docs ...map[string]string) *httptest.Server {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for _, d := range docs {
+			if body, ok := d[r.URL.Path]; ok {
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = w.Write([]byte(body))
+				return
+			}
+		}
 		switch r.URL.Path {
 		case path:
 			_, _ = w.Write([]byte(text))
@@ -114,7 +134,7 @@ func TestScrapeEachBuiltinEngine(t *testing.T) {
 	for _, tc := range engineExpositions {
 		covered = append(covered, tc.engine)
 		t.Run(tc.engine, func(t *testing.T) {
-			srv := exposition(t, tc.path, tc.text)
+			srv := exposition(t, tc.path, tc.text, tc.info)
 			s, b, _ := scraperFor(t, srv.URL, tc.engine)
 			if err := s.scrape(context.Background()); err != nil {
 				t.Fatal(err)
@@ -154,7 +174,9 @@ func TestEngineWithFewerSignalsDegrades(t *testing.T) {
 	if !l.fresh || l.waiting != 2 || l.running != 3 || l.kv != 0 {
 		t.Fatalf("load %+v: want the engine's queue (2) and the gateway's 3 decoding", l)
 	}
-	if st := b.Status(); !slices.Equal(st.Missing, []string{"running"}) || slices.Contains(st.Signals, "kv_usage") {
+	// Nor does it serve /info here: the seats and the ceiling it would state are missing too.
+	if st := b.Status(); !slices.Equal(st.Missing, []string{"running", "max_seqs", "max_inflight"}) ||
+		slices.Contains(st.Signals, "kv_usage") {
 		t.Fatalf("status signals %v missing %v", st.Signals, st.Missing)
 	}
 }
@@ -200,7 +222,7 @@ func TestUnscrapedEngineHasNoSignals(t *testing.T) {
 			t.Fatalf("%s: scrapes %v idle %v exports %b", name, sp.Scrapes(), sp.IdleProbes, sp.Exports())
 		}
 		st := NewBackend(cfg).Status()
-		if st.Stale || len(st.Signals) != 0 || len(st.Lacks) != 8 {
+		if st.Stale || len(st.Signals) != 0 || len(st.Lacks) != int(bits.OnesCount16(uint16(AllSignals))) {
 			t.Fatalf("%s: status %+v", name, st)
 		}
 	}

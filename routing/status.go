@@ -56,6 +56,8 @@ type BackendStatus struct {
 	Stale bool `json:"stale"`
 	// ScrapedAt is when the engine's metrics were last scraped successfully (zero if never).
 	ScrapedAt time.Time `json:"scraped_at"`
+	// Info is the last read of the engine's info document (InfoSpec), nil for an engine without one.
+	Info *InfoStatus `json:"engine_info,omitempty"`
 	// Requests and Failures count attempts dispatched to the backend and those it failed.
 	Requests uint64 `json:"requests"`
 	Failures uint64 `json:"failures"`
@@ -106,6 +108,10 @@ func (b *Backend) Status() BackendStatus {
 	if e := b.engine.Load(); e != nil {
 		s.QueueDepth, s.Running, s.KVUsage, s.ScrapedAt = e.Waiting, e.Running, e.KVUsage, e.At
 		s.Missing = SignalsOf(exports &^ e.Has)
+	}
+	if in := b.info.Load(); in != nil && spec.Info.Reads() {
+		cp := *in
+		s.Info = &cp
 	}
 	if p := b.peerLoad(now); p != nil {
 		s.PeerInflight = p.Inflight
