@@ -117,6 +117,7 @@ type Cap struct {
 	scrapeAt  atomic.Int64 // UnixNano of the last scrape the cap consumed (engineRef)
 	idle      atomic.Bool  // that scrape showed nothing waiting
 	crept     atomic.Int64 // scrapeAt of the last request let past the fleet's reserve below the proven batch (Probe)
+	refuseAt  atomic.Int64 // the most requests the engine holds before it refuses (Engine.EngineCeiling; 0: none)
 	gauge     prometheus.Gauge
 }
 
@@ -146,13 +147,27 @@ func (c *Cap) tryAcquire(limit int64) bool {
 // lost a hedge), then Signal the queue.
 func (c *Cap) Release() { c.inflight.Add(-1) }
 
-// Limit returns the current cap.
+// Limit returns the current cap: the static or adaptive limit, and never more than the engine's ceiling
+// (Ceiling), past which it would refuse the requests.
 func (c *Cap) Limit() int {
-	if s := c.static.Load(); s > 0 {
-		return int(s)
-	}
 	c.poll()
-	return int(c.limit.load())
+	l := int(c.limit.load())
+	if s := c.static.Load(); s > 0 {
+		l = int(s)
+	}
+	if m := c.refuseAt.Load(); m > 0 {
+		l = min(l, int(m))
+	}
+	return l
+}
+
+// Ceiling returns the most requests the engine says it holds at once before it refuses new ones (TGI's
+// max_concurrent_requests, read by the Monitor from its info document), or 0 when it states none. Limit never
+// exceeds it: requests past it would come back 429 and be retried elsewhere or fail, where the gateway's queue
+// holds them in order and binds them to the first seat that frees.
+func (c *Cap) Ceiling() int {
+	c.poll()
+	return int(c.refuseAt.Load())
 }
 
 // Inflight returns the slots taken.

@@ -10,6 +10,9 @@ type Engine interface {
 	// once (0 when it does not export that), running and waiting its batch and queue then (-1 when not
 	// exported), and at the scrape's time (zero before any scrape; unchanged until the next successful one).
 	EngineBatch() (maxSeqs, running, waiting int, at time.Time)
+	// EngineCeiling returns the most requests the engine holds at once, running and queued, before it refuses
+	// new ones (TGI's max_concurrent_requests), as its last successful scrape says; 0 when it states none.
+	EngineCeiling() int
 }
 
 // engineRef boxes an Engine for an atomic.Pointer.
@@ -115,6 +118,7 @@ func (c *Cap) poll() {
 	if t <= last || !c.scrapeAt.CompareAndSwap(last, t) {
 		return
 	}
+	c.refuseAt.Store(int64(max(r.e.EngineCeiling(), 0)))
 	c.ObserveBatch(maxSeqs, running, waiting)
 }
 

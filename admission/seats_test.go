@@ -11,7 +11,14 @@ type fakeEngine struct {
 	mu                        sync.Mutex
 	clock                     *fakeClock
 	maxSeqs, running, waiting int
+	ceiling                   int
 	at                        time.Time
+}
+
+func (e *fakeEngine) EngineCeiling() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.ceiling
 }
 
 func (e *fakeEngine) EngineBatch() (int, int, int, time.Time) {
@@ -81,6 +88,50 @@ func TestSeatsStated(t *testing.T) {
 			if n, from := c.SeatsSource(); n != tc.wantSeats || from != tc.wantFrom {
 				t.Errorf("after queued first tokens SeatsSource = %d, %v; want %d, %v", n, from, tc.wantSeats,
 					tc.wantFrom)
+			}
+		})
+	}
+}
+
+// TestCapCeiling: an engine that refuses requests past a number it holds at once (TGI's max_concurrent_requests)
+// bounds every cap in front of it, static or adaptive, with seats stated or not; a scrape without the figure lifts
+// the bound.
+func TestCapCeiling(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		static, seats int // max_concurrency, the engine's stated seats
+		ceiling       int
+		want          int // Limit under the ceiling
+	}{
+		{name: "adaptive, seats unknown", ceiling: 6, want: 6},
+		{name: "stated seats past it", seats: 32, ceiling: 20, want: 20},
+		{name: "stated seats within it", seats: 16, ceiling: 128, want: 16 + DefaultCapParams().TargetWaiting},
+		{name: "static past it", static: 500, ceiling: 128, want: 128},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := &fakeEngine{clock: newFakeClock(), running: -1, waiting: -1}
+			cs := NewCaps(CapParams{}, nil)
+			cs.Update([]CapConfig{{Name: "b", MaxConcurrency: tc.static, Engine: e}})
+			c := cs.Get("b")
+			e.mu.Lock()
+			e.ceiling = tc.ceiling
+			e.mu.Unlock()
+			e.scrape(tc.seats, 0, 0)
+			if got := c.Limit(); got != tc.want || c.Ceiling() != tc.ceiling {
+				t.Fatalf("Limit = %d, Ceiling = %d; want %d, %d", got, c.Ceiling(), tc.want, tc.ceiling)
+			}
+			if n := takeAll(c); n != tc.want || n > tc.ceiling {
+				t.Fatalf("took %d slots under a ceiling of %d", n, tc.ceiling)
+			}
+			for range c.Inflight() {
+				c.Release()
+			}
+			e.mu.Lock()
+			e.ceiling = 0
+			e.mu.Unlock()
+			e.scrape(tc.seats, 0, 0) // restarted with the limit off, or a build that does not state it
+			if c.Ceiling() != 0 || c.Limit() < tc.want {
+				t.Fatalf("after a scrape without a ceiling: Limit %d, Ceiling %d", c.Limit(), c.Ceiling())
 			}
 		})
 	}
