@@ -38,6 +38,26 @@ type Engine struct {
 	// Metrics names, for each signal, the metric that carries it. A signal left out is one the engine does not
 	// export (or the built-in's), and the gateway's own accounting stands in for it.
 	Metrics EngineMetrics `yaml:"metrics"`
+	// Info names a JSON document where the engine states its own limits (SGLang's /get_server_info, TGI's
+	// /info), read when a backend is first scraped, after each restart and once a minute. Default: the
+	// built-in's (none for a new engine).
+	Info EngineInfo `yaml:"info"`
+}
+
+// EngineInfo is where an engine states its limits in JSON (routing.InfoSpec). Each field list is in order of
+// preference: the first present as a positive number is used. A field is keys separated by dots, an array
+// marked key[] whose elements' values add up (one per data-parallel rank):
+// internal_states[].effective_max_running_requests_per_dp.
+type EngineInfo struct {
+	// Paths are the document's paths on the backend's URL, tried in order until one answers (/server_info,
+	// /get_server_info). [] or none: the engine has no such document.
+	Paths []string `yaml:"paths"`
+	// MaxSeqs are the fields that may carry the most sequences the engine runs at once, its seats (SGLang's
+	// effective_max_running_requests_per_dp, TGI's max_batch_size). A metric max_seqs wins over them.
+	MaxSeqs []string `yaml:"max_seqs"`
+	// MaxInflight are the fields that may carry the most requests the engine holds at once, running and
+	// queued, past which it refuses new ones (TGI's max_concurrent_requests): the gateway never sends more.
+	MaxInflight []string `yaml:"max_inflight"`
 }
 
 // EngineMetrics maps the load signals to metrics. Each field is a Metric: a metric name, a mapping
@@ -191,6 +211,15 @@ func (r *report) defaultEngines(c *Config) {
 		if !r.set(p + ".priority") {
 			e.Priority = base.Priority.String()
 		}
+		if !r.set(p + ".info.paths") {
+			e.Info.Paths = slices.Clone(base.Info.Paths)
+		}
+		if !r.set(p + ".info.max_seqs") {
+			e.Info.MaxSeqs = jsonFieldNames(base.Info.MaxSeqs)
+		}
+		if !r.set(p + ".info.max_inflight") {
+			e.Info.MaxInflight = jsonFieldNames(base.Info.MaxInflight)
+		}
 		if e.IdleProbes == nil {
 			idle := base.IdleProbes
 			if !builtin {
@@ -212,6 +241,14 @@ func (r *report) defaultEngines(c *Config) {
 			}
 		}
 	}
+}
+
+func jsonFieldNames(fs []routing.JSONField) []string {
+	var out []string
+	for _, f := range fs {
+		out = append(out, f.String())
+	}
+	return out
 }
 
 func fromRouting(ss []routing.Series) []Series {
@@ -249,6 +286,7 @@ func (r *report) validateEngines(c *Config) map[string]bool {
 		if _, ok := priorityOrders[e.Priority]; !ok {
 			r.errorf(p+".priority", fmt.Sprintf("unknown priority order %q (one of: none, low_first, high_first)", e.Priority))
 		}
+		r.engineInfo(p+".info", e.Info)
 		for s := range routing.NumSignals {
 			sp := p + ".metrics." + s.String()
 			if !r.set(sp) {
@@ -263,6 +301,43 @@ func (r *report) validateEngines(c *Config) map[string]bool {
 		}
 	}
 	return known
+}
+
+// maxInfoEntries bounds each list of engines.*.info.
+const maxInfoEntries = 8
+
+// engineInfo checks an engine's info document (what the file set of it; the built-in's is valid by construction).
+func (r *report) engineInfo(p string, in EngineInfo) {
+	if r.set(p + ".paths") {
+		if len(in.Paths) > maxInfoEntries {
+			r.errorf(p+".paths", fmt.Sprintf("at most %d paths", maxInfoEntries))
+		}
+		for i, path := range in.Paths {
+			if !strings.HasPrefix(path, "/") || strings.ContainsAny(path, "?# \t") || len(path) > 256 {
+				r.errorf(fmt.Sprintf("%s.paths[%d]", p, i), fmt.Sprintf("must be a path such as /info (no query, at most 256 bytes); got %q", path))
+			}
+		}
+	}
+	for _, f := range []struct {
+		name string
+		list []string
+	}{{"max_seqs", in.MaxSeqs}, {"max_inflight", in.MaxInflight}} {
+		fp := p + "." + f.name
+		if !r.set(fp) {
+			continue
+		}
+		if len(f.list) > maxInfoEntries {
+			r.errorf(fp, fmt.Sprintf("at most %d fields", maxInfoEntries))
+		}
+		for i, s := range f.list {
+			if _, err := routing.ParseJSONField(s); err != nil {
+				r.errorf(fmt.Sprintf("%s[%d]", fp, i), err.Error())
+			}
+		}
+	}
+	if (len(in.MaxSeqs) > 0 || len(in.MaxInflight) > 0) && len(in.Paths) == 0 && (r.set(p+".max_seqs") || r.set(p+".max_inflight")) {
+		r.errorf(p+".paths", "required with max_seqs or max_inflight: where the engine serves the document")
+	}
 }
 
 // series checks one series of signal s.
@@ -325,6 +400,17 @@ func (c *Config) engineSpecs() map[string]*routing.EngineSpec {
 			for _, se := range e.Metrics.metric(s).Series {
 				rs.Signals[s] = append(rs.Signals[s], routing.Series{Name: se.Name, Labels: se.Labels,
 					ValueLabel: se.ValueLabel, Percent: se.Scale == scalePercent})
+			}
+		}
+		rs.Info.Paths = slices.Clone(e.Info.Paths)
+		for _, f := range e.Info.MaxSeqs {
+			if jf, err := routing.ParseJSONField(f); err == nil {
+				rs.Info.MaxSeqs = append(rs.Info.MaxSeqs, jf)
+			}
+		}
+		for _, f := range e.Info.MaxInflight {
+			if jf, err := routing.ParseJSONField(f); err == nil {
+				rs.Info.MaxInflight = append(rs.Info.MaxInflight, jf)
 			}
 		}
 		specs[name] = routing.NewEngineSpec(rs)

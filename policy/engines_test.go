@@ -59,6 +59,22 @@ func TestEngineTable(t *testing.T) {
 				t.Fatalf("priority %v %v, exports %b", v, ok, s.Exports())
 			}
 		}},
+		{"an override keeps the built-in's info document", "engines: {sglang: {priority: high_first}}", "sglang", func(t *testing.T, s *routing.EngineSpec) {
+			if b := routing.BuiltinEngine("sglang"); !s.Info.Reads() || !reflect.DeepEqual(s.Info, b.Info) {
+				t.Fatalf("info %+v, want the built-in's %+v", s.Info, b.Info)
+			}
+		}},
+		{"an info document of one's own", "engines: {vllm: {info: {paths: [/server_info], max_seqs: [vllm_config.scheduler_config.max_num_seqs]}}}", "vllm", func(t *testing.T, s *routing.EngineSpec) {
+			if len(s.Info.Paths) != 1 || len(s.Info.MaxSeqs) != 1 || s.Info.MaxSeqs[0].String() != "vllm_config.scheduler_config.max_num_seqs" ||
+				s.Exports()&routing.HasMaxSeqs == 0 || s.Exports()&routing.HasMaxInflight != 0 {
+				t.Fatalf("info %+v exports %b", s.Info, s.Exports())
+			}
+		}},
+		{"the info document removed", "engines: {tgi: {info: {paths: []}}}", "tgi", func(t *testing.T, s *routing.EngineSpec) {
+			if s.Info.Reads() || s.Exports()&(routing.HasMaxSeqs|routing.HasMaxInflight) != 0 {
+				t.Fatalf("info %+v exports %b", s.Info, s.Exports())
+			}
+		}},
 		{"new engine defaults", "engines: {mine: {metrics: {running: r}}}", "mine", func(t *testing.T, s *routing.EngineSpec) {
 			if s.MetricsPath != "/metrics" || !s.IdleProbes || s.Exports() != routing.HasRunning {
 				t.Fatalf("%+v", s)

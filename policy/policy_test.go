@@ -87,6 +87,7 @@ var invalidCases = []string{
 	"bad_weight",              // negative weight; weight 0
 	"retries_range",           // retries outside 0..10
 	"bad_engine",              // unknown engine; engines table errors
+	"bad_engine_info",         // engines.*.info paths and field paths
 	"bad_hosted",              // hosted backends: owned headers, query, path template, ca_file
 	"bad_listen",              // listen not host:port
 	"same_listen",             // listen == admin_listen

@@ -40,6 +40,10 @@ var supported = map[string]bool{
 	"engines.*.metrics.start_time":     true,
 	"engines.*.metrics.max_seqs":       true,
 	"engines.*.priority":               true,
+	"engines.*.info":                   true,
+	"engines.*.info.paths":             true,
+	"engines.*.info.max_seqs":          true,
+	"engines.*.info.max_inflight":      true,
 
 	"backends":                         true,
 	"backends[].name":                  true,

@@ -36,9 +36,13 @@ type BackendStatus struct {
 type SeatsStatus struct {
 	// Figure is the seats (0: none yet).
 	Figure int `json:"figure"`
-	// From is engine (its metrics state them), policy (backends[].max_num_seqs), queue (its running count
-	// while it kept requests waiting), probe (the largest batch it ever ran) or unknown.
+	// From is engine (it states them: its metrics or its info document), policy (backends[].max_num_seqs),
+	// queue (its running count while it kept requests waiting), probe (the largest batch it ever ran) or
+	// unknown.
 	From string `json:"from"`
+	// Via says, for seats from the engine, where it stated them: metrics, or its info document's path
+	// (/get_server_info, /info).
+	Via string `json:"via,omitempty"`
 	// Sure is stated (engine, policy), measured (queue), at_least (probe) or none.
 	Sure string `json:"sure"`
 	// Working is the seats the cap works with now while the model has critical demand (admission.Cap.Batch):
@@ -47,12 +51,15 @@ type SeatsStatus struct {
 	Working int `json:"working"`
 	// Hint says, for a figure that is not stated, how to state it.
 	Hint string `json:"hint,omitempty"`
+	// Ceiling is the most requests the engine says it holds at once before it refuses new ones (TGI's
+	// max_concurrent_requests, from its /info), which the cap's limit never exceeds; 0: none stated.
+	Ceiling int `json:"ceiling,omitempty"`
 }
 
 // seatsHint is SeatsStatus.Hint for an adaptive cap whose engine's seats are not stated.
 const seatsHint = "the engine does not state its batch limit: set backends[].max_num_seqs in the policy to its " +
-	"--max-num-seqs (SGLang: --max-running-requests) so that its seats are known from the first request; " +
-	"until then they are measured from its running batch and queue"
+	"--max-num-seqs (TGI: start it with --max-batch-size, which its /info states) so that its seats are known " +
+	"from the first request; until then they are measured from its running batch and queue"
 
 // Admin serves the admin port: /metrics, /healthz, /readyz, /debug/backends, /debug/config, the status
 // page's data (/debug/timeseries, /debug/decisions, /debug/policy) and the live status page at / (status.html,
@@ -112,9 +119,13 @@ func (a *Admin) Backends() []BackendStatus {
 		if c := a.s.caps.Get(st.Name); c != nil {
 			st.ConcurrencyLimit, st.EngineSeats = c.Limit(), c.Seats()
 			n, from := c.SeatsSource()
-			st.Seats = SeatsStatus{Figure: n, From: from.String(), Sure: from.Sure(), Working: c.Batch()}
+			st.Seats = SeatsStatus{Figure: n, From: from.String(), Sure: from.Sure(), Working: c.Batch(),
+				Ceiling: c.Ceiling()}
 			if c.Adaptive() && from.Sure() != "stated" {
 				st.Seats.Hint = seatsHint
+			}
+			if e := b.Engine(); from == admission.SeatsEngine && e != nil {
+				st.Seats.Via = e.MaxSeqsFrom
 			}
 		} else {
 			st.Seats = SeatsStatus{From: admission.SeatsUnknown.String(), Sure: admission.SeatsUnknown.Sure()}
