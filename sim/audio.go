@@ -137,7 +137,7 @@ func (b *Backend) serveAudio(w http.ResponseWriter, r *http.Request, translate b
 	faults := b.eng.getFaults()
 	s.stalled = faults.StallRate > 0 && b.failDraw(faults.StallRate)
 	if err := b.eng.submit(s); err != nil {
-		writeError(w, http.StatusServiceUnavailable, "The engine is down.")
+		writeSubmitError(w, err, writeError)
 		return
 	}
 	tag, object, prefix := uint64(0x7472736331), "transcription.chunk", "trsc-"

@@ -203,6 +203,10 @@ func (b *Backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			b.serveResponses(w, r)
 			return
 		}
+		if serve := b.infoHandler(r.URL.Path); serve != nil {
+			b.serveGet(w, r, serve)
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusNotFound)
 		_, _ = io.WriteString(w, `{"detail":"Not Found"}`+"\n")
@@ -326,7 +330,7 @@ func (b *Backend) serveCompletion(w http.ResponseWriter, r *http.Request, ep ope
 	s.stalled = faults.StallRate > 0 && b.failDraw(faults.StallRate)
 	seed := textSeed(b.cfg.Seed, prompt)
 	if err := b.eng.submit(s); err != nil {
-		writeError(w, http.StatusServiceUnavailable, "The engine is down.")
+		writeSubmitError(w, err, writeError)
 		return
 	}
 	prefix := "cmpl-"

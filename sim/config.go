@@ -100,6 +100,26 @@ type Config struct {
 	// (1 + c/PrefillKnee)/PrefillTPS. 0 (default) keeps prefill linear.
 	PrefillKnee int
 
+	// The API surface (see the package doc, "Dialects"), independent of the physics: any physics speaks any
+	// dialect.
+
+	// Dialect is the real engine whose surface the backend serves: DialectVLLM (the zero value too; vLLM's
+	// metric names, no info endpoint), DialectSGLang (SGLang's metric names, GET /get_server_info and
+	// /server_info) or DialectTGI (TGI's metric names, GET /info, and TGI's 429 past MaxConcurrentRequests).
+	Dialect string
+	// StatesSeats says whether the info endpoint states MaxNumSeqs as a server argument: TGI's /info
+	// max_batch_size and SGLang's top-level max_running_requests are null without it, as those engines
+	// report a limit they were not given on the command line. SGLang's internal_states always carries the
+	// figure it runs with, so under DialectSGLang false changes only the top-level field; under DialectVLLM it
+	// changes nothing. DefaultConfig sets it (true); the zero value is false.
+	StatesSeats bool
+	// MaxConcurrentRequests is TGI's --max-concurrent-requests: under DialectTGI, a request that arrives while
+	// this many are held (pending, waiting or running; each input of a pooling request counts) is refused at
+	// once with 429 {"error":"Model is overloaded","error_type":"overloaded"}. 0 (the default) enforces no
+	// limit, and /info then reports TGI's default, 128. Only TGI has this limit: Validate refuses a value other
+	// than 0 under another dialect.
+	MaxConcurrentRequests int
+
 	// Seed seeds the generated text (with the canonical prompt, so one request gives the same text on every
 	// backend that shares the seed, on every run), the fault draws and the jitter. Default 1.
 	Seed uint64
@@ -120,6 +140,7 @@ func DefaultConfig() Config {
 		KVBlocks:         8192,
 		DefaultMaxTokens: 256,
 		EmbeddingDim:     384,
+		StatesSeats:      true,
 		Seed:             1,
 	}
 }
@@ -137,9 +158,11 @@ type knob struct {
 	key   string // fleet file key
 	bit   uint64 // this knob's bit in a set of knobs named (set by init)
 	usage string
-	set   func(c *Config, s string) error
-	get   func(c *Config) string
-	check func(c *Config) error
+	// boolean marks a flag that may stand alone (-states-seats means -states-seats=true).
+	boolean bool
+	set     func(c *Config, s string) error
+	get     func(c *Config) string
+	check   func(c *Config) error
 }
 
 var knobs = []knob{
@@ -231,6 +254,39 @@ var knobs = []knob{
 		get:   func(c *Config) string { return strconv.Itoa(c.PrefillKnee) },
 		check: checkKnee,
 	},
+	enumKnob("dialect", "dialect", "API surface: vllm (vLLM's metrics), sglang (SGLang's metrics and /get_server_info) "+
+		"or tgi (TGI's metrics, /info and its 429 past max-concurrent-requests)",
+		func(c *Config) *string { return &c.Dialect }, DialectVLLM, DialectSGLang, DialectTGI),
+	{
+		flag: "states-seats", key: "states_seats", boolean: true,
+		usage: "whether the info endpoint states max-num-seqs as a server argument (TGI's max_batch_size, " +
+			"SGLang's max_running_requests; null when false)",
+		set: func(c *Config, s string) error {
+			v, err := strconv.ParseBool(s)
+			if err != nil {
+				return fmt.Errorf("%q is not true or false", s)
+			}
+			c.StatesSeats = v
+			return nil
+		},
+		get:   func(c *Config) string { return strconv.FormatBool(c.StatesSeats) },
+		check: func(*Config) error { return nil },
+	},
+	{
+		flag: "max-concurrent-requests", key: "max_concurrent_requests",
+		usage: "under dialect tgi, most requests held at once before a 429 (TGI's --max-concurrent-requests); " +
+			"0: no limit (an `integer`)",
+		set: func(c *Config, s string) error {
+			v, err := strconv.Atoi(s)
+			if err != nil {
+				return fmt.Errorf("%q is not an integer", s)
+			}
+			c.MaxConcurrentRequests = v
+			return checkConcurrentRange(c) // the dialect may come later in the same entry: Validate checks it
+		},
+		get:   func(c *Config) string { return strconv.Itoa(c.MaxConcurrentRequests) },
+		check: checkConcurrent,
+	},
 	{
 		flag: "seed", key: "seed", usage: "seed of the generated text, of fault draws and of the jitter (an unsigned `integer`)",
 		set: func(c *Config, s string) error {
@@ -275,6 +331,26 @@ func (k knob) apply(c *Config, s string, named *uint64) error {
 func checkBlockSize(c *Config) error {
 	if c.BlockSize < 0 || c.BlockSize > 1024 {
 		return fmt.Errorf("%d must be in [1, 1024]", c.BlockSize)
+	}
+	return nil
+}
+
+func checkConcurrentRange(c *Config) error {
+	if c.MaxConcurrentRequests < 0 || c.MaxConcurrentRequests > 1<<30 {
+		return fmt.Errorf("%d must be in [0, %d]", c.MaxConcurrentRequests, 1<<30)
+	}
+	return nil
+}
+
+// checkConcurrent also refuses the limit under a dialect other than tgi: only TGI's router has it, and a vLLM
+// or SGLang backend answering TGI's 429 would be a surface no real engine serves.
+func checkConcurrent(c *Config) error {
+	if err := checkConcurrentRange(c); err != nil {
+		return err
+	}
+	if c.MaxConcurrentRequests != 0 && c.Dialect != DialectTGI {
+		return fmt.Errorf("%d needs dialect tgi (only TGI's router has this limit; dialect is %q)",
+			c.MaxConcurrentRequests, c.dialect())
 	}
 	return nil
 }
@@ -493,3 +569,6 @@ func (v *knobValue) String() string {
 }
 
 func (v *knobValue) Set(s string) error { return v.k.apply(v.c, s, v.named) }
+
+// IsBoolFlag lets a boolean knob's flag stand alone (the flag package's boolFlag).
+func (v *knobValue) IsBoolFlag() bool { return v.k.boolean }

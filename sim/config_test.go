@@ -26,6 +26,12 @@ func TestConfigValidate(t *testing.T) {
 		{"model", func(c *Config) { c.Model = "" }, "model"},
 		{"embedding dim too large", func(c *Config) { c.EmbeddingDim = maxEmbeddingDim + 1 }, "embedding_dim"},
 		{"embedding dim zero", func(c *Config) { c.EmbeddingDim = 0 }, "embedding_dim"},
+		{"dialects", func(c *Config) { c.Dialect = DialectSGLang; c.StatesSeats = false }, ""},
+		{"unknown dialect", func(c *Config) { c.Dialect = "triton" }, "dialect"},
+		{"tgi limit", func(c *Config) { c.Dialect, c.MaxConcurrentRequests = DialectTGI, 3 }, ""},
+		{"limit without tgi", func(c *Config) { c.MaxConcurrentRequests = 3 }, "max_concurrent_requests"},
+		{"negative limit", func(c *Config) { c.Dialect, c.MaxConcurrentRequests = DialectTGI, -1 },
+			"max_concurrent_requests"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -62,12 +68,32 @@ func TestRegisterFlags(t *testing.T) {
 	if len(FlagNames()) != len(knobs) {
 		t.Error("FlagNames")
 	}
-	for _, bad := range [][]string{{"-itl", "0"}, {"-seed", "-1"}, {"-max-batched-tokens", "0"}} {
+	// The dialect knobs: a bare -states-seats is true, and the limit may come before -dialect.
+	c = DefaultConfig()
+	fs = flag.NewFlagSet("sim", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	c.RegisterFlags(fs)
+	if err := fs.Parse([]string{"-states-seats=false", "-max-concurrent-requests", "5", "-dialect", "tgi"}); err != nil {
+		t.Fatal(err)
+	}
+	if c.StatesSeats || c.MaxConcurrentRequests != 5 || c.Dialect != DialectTGI || c.Validate() != nil {
+		t.Errorf("dialect flags parsed to states_seats %v, limit %d, dialect %q (valid: %v)", c.StatesSeats,
+			c.MaxConcurrentRequests, c.Dialect, c.Validate())
+	}
+	if err := fs.Parse([]string{"-states-seats"}); err != nil || !c.StatesSeats {
+		t.Errorf("bare -states-seats: %v, states_seats %v", err, c.StatesSeats)
+	}
+	if got := fs.Lookup("states-seats").DefValue; got != "true" {
+		t.Errorf("-states-seats default shown as %q, want true", got)
+	}
+	for _, bad := range [][]string{{"-itl", "0"}, {"-seed", "-1"}, {"-max-batched-tokens", "0"},
+		{"-dialect", "triton"}, {"-states-seats=maybe"}, {"-max-concurrent-requests", "-2"}} {
 		c := DefaultConfig()
 		fs := flag.NewFlagSet("sim", flag.ContinueOnError)
 		fs.SetOutput(io.Discard)
 		c.RegisterFlags(fs)
-		if err := fs.Parse(bad); err == nil || !strings.Contains(err.Error(), bad[0]) {
+		name, _, _ := strings.Cut(bad[0], "=")
+		if err := fs.Parse(bad); err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("%v: error %v, want one naming the flag", bad, err)
 		}
 	}

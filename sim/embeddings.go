@@ -54,7 +54,7 @@ func (b *Backend) pool(w http.ResponseWriter, r *http.Request, items []poolItem,
 		s.stalled = faults.StallRate > 0 && b.failDraw(faults.StallRate)
 		if err := b.eng.submit(s); err != nil {
 			abortAll()
-			fail(w, http.StatusServiceUnavailable, "The engine is down.")
+			writeSubmitError(w, err, fail)
 			return false
 		}
 		seqs = append(seqs, s)

@@ -37,6 +37,9 @@ const jitterStream = 0x6a6974746572 // "jitter"
 // errDown is returned by submit while the engine is down (a control fault) or closed.
 var errDown = errors.New("sim: engine is down")
 
+// errOverloaded is returned by submit when Config.MaxConcurrentRequests requests are already held (TGI's 429).
+var errOverloaded = errors.New("sim: engine is overloaded")
+
 // Sequence states.
 const (
 	statePending = iota // submitted, in the API server's overhead (or a stall) before the queue
@@ -142,6 +145,12 @@ type engine struct {
 	lastEnd time.Time
 	resyncs int // times the real loop fell more than maxLag behind
 
+	// The generation throughput of the last window (SGLang's last_gen_throughput): genTokens tokens generated
+	// since genFrom, and genRate, the tokens/s of the last window that closed (see noteGenerated).
+	genFrom   time.Time
+	genTokens int
+	genRate   float64
+
 	jit     *rand.PCG  // the jitter's source, seeded by Config.Seed (copied by fork)
 	jrng    *rand.Rand // draws from jit
 	scratch *metrics   // the registry of predict's forks (see fork), nobody's /metrics; made by the first fork
@@ -158,16 +167,17 @@ type engine struct {
 func newEngine(cfg Config, clock timeSource) *engine {
 	now := clock.Now()
 	e := &engine{
-		cfg:    cfg,
-		clock:  clock,
-		faults: Faults{Slowdown: 1, FailRate: cfg.FailRate},
-		m:      newMetrics(cfg.Model, cfg.KVBlocks, cfg.blockSize(), now),
-		start:  now,
-		pool:   newBlockPool(cfg.KVBlocks, cfg.Eviction),
-		jit:    rand.NewPCG(cfg.Seed, jitterStream^xxhash.Sum64String(cfg.Name)),
-		wake:   make(chan struct{}, 1),
-		stop:   make(chan struct{}),
-		done:   make(chan struct{}),
+		cfg:     cfg,
+		clock:   clock,
+		faults:  Faults{Slowdown: 1, FailRate: cfg.FailRate},
+		m:       newMetrics(cfg, now),
+		start:   now,
+		genFrom: now,
+		pool:    newBlockPool(cfg.KVBlocks, cfg.Eviction),
+		jit:     rand.NewPCG(cfg.Seed, jitterStream^xxhash.Sum64String(cfg.Name)),
+		wake:    make(chan struct{}, 1),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
 	}
 	e.jrng = rand.New(e.jit)
 	return e
@@ -286,7 +296,9 @@ func (e *engine) advance(now time.Time) {
 }
 
 // submit puts s in the engine at the clock's now: it joins the waiting queue after the overhead (plus the stall
-// fault). It fails only while the engine is down or after close.
+// fault). It fails with errDown while the engine is down or after close, and with errOverloaded (counted in
+// tgi_request_failure{err="overloaded"}) when Config.MaxConcurrentRequests sequences are already held: the
+// check and the insertion share the lock, so concurrent requests never get past the limit together.
 func (e *engine) submit(s *seq) error {
 	e.mu.Lock()
 	now := e.clock.Now()
@@ -294,6 +306,11 @@ func (e *engine) submit(s *seq) error {
 	if e.faults.Down || e.closed {
 		e.mu.Unlock()
 		return errDown
+	}
+	if limit := e.cfg.MaxConcurrentRequests; limit > 0 && len(e.pending)+len(e.waiting)+len(e.running) >= limit {
+		e.m.overloaded.Inc()
+		e.mu.Unlock()
+		return errOverloaded
 	}
 	s.arrival = now
 	e.arrived++
@@ -401,7 +418,8 @@ func (e *engine) restart() {
 	e.killAll()
 	e.pool.reset()
 	e.start = e.clock.Now()
-	e.m = newMetrics(e.cfg.Model, e.cfg.KVBlocks, e.cfg.blockSize(), e.start)
+	e.genFrom, e.genTokens, e.genRate = e.start, 0, 0
+	e.m = newMetrics(e.cfg, e.start)
 	e.publish()
 	e.mu.Unlock()
 	e.kick()
@@ -419,6 +437,13 @@ func (e *engine) metrics() *metrics {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.m
+}
+
+// throughput is genThroughput now, SGLang's last_gen_throughput.
+func (e *engine) throughput() float64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.genThroughput(e.clock.Now())
 }
 
 func (e *engine) startTime() time.Time {
@@ -678,11 +703,36 @@ func (e *engine) endStep() {
 			generated++
 		}
 	}
-	e.m.genToken.Add(float64(generated))
+	e.noteGenerated(now, generated)
 	e.batch = e.batch[:0]
 	e.inStep = false
 	e.lastEnd = now
 	e.publish()
+}
+
+// throughputWindow is the span over which last_gen_throughput is measured: "the last second or so".
+const throughputWindow = time.Second
+
+// noteGenerated counts n tokens generated at now, in generation_tokens_total and in the throughput window:
+// once the window has lasted throughputWindow, its tokens over its length become genRate and a new window
+// opens. Call it with e.mu held, at every step's (or seat interval's) end.
+func (e *engine) noteGenerated(now time.Time, n int) {
+	e.m.genToken.Add(float64(n))
+	if span := now.Sub(e.genFrom); span >= throughputWindow {
+		e.genRate = float64(e.genTokens) / span.Seconds()
+		e.genFrom, e.genTokens = now, 0
+	}
+	e.genTokens += n
+}
+
+// genThroughput is the generation rate in tokens per second at now: the last closed window's, or, when the
+// open window has outlasted throughputWindow without a step closing it (an idle engine), the open window's own,
+// which falls toward 0 as the engine stays idle.
+func (e *engine) genThroughput(now time.Time) float64 {
+	if span := now.Sub(e.genFrom); span >= throughputWindow {
+		return float64(e.genTokens) / span.Seconds()
+	}
+	return e.genRate
 }
 
 // registerPrompt enters s's newly computed full prompt blocks in the prefix cache.

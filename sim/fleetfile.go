@@ -28,7 +28,7 @@ func LoadFleet(path string) ([]Config, error) {
 // flags' names in snake case (name, listen, region, model, prefill_tps, itl, itl_per_seq, overhead,
 // max_num_seqs, scheduling_policy, max_batched_tokens, kv_blocks, default_max_tokens, embedding_dim, rtt,
 // fail_rate, the physics keys physics, batching, load_factor, block_size, eviction, chunked_prefill, jitter and
-// prefill_knee, and seed); durations are written like 20ms; a physics preset fills the physics keys the entry
+// prefill_knee, the dialect keys dialect, states_seats and max_concurrent_requests, and seed); durations are written like 20ms; a physics preset fills the physics keys the entry
 // does not name, wherever it stands in the entry; the keys cost, tier and gateway belong to bench's gateway
 // and are skipped. Each entry starts from DefaultConfig; name is required and unique, listen defaults to a free
 // loopback port. For example:
@@ -104,8 +104,10 @@ func ParseFleet(name string, data []byte) ([]Config, error) {
 			}
 			listens[cfg.Listen] = lineOf(entry, "listen")
 		}
-		if err := cfg.Validate(); err != nil { // cannot fail after the knobs' own checks; kept as a guard
-			return nil, fail(entry.Line, "%v", err)
+		for _, k := range knobs { // what one key could not check alone: max_concurrent_requests needs dialect tgi
+			if err := k.check(&cfg); err != nil {
+				return nil, fail(lineOf(entry, k.key), "%s: %v", k.key, err)
+			}
 		}
 		cfgs = append(cfgs, cfg)
 	}

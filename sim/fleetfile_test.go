@@ -35,11 +35,34 @@ func TestParseFleetGood(t *testing.T) {
 	want0 := Config{Name: "use-1", Region: "us-east", Listen: "127.0.0.1:8001", Model: "big", PrefillTPS: 20000,
 		ITL: 12 * time.Millisecond, ITLPerSeq: 50 * time.Microsecond, Overhead: 8 * time.Millisecond,
 		MaxNumSeqs: 128, MaxBatchedTokens: 2048, KVBlocks: 4096, DefaultMaxTokens: 64, FailRate: 0.01, EmbeddingDim: 768,
-		Seed: 7, SchedulingPolicy: PolicyFCFS}
+		Seed: 7, SchedulingPolicy: PolicyFCFS, StatesSeats: true}
 	want1 := DefaultConfig()
 	want1.Name, want1.Region, want1.Listen, want1.RTT = "euw-1", "eu-west", "127.0.0.1:8002", 40*time.Millisecond
 	if len(cfgs) != 2 || cfgs[0] != want0 || cfgs[1] != want1 {
 		t.Errorf("got %+v\nwant %+v\n     %+v", cfgs, want0, want1)
+	}
+}
+
+func TestParseFleetDialect(t *testing.T) {
+	// The limit may come before the dialect in an entry: only the whole entry is checked against it.
+	src := `- {name: t, max_concurrent_requests: 4, dialect: tgi, states_seats: false}
+- {name: s, dialect: sglang}
+- {name: v}
+`
+	cfgs, err := ParseFleet("fleet.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := cfgs[0]; c.Dialect != DialectTGI || c.MaxConcurrentRequests != 4 || c.StatesSeats {
+		t.Errorf("t: dialect %q, max_concurrent_requests %d, states_seats %v", c.Dialect, c.MaxConcurrentRequests,
+			c.StatesSeats)
+	}
+	if c := cfgs[1]; c.Dialect != DialectSGLang || !c.StatesSeats || c.MaxConcurrentRequests != 0 {
+		t.Errorf("s: dialect %q, states_seats %v, max_concurrent_requests %d", c.Dialect, c.StatesSeats,
+			c.MaxConcurrentRequests)
+	}
+	if c := cfgs[2]; c.Dialect != "" || c.dialect() != DialectVLLM {
+		t.Errorf("v: dialect %q (%q), want the zero value meaning vllm", c.Dialect, c.dialect())
 	}
 }
 
@@ -63,6 +86,14 @@ func TestParseFleetErrors(t *testing.T) {
 		{"entry not a mapping", "- a\n", `fleet.yaml:1: want a mapping`},
 		{"empty file", "", `fleet.yaml: no backends`},
 		{"empty list", "[]\n", `fleet.yaml:1: no backends`},
+		{"bad dialect", "- name: a\n  dialect: triton\n", `fleet.yaml:2: dialect: "triton" is not one of vllm, sglang, tgi`},
+		{"bad states_seats", "- name: a\n  states_seats: maybe\n", `fleet.yaml:2: states_seats: "maybe" is not true or false`},
+		{"negative concurrency", "- name: a\n  dialect: tgi\n  max_concurrent_requests: -1\n",
+			`fleet.yaml:3: max_concurrent_requests: -1 must be in [0, `},
+		{"concurrency without tgi", "- name: a\n  dialect: sglang\n  max_concurrent_requests: 8\n",
+			`fleet.yaml:3: max_concurrent_requests: 8 needs dialect tgi`},
+		{"concurrency under the default dialect", "- name: a\n  max_concurrent_requests: 8\n",
+			`fleet.yaml:2: max_concurrent_requests: 8 needs dialect tgi (only TGI's router has this limit; dialect is "vllm")`},
 		{"syntax error", "- name: a\n- name: b\n  model: x: y\n", `fleet.yaml:3: mapping values are not allowed`},
 	}
 	for _, tc := range tests {

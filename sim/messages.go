@@ -112,7 +112,7 @@ func (b *Backend) serveMessages(w http.ResponseWriter, r *http.Request) {
 	faults := b.eng.getFaults()
 	s.stalled = faults.StallRate > 0 && b.failDraw(faults.StallRate)
 	if err := b.eng.submit(s); err != nil {
-		writeAnthropicError(w, http.StatusServiceUnavailable, "The engine is down.")
+		writeSubmitError(w, err, writeAnthropicError)
 		return
 	}
 	ev := &messageEvents{id: jsonString("msg_" + b.requestID(r)), model: jsonString(b.cfg.Model),

@@ -128,10 +128,10 @@ func (e *engine) runUntil(clk *predictClock, target time.Time, n *int, done func
 // wake channel is nil, so kick does nothing). Call it with e.mu held.
 func (e *engine) fork(clk timeSource) *engine {
 	if e.scratch == nil {
-		e.scratch = newMetrics(e.cfg.Model, e.cfg.KVBlocks, e.cfg.blockSize(), e.start)
+		e.scratch = newMetrics(e.cfg, e.start)
 	}
 	f := &engine{
-		cfg:     e.cfg,
+		cfg:     e.cfg.forPredict(),
 		clock:   clk,
 		faults:  e.faults,
 		m:       e.scratch,

@@ -111,7 +111,7 @@ func (b *Backend) defaultMaxTokens(promptTokens int) int {
 }
 
 // submitGeneration puts a generation of maxTokens tokens after prompt into the engine, drawing the stall fault as
-// chat does. It fails only while the engine is down.
+// chat does. It fails while the engine is down or overloaded (see engine.submit).
 func (b *Backend) submitGeneration(prompt []byte, promptTokens, maxTokens int) (*seq, error) {
 	s := newSeq(promptTokens, maxTokens, b.blockHashes(prompt))
 	faults := b.eng.getFaults()

@@ -268,7 +268,7 @@ func (b *Backend) createResponse(w http.ResponseWriter, r *http.Request) {
 	}
 	s, err := b.submitGeneration(prompt, promptTokens, maxTokens)
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "The engine is down.")
+		writeSubmitError(w, err, writeError)
 		return
 	}
 	id := b.requestID(r)

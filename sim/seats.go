@@ -73,7 +73,7 @@ func (e *engine) seatEvent(at time.Time) {
 		}
 		s.nextAt = at.Add(time.Duration(float64(e.cfg.ITL)*e.seatFactor(len(e.running)) + 0.5))
 	}
-	e.m.genToken.Add(float64(generated))
+	e.noteGenerated(at, generated)
 	for len(e.waiting) > 0 && len(e.running) < e.cfg.MaxNumSeqs {
 		s := e.waiting[0]
 		hit := e.pool.lookup(s.hashes, (s.prompt-1)/e.cfg.blockSize())
