@@ -145,11 +145,11 @@ type engine struct {
 	lastEnd time.Time
 	resyncs int // times the real loop fell more than maxLag behind
 
-	// The generation throughput of the last window (SGLang's last_gen_throughput): genTokens tokens generated
-	// since genFrom, and genRate, the tokens/s of the last window that closed (see noteGenerated).
-	genFrom   time.Time
-	genTokens int
-	genRate   float64
+	// gen is the tokens each step generated in the last throughputWindow, oldest first from genHead, for
+	// SGLang's last_gen_throughput (see noteGenerated). At most one entry per step: a window holds as many as
+	// steps end in a second.
+	gen     []genEntry
+	genHead int
 
 	jit     *rand.PCG  // the jitter's source, seeded by Config.Seed (copied by fork)
 	jrng    *rand.Rand // draws from jit
@@ -167,17 +167,16 @@ type engine struct {
 func newEngine(cfg Config, clock timeSource) *engine {
 	now := clock.Now()
 	e := &engine{
-		cfg:     cfg,
-		clock:   clock,
-		faults:  Faults{Slowdown: 1, FailRate: cfg.FailRate},
-		m:       newMetrics(cfg, now),
-		start:   now,
-		genFrom: now,
-		pool:    newBlockPool(cfg.KVBlocks, cfg.Eviction),
-		jit:     rand.NewPCG(cfg.Seed, jitterStream^xxhash.Sum64String(cfg.Name)),
-		wake:    make(chan struct{}, 1),
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
+		cfg:    cfg,
+		clock:  clock,
+		faults: Faults{Slowdown: 1, FailRate: cfg.FailRate},
+		m:      newMetrics(cfg, now),
+		start:  now,
+		pool:   newBlockPool(cfg.KVBlocks, cfg.Eviction),
+		jit:    rand.NewPCG(cfg.Seed, jitterStream^xxhash.Sum64String(cfg.Name)),
+		wake:   make(chan struct{}, 1),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
 	}
 	e.jrng = rand.New(e.jit)
 	return e
@@ -418,7 +417,7 @@ func (e *engine) restart() {
 	e.killAll()
 	e.pool.reset()
 	e.start = e.clock.Now()
-	e.genFrom, e.genTokens, e.genRate = e.start, 0, 0
+	e.gen, e.genHead = e.gen[:0], 0
 	e.m = newMetrics(e.cfg, e.start)
 	e.publish()
 	e.mu.Unlock()
@@ -713,26 +712,45 @@ func (e *engine) endStep() {
 // throughputWindow is the span over which last_gen_throughput is measured: "the last second or so".
 const throughputWindow = time.Second
 
-// noteGenerated counts n tokens generated at now, in generation_tokens_total and in the throughput window:
-// once the window has lasted throughputWindow, its tokens over its length become genRate and a new window
-// opens. Call it with e.mu held, at every step's (or seat interval's) end.
-func (e *engine) noteGenerated(now time.Time, n int) {
-	e.m.genToken.Add(float64(n))
-	if span := now.Sub(e.genFrom); span >= throughputWindow {
-		e.genRate = float64(e.genTokens) / span.Seconds()
-		e.genFrom, e.genTokens = now, 0
-	}
-	e.genTokens += n
+// genEntry is the tokens one step generated, and when.
+type genEntry struct {
+	at time.Time
+	n  int
 }
 
-// genThroughput is the generation rate in tokens per second at now: the last closed window's, or, when the
-// open window has outlasted throughputWindow without a step closing it (an idle engine), the open window's own,
-// which falls toward 0 as the engine stays idle.
-func (e *engine) genThroughput(now time.Time) float64 {
-	if span := now.Sub(e.genFrom); span >= throughputWindow {
-		return float64(e.genTokens) / span.Seconds()
+// noteGenerated counts n tokens generated at now, in generation_tokens_total and in the throughput window,
+// dropping the entries older than throughputWindow (compacting once half the slice is dropped, so the cost
+// per step stays constant). Call it with e.mu held, at every step's (or seat interval's) end.
+func (e *engine) noteGenerated(now time.Time, n int) {
+	e.m.genToken.Add(float64(n))
+	from := now.Add(-throughputWindow)
+	for e.genHead < len(e.gen) && !e.gen[e.genHead].at.After(from) {
+		e.genHead++
 	}
-	return e.genRate
+	if e.genHead > len(e.gen)/2 {
+		e.gen = e.gen[:copy(e.gen, e.gen[e.genHead:])]
+		e.genHead = 0
+	}
+	if n > 0 {
+		e.gen = append(e.gen, genEntry{now, n})
+	}
+}
+
+// genThroughput is the generation rate at now in tokens per second: the tokens generated in the last
+// throughputWindow over its length, or over the time since the engine started when that is shorter. An idle
+// engine's rate falls to 0 a window after its last token. Call it with e.mu held.
+func (e *engine) genThroughput(now time.Time) float64 {
+	span := min(throughputWindow, now.Sub(e.start))
+	if span <= 0 {
+		return 0
+	}
+	from, n := now.Add(-span), 0
+	for _, g := range e.gen[e.genHead:] {
+		if g.at.After(from) && !g.at.After(now) {
+			n += g.n
+		}
+	}
+	return float64(n) / span.Seconds()
 }
 
 // registerPrompt enters s's newly computed full prompt blocks in the prefix cache.
