@@ -25,13 +25,14 @@ import (
 // maxBodyBytes bounds a request body. A prompt that long is far past any context the KV cache holds.
 const maxBodyBytes = 64 << 20
 
-// Backend is one simulated vLLM engine behind the OpenAI API, serving HTTP on its own listener with its own
-// engine loop and metrics registry.
+// Backend is one simulated engine behind the OpenAI API, serving HTTP on its own listener with its own engine loop
+// and metrics registry, in vLLM's surface or another dialect's (Config.Dialect).
 //
 // Endpoints: POST /v1/chat/completions and /v1/completions (streaming or not), GET /v1/models, GET /health,
 // GET /metrics, GET/POST /sim/control (faults) and POST /sim/predict (an oracle's ground truth); and beyond chat (see the package doc): /v1/embeddings,
 // /v2/embed, /rerank (also /v1/ and /v2/), /score (also /v1/), /v1/responses (with GET /v1/responses/{id} and
-// POST .../cancel), /v1/messages, /tokenize, /detokenize, /v1/audio/transcriptions and /v1/audio/translations. Every response carries X-Sim-Backend: <Name>, and echoes
+// POST .../cancel), /v1/messages, /tokenize, /detokenize, /v1/audio/transcriptions and /v1/audio/translations; under DialectSGLang GET /get_server_info and /server_info,
+// under DialectTGI GET /info. Every response carries X-Sim-Backend: <Name>, and echoes
 // X-Request-Id when the request has one.
 //
 // It is served with net/http rather than fasthttp, by measurement (bench/results/simulator-itl.md): net/http

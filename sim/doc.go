@@ -2,8 +2,9 @@
 // chunked prefill, a KV cache of 16-token blocks with prefix caching and LRU eviction, vLLM's Prometheus metrics,
 // and faults injected from flags or a control endpoint; by default, for that is vLLM V1's engine, and with other
 // physics (other batching laws, block sizes, eviction rules and prefill schedules, jitter, a prefill that grows
-// with context) it models SGLang, TGI, vLLM V0 and llm-d-inference-sim. It is the testbed for every routing claim,
-// so it talks only HTTP and imports no gateway internals.
+// with context) it models SGLang, TGI, vLLM V0 and llm-d-inference-sim. Its dialect, independent of the physics,
+// serves SGLang's or TGI's metric names and info endpoints instead of vLLM's (see Dialects). It is the testbed for
+// every routing claim, so it talks only HTTP and imports no gateway internals.
 //
 // # The model
 //
@@ -26,7 +27,8 @@
 // # The wire
 //
 // POST /v1/chat/completions and /v1/completions (stream or not), GET /v1/models, /health, /metrics, and
-// GET/POST /sim/control, POST /sim/predict, and the endpoints listed under "Beyond chat". Every response has X-Sim-Backend: <name>, and X-Request-Id when the request had one
+// GET/POST /sim/control, POST /sim/predict, the endpoints listed under "Beyond chat", and the dialect's info
+// endpoint (see Dialects). Every response has X-Sim-Backend: <name>, and X-Request-Id when the request had one
 // (it then also names the response: "chatcmpl-<id>"). A chat stream is, as vLLM sends it:
 //
 //	data: {"id":"chatcmpl-7","object":"chat.completion.chunk","created":1767225600,"model":"sim-model","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}
@@ -150,6 +152,53 @@
 // Presets set no jitter, no prefill knee and no load factor (1): those describe a deployment, not an engine, and
 // a fleet names them. Nor do they change max_num_seqs or the hardware rates (prefill_tps, itl, itl_per_seq),
 // which stay the fleet's. Under seats, itl_per_seq and max_batched_tokens are not used.
+//
+// # Dialects
+//
+// dialect (Config.Dialect, -dialect) is the real engine whose surface a backend serves; the physics stay what
+// their knobs say, so any physics speaks any dialect. The metric names are the ones docs/engines.md lists with
+// their sources (SGLang's and TGI's metrics pages), which routing/engines.go's built-in engines read; every
+// dialect keeps sim_requests_pending and sim_engine_loop_lag_seconds.
+//
+//   - vllm (the default): vLLM's metric names, exactly as always, and no info endpoint: /get_server_info,
+//     /server_info and /info are 404, as vLLM states no batch limit.
+//   - sglang: gauges sglang:num_running_reqs, sglang:num_queue_reqs, sglang:token_usage (KV usage, 0-1) and
+//     sglang:cache_config_info{page_size, num_pages} (value 1); counters sglang:prompt_tokens_total (every prompt
+//     token looked up in the prefix cache, counted when scheduled, as vllm:prefix_cache_queries_total: so
+//     cached_tokens_total / prompt_tokens_total is the hit rate), sglang:cached_tokens_total (the hits),
+//     sglang:generation_tokens_total and sglang:num_retracted_reqs_total (preemptions); histograms
+//     sglang:time_to_first_token_seconds, sglang:inter_token_latency_seconds and
+//     sglang:e2e_request_latency_seconds (vLLM's buckets); process_start_time_seconds; all with model_name.
+//     GET /get_server_info and /server_info (newer SGLang's name) answer SGLang's shape: the server arguments at
+//     the top level (model_path, served_model_name, max_running_requests, schedule_policy,
+//     enable_priority_scheduling and schedule_low_priority_values_first (both true under the priority policy,
+//     which runs lower values first), page_size, chunked_prefill_size (-1 with chunked_prefill off),
+//     enable_mixed_chunk, context_length, dp_size 1), then internal_states with one element (one data-parallel
+//     rank): effective_max_running_requests_per_dp (max_num_seqs), last_gen_throughput (tokens generated in the
+//     last second, per second) and memory_usage.token_capacity (kv_blocks * block_size); and version "sim-"
+//     and the build's commit ("sim-devel" without one).
+//   - tgi: gauges tgi_batch_current_size (running) and tgi_queue_size (waiting), and the counter
+//     tgi_request_failure{err="overloaded"}, none with a model label; no KV, prefix-cache, latency or process
+//     metrics, as TGI's router exports none of the first and the simulator does not fake its histograms.
+//     GET /info answers TGI's Info: model_id, model_sha (null), model_dtype "torch.float16",
+//     model_device_type "cuda", model_pipeline_tag "text-generation", max_concurrent_requests, max_best_of 2,
+//     max_stop_sequences 4 (TGI's defaults), max_input_tokens (the context less one), max_total_tokens (the
+//     context), max_batch_total_tokens (kv_blocks * block_size), max_waiting_tokens 20 (TGI's default, not
+//     modelled), max_batch_size, validation_workers 2, router "text-generation-router" and version.
+//
+// The info endpoints answer GET and HEAD (405 otherwise) and 503 while down, as /v1/models. states_seats
+// (default true; -states-seats) says whether max_num_seqs is stated as a server argument: false makes TGI's
+// max_batch_size and SGLang's top-level max_running_requests null, as those engines report a flag they were not
+// given; SGLang's internal_states still carries the effective figure, since SGLang always computes one, so false
+// matters for TGI and for SGLang's top-level field only, and not at all under vllm.
+//
+// max_concurrent_requests (default 0, off; -max-concurrent-requests) is TGI's router limit on the requests held
+// at once (pending, waiting and running; each input of a pooling request counts): under tgi, a request arriving
+// while that many are held is refused at once with 429 {"error":"Model is overloaded","error_type":"overloaded"}
+// (after its body is checked: a bad one still gets its 400) and counted in tgi_request_failure{err="overloaded"};
+// /info reports it, or TGI's default 128 when it is 0, which enforces nothing. Only TGI has this limit: another
+// dialect with a value other than 0 is refused by Validate. POST /sim/predict ignores it: it predicts the first
+// token of a request let in.
 //
 // # Use from Go
 //
