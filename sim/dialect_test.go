@@ -98,13 +98,21 @@ func TestDialectMetricsMoveUnderLoad(t *testing.T) {
 		DialectSGLang: {"sglang:num_running_reqs", "sglang:num_queue_reqs"},
 		DialectTGI:    {"tgi_batch_current_size", "tgi_queue_size"},
 	}
-	for _, dialect := range []string{DialectVLLM, DialectSGLang, DialectTGI} {
-		t.Run(dialect, func(t *testing.T) {
+	// Any physics speaks any dialect: each dialect runs once on its own engine's preset and once on another.
+	for _, tc := range []struct{ dialect, physics string }{
+		{DialectVLLM, PhysicsVLLMV1}, {DialectSGLang, PhysicsSGLang}, {DialectTGI, PhysicsTGI},
+		{DialectVLLM, PhysicsTGI}, {DialectSGLang, PhysicsLLMD}, {DialectTGI, PhysicsSGLang},
+	} {
+		dialect := tc.dialect
+		t.Run(dialect+"/"+tc.physics, func(t *testing.T) {
 			b := startBackend(t, func(c *Config) {
 				fastConfig(c)
 				c.ITL = 5 * time.Millisecond
 				c.MaxNumSeqs = 1
 				c.Dialect = dialect
+				if err := c.SetPhysics(tc.physics); err != nil {
+					t.Fatal(err)
+				}
 			})
 			running, waiting := gauges[dialect][0], gauges[dialect][1]
 			ctx, cancel := context.WithCancel(t.Context())
