@@ -58,8 +58,10 @@ type Matrix struct {
 	Seats  []int       `yaml:"seats"`
 	// SeatsFrom is how the gateway knows each engine's seats: "policy" states every backend's max_num_seqs in
 	// the generated gateway config (the simulator's own figure, as an operator who set vLLM's --max-num-seqs
-	// would), "discover" leaves the gateway to learn them from the engine (its exported figure, else the
-	// probe). Optional; without it the gateway is told nothing, as with discover, and no name segment is added.
+	// would), "engine" runs the simulators in SGLang's dialect, whose /get_server_info states them, and names
+	// the backends' engine sglang, so that the gateway reads them there as it would from SGLang, "discover"
+	// leaves the gateway to learn them (vLLM's dialect states none: the probe). Optional; without it the gateway
+	// is told nothing, as with discover, and no name segment is added.
 	SeatsFrom []string       `yaml:"seats_from"`
 	Workloads []WorkloadAxis `yaml:"workloads"`
 	Loads     []LoadAxis     `yaml:"loads"`
@@ -291,8 +293,8 @@ func (m *Matrix) validate(errs *fieldErrors) {
 		}
 	}
 	for i, f := range m.SeatsFrom {
-		if f != "policy" && f != "discover" {
-			errs.add(fmt.Sprintf("seats_from[%d]", i), "seats_from is policy or discover, got %q", f)
+		if f != "policy" && f != "engine" && f != "discover" {
+			errs.add(fmt.Sprintf("seats_from[%d]", i), "seats_from is policy, engine or discover, got %q", f)
 		}
 	}
 	for i, w := range m.Workloads {
@@ -454,6 +456,9 @@ func (m *Matrix) Prepare(c Cell, dir string) (*CellPlan, error) {
 	if c.Seats > 0 {
 		set["max_num_seqs"] = c.Seats
 	}
+	if c.SeatsFrom == "engine" {
+		set["dialect"] = sim.DialectSGLang
+	}
 	fleetPath := filepath.Join(dir, "fleet.yaml")
 	names, err := ReplicateFleet(m.Path(c.Fleet.File), fleetPath, c.Size.N, set)
 	if err != nil {
@@ -465,8 +470,13 @@ func (m *Matrix) Prepare(c Cell, dir string) (*CellPlan, error) {
 			return nil, err
 		}
 	}
-	if c.SeatsFrom == "policy" {
+	switch c.SeatsFrom {
+	case "policy":
 		if err := StateSeats(fleetPath); err != nil {
+			return nil, err
+		}
+	case "engine":
+		if err := NameEngine(fleetPath, "sglang"); err != nil { // the gateway's built-in engine of that name
 			return nil, err
 		}
 	}
@@ -616,6 +626,18 @@ func mixedFleet(path string) (bool, error) {
 // entry's gateway mapping gets max_num_seqs, the simulator's own (its entry's, else the simulator's default), as
 // an operator who started vLLM with --max-num-seqs would write it into backends[].max_num_seqs.
 func StateSeats(path string) error {
+	return rewriteGateway(path, func(cfg *sim.Config, gw map[string]any) { gw["max_num_seqs"] = cfg.MaxNumSeqs })
+}
+
+// NameEngine rewrites the fleet file at path so that the gateway reads every backend as an engine of that name
+// (backends[].engine): the simulators' dialect must match it.
+func NameEngine(path, engine string) error {
+	return rewriteGateway(path, func(_ *sim.Config, gw map[string]any) { gw["engine"] = engine })
+}
+
+// rewriteGateway rewrites each entry's gateway mapping of the fleet file at path with set, given the entry's
+// simulator configuration.
+func rewriteGateway(path string, set func(cfg *sim.Config, gw map[string]any)) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("bench: fleet: %w", err)
@@ -636,7 +658,7 @@ func StateSeats(path string) error {
 		if gw == nil {
 			gw = map[string]any{}
 		}
-		gw["max_num_seqs"] = cfgs[i].MaxNumSeqs
+		set(&cfgs[i], gw)
 		e["gateway"] = gw
 	}
 	out, err := yaml.Marshal(entries)

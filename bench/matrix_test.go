@@ -388,8 +388,9 @@ func TestCapacityFollowsThePhysics(t *testing.T) {
 }
 
 // TestSeatsFromAxis: seats_from names its cells, and its policy value makes the generated gateway config state
-// each backend's own seats (the seats axis's, else the fleet entry's, else the simulator's default), while
-// discover leaves the gateway to learn them.
+// each backend's own seats (the seats axis's, else the fleet entry's, else the simulator's default), engine runs
+// the simulators in SGLang's dialect and names the backends' engine sglang, while discover leaves the gateway to
+// learn them.
 func TestSeatsFromAxis(t *testing.T) {
 	dir := writeFiles(t, map[string]string{"f.yaml": testFleetMixed + "- {name: plain, gateway: {max_concurrency: 7}}\n",
 		"w.yaml": testWL, "m.yaml": `
@@ -397,7 +398,7 @@ checks: {kind: protect}
 max_rate: 1000
 fleets: [{file: f.yaml}]
 sizes: [{n: 3}]
-seats_from: [policy, discover]
+seats_from: [policy, engine, discover]
 workloads: [{file: w.yaml}]
 loads: [{load: 0.5, spike: 2, for: 2s}]
 exclude: [{seats_from: discover, size: "!3"}]
@@ -408,10 +409,12 @@ columns: [{name: shedding, strategy: adaptive}, {name: no-shedding, strategy: ad
 		t.Fatal(err)
 	}
 	cells := m.Cells(nil)
-	if len(cells) != 2 || cells[0].Name != "f/n3/seats-policy/w/2x-2s" || cells[1].Name != "f/n3/seats-discover/w/2x-2s" {
+	if len(cells) != 3 || cells[0].Name != "f/n3/seats-policy/w/2x-2s" || cells[1].Name != "f/n3/seats-engine/w/2x-2s" ||
+		cells[2].Name != "f/n3/seats-discover/w/2x-2s" {
 		t.Fatalf("cells %+v", cells)
 	}
-	want := map[string][]any{"seats-policy": {32, 8, sim.DefaultConfig().MaxNumSeqs}, "seats-discover": {nil, nil, nil}}
+	want := map[string][]any{"seats-policy": {32, 8, sim.DefaultConfig().MaxNumSeqs}, "seats-engine": {nil, nil, nil},
+		"seats-discover": {nil, nil, nil}}
 	for _, c := range cells {
 		out := filepath.Join(dir, "out", c.Axes["seats_from"])
 		if _, err := m.Prepare(c, out); err != nil {
@@ -430,9 +433,23 @@ columns: [{name: shedding, strategy: adaptive}, {name: no-shedding, strategy: ad
 		if got := bes[2].Gateway["max_concurrency"]; got != 7 {
 			t.Errorf("%s: the entry's own gateway settings are lost: %v", c.Name, bes[2].Gateway)
 		}
+		cfgs, err := sim.LoadFleet(filepath.Join(out, "fleet.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, b := range bes {
+			engine, dialect := b.Gateway["engine"], cfgs[i].Dialect
+			if c.Axes["seats_from"] == "engine" {
+				if engine != "sglang" || dialect != sim.DialectSGLang {
+					t.Errorf("%s: backend %s engine %v, simulator dialect %q; want sglang for both", c.Name, b.Name, engine, dialect)
+				}
+			} else if engine != nil || (dialect != "" && dialect != sim.DialectVLLM) {
+				t.Errorf("%s: backend %s engine %v, simulator dialect %q; want vLLM's", c.Name, b.Name, engine, dialect)
+			}
+		}
 	}
-	dir = writeFiles(t, map[string]string{"m.yaml": "checks: {kind: protect}\nseats_from: [engine]\n"})
-	if _, err := LoadMatrix(filepath.Join(dir, "m.yaml")); err == nil || !strings.Contains(err.Error(), "seats_from is policy or discover") {
-		t.Errorf("seats_from engine: %v", err)
+	dir = writeFiles(t, map[string]string{"m.yaml": "checks: {kind: protect}\nseats_from: [guess]\n"})
+	if _, err := LoadMatrix(filepath.Join(dir, "m.yaml")); err == nil || !strings.Contains(err.Error(), "seats_from is policy, engine or discover") {
+		t.Errorf("seats_from guess: %v", err)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,27 +22,53 @@ import (
 // what vLLM does (running, waiting, its KV cache), not its batch limit: the cap grows from the scrapes of its
 // running batch. One request in ten is critical, so that the fleet's seat reserve is in force while the seats
 // are found: a reserve sized over the seats the engine had proved (the probe's floor) refused 75 of 106
-// requests at half the capacity of a 64-seat engine, the engine running 5.
+// requests at half the capacity of a 64-seat engine, the engine running 5. The same engine speaking SGLang's
+// dialect states its seats in /get_server_info, which the gateway reads at its first scrape: the cap starts
+// from what the engine says about itself.
 func TestBurstFillsALargeEngine(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a 4 s burst of 400 streams")
 	}
 	t.Parallel()
-	for _, critical := range []bool{false, true} {
-		t.Run(fmt.Sprintf("critical=%v", critical), func(t *testing.T) {
+	for _, tc := range []struct {
+		dialect  string
+		critical bool
+	}{{sim.DialectVLLM, false}, {sim.DialectVLLM, true}, {sim.DialectSGLang, true}} {
+		t.Run(fmt.Sprintf("%s/critical=%v", tc.dialect, tc.critical), func(t *testing.T) {
 			t.Parallel()
-			burstFillsALargeEngine(t, critical)
+			burstFillsALargeEngine(t, tc.dialect, tc.critical)
 		})
 	}
 }
 
-func burstFillsALargeEngine(t *testing.T, critical bool) {
+// withEngine names every backend of snap an engine of that name (backends[].engine).
+func withEngine(snap *Snapshot, engine string) *Snapshot {
+	by := map[*routing.Backend]*routing.Backend{}
+	for i, b := range snap.Backends {
+		cfg := *b.Config()
+		cfg.Engine = engine
+		snap.Backends[i] = routing.NewBackend(&cfg)
+		by[b] = snap.Backends[i]
+	}
+	for _, m := range snap.Models {
+		for i := range m.Targets {
+			m.Targets[i].Backend = by[m.Targets[i].Backend]
+		}
+	}
+	return snap
+}
+
+func burstFillsALargeEngine(t *testing.T, dialect string, critical bool) {
 	be := startSim(t, "big", func(c *sim.Config) {
 		c.MaxNumSeqs = 4096
 		c.KVBlocks = 1 << 16
 		c.ITL = 20 * time.Millisecond
+		c.Dialect = dialect
 	})
 	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 0, be.URL()))
+	if dialect == sim.DialectSGLang {
+		snap = withEngine(snap, routing.EngineSGLang)
+	}
 	snap.Queue = QueueSettings{Size: 1024, Timeout: 10 * time.Second} // the policy's defaults
 	monitored(t, snap, routing.MonitorOptions{})
 	gw := startGateway(t, snap, Options{})
@@ -110,6 +138,13 @@ func burstFillsALargeEngine(t *testing.T, critical bool) {
 	if ok*100 < n*99 {
 		t.Errorf("%d of %d streams answered 200, want at least 99%%: the engine had 4,096 seats", ok, n)
 	}
+	if dialect == sim.DialectSGLang {
+		want := SeatsStatus{Figure: 4096, From: "engine", Sure: "stated", Via: "/get_server_info", Working: 4096}
+		if st.Seats != want {
+			t.Errorf("/debug/backends seats = %+v, want %+v: SGLang states its seats", st.Seats, want)
+		}
+		return
+	}
 	// The probe sees the engine's running batch at each scrape, the test its own in-flight count every 50 ms:
 	// on a loaded machine the peak the scrapes caught trails the test's by a step or two, so the figure must
 	// reach three quarters of the test's peak (and far above the cap's start), not the peak itself.
@@ -121,6 +156,109 @@ func burstFillsALargeEngine(t *testing.T, critical bool) {
 	if critical && st.Seats.Working < st.Seats.Figure {
 		t.Errorf("/debug/backends seats = %+v: the cap works with no more than the probe's figure", st.Seats)
 	}
+}
+
+// TestEngineCeiling: TGI refuses requests past its --max-concurrent-requests with 429 and states the figure in
+// /info. A gateway that reads it never sends more: a burst of streams three times that is queued at the gateway
+// and answered whole, none refused by the engine. The same burst through a gateway that reads the engine as
+// vLLM (no /info) has its cap grow past the figure and the engine refusing: the ceiling is what holds.
+func TestEngineCeiling(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two bursts of 60 streams")
+	}
+	t.Parallel()
+	const ceiling = 12
+	for _, engine := range []string{routing.EngineTGI, routing.EngineVLLM} {
+		t.Run(engine, func(t *testing.T) {
+			t.Parallel()
+			be := startSim(t, "tgi", func(c *sim.Config) {
+				c.Dialect = sim.DialectTGI
+				c.StatesSeats = false // TGI's default: no --max-batch-size, its batch bounded by tokens
+				c.MaxConcurrentRequests = ceiling
+				c.MaxNumSeqs = 64
+				c.ITL = 10 * time.Millisecond
+			})
+			snap := withEngine(withAdmission(snapshotOf(&routing.RoundRobin{}, 0, be.URL())), engine)
+			snap.Queue = QueueSettings{Size: 1024, Timeout: 20 * time.Second}
+			monitored(t, snap, routing.MonitorOptions{})
+			gw := startGateway(t, snap, Options{})
+			const n, tokens = 60, 40
+			client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: n}}
+			codes := make([]int, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					body := fmt.Sprintf(`{"model":"sim-model","max_tokens":%d,"stream":true,"messages":[{"role":"user",`+
+						`"content":"ceiling %d"}]}`, tokens, i)
+					resp, err := client.Post(gw.url+"/v1/chat/completions", "application/json", bytes.NewBufferString(body))
+					if err != nil {
+						return
+					}
+					defer resp.Body.Close()
+					_, _ = io.Copy(io.Discard, resp.Body)
+					codes[i] = resp.StatusCode
+				}()
+				time.Sleep(5 * time.Millisecond)
+			}
+			peak, done := 0, make(chan struct{})
+			go func() { wg.Wait(); close(done) }()
+		watch:
+			for {
+				select {
+				case <-done:
+					break watch
+				case <-time.After(20 * time.Millisecond):
+					peak = max(peak, int(snap.Backends[0].Inflight()))
+				}
+			}
+			ok := 0
+			for _, c := range codes {
+				if c == http.StatusOK {
+					ok++
+				}
+			}
+			refused := simCounter(t, be.URL()+"/metrics", `tgi_request_failure{err="overloaded"}`)
+			st := NewAdmin(gw.s, gw.reg).Backends()[0]
+			t.Logf("%s: %d of %d answered 200; the engine refused %v; peak in flight %d; limit %d, seats %+v", engine,
+				ok, n, refused, peak, st.ConcurrencyLimit, st.Seats)
+			if engine == routing.EngineVLLM {
+				if refused == 0 {
+					t.Errorf("the engine refused nothing without the ceiling (peak %d): the test cannot fail", peak)
+				}
+				return
+			}
+			if ok != n || refused != 0 || peak > ceiling || st.Seats.Ceiling != ceiling || st.ConcurrencyLimit > ceiling {
+				t.Errorf("%d of %d answered 200, the engine refused %v, peak in flight %d, limit %d, seats %+v; want "+
+					"all, none, at most %d", ok, n, refused, peak, st.ConcurrencyLimit, st.Seats, ceiling)
+			}
+			if st.Info == nil || st.Info.Path != "/info" || st.Info.MaxInflight != ceiling || st.Info.MaxSeqs != 0 {
+				t.Errorf("engine_info = %+v", st.Info)
+			}
+		})
+	}
+}
+
+// simCounter returns the value of the sample named series (its name and labels, as exposed) at url, 0 if absent.
+func simCounter(t *testing.T, url, series string) float64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+	}
+	return 0
 }
 
 // TestSeatsFromPolicy: backends[].max_num_seqs sets the cap's seats before any request, and /debug/backends
