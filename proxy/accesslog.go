@@ -20,7 +20,7 @@ import (
 // Options.AccessLogSample.
 
 // accessAttrs bounds the fields of one line, so that they are gathered on the stack.
-const accessAttrs = 26
+const accessAttrs = 28
 
 // accessLog writes the request's access log line.
 func (ex *exchange) accessLog(code int, backend string, now time.Time, traceID trace.TraceID) {
@@ -51,6 +51,9 @@ func (ex *exchange) accessLog(code int, backend string, now time.Time, traceID t
 		a = append(a, slog.String("region", ex.obs.region))
 	}
 	a = append(a, slog.Int("attempts", ex.attempts), slog.Float64("duration_ms", millis(now.Sub(ex.arrival))))
+	if ex.queueWait > 0 {
+		a = append(a, slog.Float64("queue_ms", millis(ex.queueWait))) // time in the gateway's queue, within duration and ttft
+	}
 	if !ex.firstAt.IsZero() {
 		a = append(a, slog.Float64("ttft_ms", millis(ex.firstAt.Sub(ex.arrival))))
 	}

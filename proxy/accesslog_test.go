@@ -149,3 +149,43 @@ func TestAccessLogShedReason(t *testing.T) {
 		t.Errorf("text access log:\n%s", out)
 	}
 }
+
+// TestAccessLogQueueWait: a request that waited in the gateway's queue for a backend says how long (queue_ms,
+// part of its ttft_ms); one that found a backend free says nothing of a queue.
+func TestAccessLogQueueWait(t *testing.T) {
+	t.Parallel()
+	be := startSim(t, "a", func(c *sim.Config) { c.ITL = 20 * time.Millisecond })
+	var buf syncBuffer
+	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 0, be.URL()))
+	cfg := *snap.Backends[0].Config()
+	cfg.MaxConcurrency = 1
+	snap.Backends[0] = routing.NewBackend(&cfg)
+	snap.Models["sim-model"].Targets[0].Backend = snap.Backends[0]
+	gw := startGateway(t, snap, Options{AccessLog: slog.New(slog.NewJSONHandler(&buf, nil))})
+	busy := make(chan answer, 1)
+	go func() {
+		busy <- post(t, gw.url, `{"model":"sim-model","max_tokens":20,"messages":[{"role":"user","content":"long"}]}`,
+			map[string]string{"X-Request-Id": "first"})
+	}()
+	waitFor(t, 5*time.Second, func() bool { return snap.Backends[0].Inflight() == 1 })
+	if a := post(t, gw.url, small, map[string]string{"X-Switchyard-Priority": "critical", "X-Request-Id": "queued"}); a.code != 200 {
+		t.Fatalf("queued request: %d %s", a.code, a.body)
+	}
+	if a := <-busy; a.code != 200 {
+		t.Fatalf("first request: %d %s", a.code, a.body)
+	}
+	waitFor(t, 5*time.Second, func() bool { return strings.Count(buf.String(), "\n") >= 2 })
+	by := map[string]map[string]any{}
+	for _, l := range buf.lines(t) {
+		by[l["request_id"].(string)] = l
+	}
+	if q, found := by["first"]["queue_ms"]; found {
+		t.Errorf("the request that found a free backend logs queue_ms %v", q)
+	}
+	q, _ := by["queued"]["queue_ms"].(float64)
+	ttft, _ := by["queued"]["ttft_ms"].(float64)
+	// The first request holds the slot for 20 tokens at 20 ms a step: the second waits some 300 ms or more.
+	if q < 100 || q > ttft {
+		t.Errorf("queued request: queue_ms %v, ttft_ms %v; want at least 100 and within the TTFT", q, ttft)
+	}
+}

@@ -120,6 +120,7 @@ type routed struct {
 
 	judged bool          // the shedder judged the request on its TTFT prediction (its errors are measured)
 	wait   time.Duration // the expected gateway wait it was judged on (0: none)
+	queueWait time.Duration // how long it waited in the gateway's queue for a backend (0: it did not)
 }
 
 // reset empties r for the next request. Its attempts must have ended and its retry budget been given back.
@@ -285,7 +286,9 @@ func (ex *exchange) admit(h *fasthttp.RequestHeader) error {
 	ex.queued = newAttempt(ex.s, ex.wd)
 	ctx, cancel := ex.wd.queueContext()
 	deadline := snap.Shedder.Deadline(ex.arrival, &in, snap.Queue.Timeout)
+	enqueued := ex.s.clock.Now()
 	err = q.Wait(ctx, ex, ex.class, deadline)
+	ex.queueWait = max(ex.s.clock.Now().Sub(enqueued), time.Nanosecond) // nonzero: it was queued
 	cancel()
 	if err != nil {
 		if why := ex.cancelled(); why != nil {
