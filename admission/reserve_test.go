@@ -220,25 +220,39 @@ func TestSeatReserveFullFleet(t *testing.T) {
 	if got := r.Seats(32, 64); got != 3 {
 		t.Errorf("reserve %d at the base load, want 3: held for the critical share before any spike", got)
 	}
-	// The spike: 8 critical a second. One second in, the short window holds 2+2+8.
-	for range 8 {
-		r.Arrive(Critical)
-	}
-	for range 32 {
-		r.Arrive(Standard)
-	}
-	// rho = (12 + sqrt(12))/3/20 = 0.258: 0.258^4 = 0.0044 (the last minute's completions, 10/s, would give 7).
-	if got := r.Seats(32, 64); got != 4 {
-		t.Errorf("reserve %d a second into the spike, want 4", got)
-	}
-	for range 2 {
-		clk.Advance(time.Second)
-		for range 8 {
+	// The spike: 8 critical and 32 others a second, spread over it. Half a second in, nothing changes yet.
+	for i := range 10 {
+		if i == 5 {
+			if got := r.Seats(32, 64); got != 3 {
+				t.Errorf("reserve %d half a second into the spike, want 3", got)
+			}
+		}
+		if i < 8 {
 			r.Arrive(Critical)
 		}
+		for range 3 + (i%5+4)/8 { // 32 in 10 steps
+			r.Arrive(Standard)
+		}
+		clk.Advance(100 * time.Millisecond)
 	}
-	// (8+8+8 + sqrt(24))/3/20 = 0.482: 0.482^7 = 0.0061.
-	if got := r.Seats(32, 64); got != 7 {
-		t.Errorf("reserve %d three seconds into the spike, want 7", got)
+	// A second in, every class's arrivals (40/s) show the spike: rho = 0.2 x 40 / 20 = 0.4, 0.4^6 = 0.0041, what
+	// the spike needs (the short window alone, (2+2+8 + sqrt(12))/3/20 = 0.258, gave 4 here, and still 5 three
+	// seconds in).
+	if got := r.Seats(32, 64); got != 6 {
+		t.Errorf("reserve %d a second into the spike, want 6", got)
+	}
+	// Two seconds more of the spike: the reserve holds. The short window alone, (8+8 + sqrt(16))/3/20 = 0.33,
+	// would give 5.
+	for i := range 20 { // 100 ms steps: 8 critical and 32 others a second
+		if i%5 < 4 {
+			r.Arrive(Critical)
+		}
+		for range 3 + (i%5+4)/8 {
+			r.Arrive(Standard)
+		}
+		clk.Advance(100 * time.Millisecond)
+	}
+	if got := r.Seats(32, 64); got != 6 {
+		t.Errorf("reserve %d three seconds into the spike, want 6", got)
 	}
 }
