@@ -118,8 +118,8 @@ type routed struct {
 	budgeted bool // counted in the retry budget's live requests
 	fleeing  bool // a retry already moved this request off a backend that died: its later retries are not budgeted
 
-	judged bool          // the shedder judged the request on its TTFT prediction (its errors are measured)
-	wait   time.Duration // the expected gateway wait it was judged on (0: none)
+	judged    bool          // the shedder judged the request on its TTFT prediction (its errors are measured)
+	wait      time.Duration // the expected gateway wait it was judged on (0: none)
 	queueWait time.Duration // how long it waited in the gateway's queue for a backend (0: it did not)
 }
 
