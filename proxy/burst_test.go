@@ -23,7 +23,7 @@ import (
 // running batch. One request in ten is critical, so that the fleet's seat reserve is in force while the seats
 // are found: a reserve sized over the seats the engine had proved (the probe's floor) refused 75 of 106
 // requests at half the capacity of a 64-seat engine, the engine running 5. The same engine speaking SGLang's
-// dialect states its seats in /get_server_info, which the gateway reads at its first scrape: the cap starts
+// dialect states its seats in /get_server_info, which the gateway reads beside its first scrapes: the cap starts
 // from what the engine says about itself.
 func TestBurstFillsALargeEngine(t *testing.T) {
 	if testing.Short() {
@@ -182,6 +182,10 @@ func TestEngineCeiling(t *testing.T) {
 			snap.Queue = QueueSettings{Size: 1024, Timeout: 20 * time.Second}
 			monitored(t, snap, routing.MonitorOptions{})
 			gw := startGateway(t, snap, Options{})
+			if engine == routing.EngineTGI {
+				// The document is read beside the scrapes: a scrape or two after the start the ceiling is known.
+				waitFor(t, 5*time.Second, func() bool { return snap.Backends[0].EngineCeiling() == ceiling })
+			}
 			const n, tokens = 60, 40
 			client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: n}}
 			codes := make([]int, n)

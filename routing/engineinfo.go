@@ -8,16 +8,17 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 )
 
 // InfoSpec says where an engine states its own limits in a JSON document of its own, outside its metrics: SGLang's
 // GET /get_server_info (internal_states[].effective_max_running_requests_per_dp), TGI's GET /info (max_batch_size,
-// max_concurrent_requests). docs/engines.md cites each engine's document. The Monitor reads it when a backend is
-// first scraped, after each restart it detects, and every InfoInterval (InfoRetry after a failure), so that the
-// concurrency cap knows the engine's seats from the first scrape instead of learning them from a queue. The zero
-// value reads nothing.
+// max_concurrent_requests). docs/engines.md cites each engine's document. The Monitor reads it, beside the
+// scrapes, when a backend is first scraped, after each restart it detects, and every InfoInterval (InfoRetry
+// after a failure, doubling), so that the concurrency cap knows the engine's seats from its first scrapes instead
+// of learning them from a queue. The zero value reads nothing.
 type InfoSpec struct {
 	// Paths are the document's paths, appended to the backend's URL, tried in order until one answers 200
 	// (SGLang serves /server_info in newer releases, /get_server_info in older ones); the one that answered is
@@ -152,7 +153,8 @@ const MaxInfoBytes = 1 << 20
 const (
 	// InfoInterval is how long a document read stands before it is read again.
 	InfoInterval = time.Minute
-	// InfoRetry is how soon a failed read is tried again while the engine has no figure from it.
+	// InfoRetry is how soon a failed read is tried again; each further failure in a row doubles it, up to
+	// InfoInterval.
 	InfoRetry = 5 * time.Second
 )
 
@@ -179,21 +181,20 @@ type InfoStatus struct {
 // errNoInfoPath: every path answered 404 or 405.
 var errNoInfoPath = errors.New("no info document at any of its paths")
 
-// fetchInfo reads the engine's info document from the first of its paths that answers 200.
-func (s *scraper) fetchInfo(ctx context.Context) (EngineInfo, error) {
-	cfg := s.b.Config()
+// infoRead is one read of an engine's info document, made by a goroutine of its own (a document that hangs must
+// not hold up the scrapes: their figures go stale in 500 ms) and handed to the scraping goroutine.
+type infoRead struct {
+	gen uint64 // the scraper's infoGen when the read started
+	in  EngineInfo
+	err error
+	at  time.Time
+}
+
+// fetchInfo reads the engine's info document from the first of paths that answers 200, with cl.
+func fetchInfo(ctx context.Context, cl *http.Client, cfg *BackendConfig, timeout time.Duration, paths []string) (EngineInfo, error) {
 	spec := cfg.Spec()
-	paths := spec.Info.Paths
-	if s.infoPath != "" {
-		paths = append([]string{s.infoPath}, paths...)
-	}
-	tried := map[string]bool{}
 	for _, p := range paths {
-		if tried[p] {
-			continue
-		}
-		tried[p] = true
-		doc, status, err := s.getInfo(ctx, cfg, p)
+		doc, status, err := getInfo(ctx, cl, cfg, timeout, p)
 		if err != nil {
 			return EngineInfo{}, err
 		}
@@ -201,31 +202,30 @@ func (s *scraper) fetchInfo(ctx context.Context) (EngineInfo, error) {
 			continue
 		}
 		if status != http.StatusOK {
-			return EngineInfo{}, fmt.Errorf("engine info %s%s: status %d", s.b.Name(), p, status)
+			return EngineInfo{}, fmt.Errorf("engine info %s%s: status %d", cfg.Name, p, status)
 		}
-		s.infoPath = p
 		in := EngineInfo{Path: p}
 		in.MaxSeqs, _ = firstPositive(doc, spec.Info.MaxSeqs)
 		in.MaxInflight, _ = firstPositive(doc, spec.Info.MaxInflight)
 		return in, nil
 	}
-	return EngineInfo{}, fmt.Errorf("engine info %s: %w", s.b.Name(), errNoInfoPath)
+	return EngineInfo{}, fmt.Errorf("engine info %s: %w", cfg.Name, errNoInfoPath)
 }
 
 // getInfo fetches one path and decodes its JSON body (numbers kept as json.Number); a status other than 200 is
 // returned with a nil document.
-func (s *scraper) getInfo(ctx context.Context, cfg *BackendConfig, path string) (any, int, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.m.opts.Timeout)
+func getInfo(ctx context.Context, cl *http.Client, cfg *BackendConfig, timeout time.Duration, path string) (any, int, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cfg.URL+path, nil)
 	if err != nil {
-		return nil, 0, fmt.Errorf("engine info %s: %w", s.b.Name(), err)
+		return nil, 0, fmt.Errorf("engine info %s: %w", cfg.Name, err)
 	}
 	setUpstreamHeaders(req.Header, cfg)
 	req.Header.Set("Accept", "application/json")
-	resp, err := s.client(cfg).Do(req)
+	resp, err := cl.Do(req)
 	if err != nil {
-		return nil, 0, fmt.Errorf("engine info %s: %w", s.b.Name(), err)
+		return nil, 0, fmt.Errorf("engine info %s: %w", cfg.Name, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -238,44 +238,69 @@ func (s *scraper) getInfo(ctx context.Context, cfg *BackendConfig, path string) 
 	var doc any
 	if err := dec.Decode(&doc); err != nil {
 		if lr.N <= 0 {
-			return nil, 0, fmt.Errorf("engine info %s%s: larger than %d bytes", s.b.Name(), path, MaxInfoBytes)
+			return nil, 0, fmt.Errorf("engine info %s%s: larger than %d bytes", cfg.Name, path, MaxInfoBytes)
 		}
-		return nil, 0, fmt.Errorf("engine info %s%s: %w", s.b.Name(), path, err)
+		return nil, 0, fmt.Errorf("engine info %s%s: %w", cfg.Name, path, err)
 	}
 	return doc, http.StatusOK, nil
 }
 
-// refreshInfo reads the engine's info document when it is due (never read, a restart, InfoInterval since the
-// last read, InfoRetry since a failed one) and keeps what it states in s.info. A failed read keeps the last
-// figures, except after a restart, which may have changed them.
+// refreshInfo takes the result of the last read of the engine's info document, if one finished, and starts the
+// next when it is due: never read, a restart, InfoInterval since the last read, InfoRetry after a failed one
+// (doubling with each failure in a row, up to InfoInterval). What the document states is kept in s.info until
+// a read states otherwise; a failed read keeps it, except after a restart, which may have changed it (a read
+// started before the restart is dropped). Called by the scraping goroutine after each successful scrape.
 func (s *scraper) refreshInfo(ctx context.Context, now time.Time, restarted bool) {
-	spec := s.b.Config().Spec()
+	cfg := s.b.Config()
+	spec := cfg.Spec()
 	if !spec.Info.Reads() {
-		s.info, s.infoAt = EngineInfo{}, time.Time{}
+		s.info, s.infoAt, s.infoFails = EngineInfo{}, time.Time{}, 0
 		s.b.info.Store(nil)
 		return
 	}
 	if restarted {
-		s.info, s.infoAt = EngineInfo{}, time.Time{}
+		s.info, s.infoAt, s.infoFails = EngineInfo{}, time.Time{}, 0
+		s.infoGen++
+	}
+	if r := s.infoDone.Swap(nil); r != nil && r.gen == s.infoGen {
+		s.settleInfo(r)
 	}
 	wait := InfoInterval
-	if s.infoErr {
-		wait = InfoRetry
+	if s.infoFails > 0 {
+		wait = min(InfoRetry<<min(s.infoFails-1, 16), InfoInterval)
 	}
-	if !s.infoAt.IsZero() && now.Sub(s.infoAt) < wait {
+	if s.infoBusy.Load() || !s.infoAt.IsZero() && now.Sub(s.infoAt) < wait {
 		return
 	}
 	s.infoAt = now
-	in, err := s.fetchInfo(ctx)
-	s.infoErr = err != nil
-	if err != nil && errors.Is(err, errNoInfoPath) {
-		s.info, s.infoErr = EngineInfo{}, false // the engine has no such document: read again at InfoInterval
-	} else if err == nil {
-		s.info = in
+	paths := spec.Info.Paths
+	if s.infoPath != "" {
+		paths = append([]string{s.infoPath}, slices.DeleteFunc(slices.Clone(paths), func(p string) bool { return p == s.infoPath })...)
 	}
-	st := &InfoStatus{Path: s.info.Path, MaxSeqs: s.info.MaxSeqs, MaxInflight: s.info.MaxInflight, At: now}
-	if err != nil {
-		st.Error = err.Error()
+	cl, gen, timeout := s.client(cfg), s.infoGen, s.m.opts.Timeout // chosen here: the scraper's state is this goroutine's
+	s.infoBusy.Store(true)
+	s.m.wg.Add(1)
+	go func() {
+		defer s.m.wg.Done()
+		in, err := fetchInfo(ctx, cl, cfg, timeout, paths)
+		s.infoDone.Store(&infoRead{gen: gen, in: in, err: err, at: now})
+		s.infoBusy.Store(false) // after the result: a read started next finds it
+	}()
+}
+
+// settleInfo keeps what one finished read found, and publishes it for /debug/backends.
+func (s *scraper) settleInfo(r *infoRead) {
+	switch {
+	case r.err == nil:
+		s.info, s.infoFails, s.infoPath = r.in, 0, r.in.Path
+	case errors.Is(r.err, errNoInfoPath):
+		s.info, s.infoFails = EngineInfo{}, 0 // the engine has no such document: read again at InfoInterval
+	default:
+		s.infoFails++
+	}
+	st := &InfoStatus{Path: s.info.Path, MaxSeqs: s.info.MaxSeqs, MaxInflight: s.info.MaxInflight, At: r.at}
+	if r.err != nil {
+		st.Error = r.err.Error()
 	}
 	s.b.info.Store(st)
 }

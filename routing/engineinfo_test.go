@@ -129,6 +129,25 @@ func sglangInfo(perRank ...int) string {
 
 func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
 
+// settled scrapes, waits for the read of the info document the scrape may have started (it runs beside the
+// scrapes), and scrapes again at the same instant, which takes the read's result.
+func settled(t *testing.T, s *scraper) {
+	t.Helper()
+	if err := s.scrape(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for s.infoBusy.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("the info document's read did not finish")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := s.scrape(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestEngineInfoSchedule(t *testing.T) {
 	e := newInfoEngine(t, sglangMetrics)
 	e.set("/server_info", sglangInfo(64), 0) // a newer SGLang: /get_server_info is gone
@@ -141,9 +160,7 @@ func TestEngineInfoSchedule(t *testing.T) {
 			if now >= 0 {
 				clk.Advance(time.Second)
 			}
-			if err := s.scrape(context.Background()); err != nil {
-				t.Fatal(err)
-			}
+			settled(t, s)
 		}
 		now = sec
 	}
@@ -167,7 +184,8 @@ func TestEngineInfoSchedule(t *testing.T) {
 	if seats() != 80 || e.read("/get_server_info") != 1 || e.read("/server_info") != 2 {
 		t.Fatalf("seats %d, reads %v", seats(), e.reads)
 	}
-	// A failed read keeps the figure, and is retried after InfoRetry, not InfoInterval.
+	// A failed read keeps the figure, and is retried after InfoRetry, not InfoInterval; a second failure in a
+	// row doubles the wait.
 	e.set("/server_info", "", http.StatusInternalServerError)
 	to(2 * interval)
 	if seats() != 80 || e.read("/server_info") != 3 || b.Status().Info.Error == "" {
@@ -180,6 +198,10 @@ func TestEngineInfoSchedule(t *testing.T) {
 	to(2*interval + retry)
 	if n := e.read("/server_info"); n != 4 {
 		t.Fatalf("%d reads: a failed read is retried after InfoRetry", n)
+	}
+	to(2*interval + 3*retry - 1)
+	if n := e.read("/server_info"); n != 4 {
+		t.Fatalf("%d reads within twice InfoRetry of a second failure", n)
 	}
 	// A restart (a new start time) may change the seats: the figure goes until the document is read again,
 	// which it is at once.
@@ -207,9 +229,7 @@ func TestEngineInfoAbsent(t *testing.T) {
 		if i > 0 {
 			clk.Advance(InfoRetry)
 		}
-		if err := s.scrape(context.Background()); err != nil {
-			t.Fatal(err)
-		}
+		settled(t, s)
 	}
 	if n, _, _, _ := b.EngineBatch(); n != 0 || b.Engine().Has&HasMaxSeqs != 0 {
 		t.Fatalf("seats %d from no document", n)
@@ -240,9 +260,7 @@ func TestEngineInfoHostile(t *testing.T) {
 			e := newInfoEngine(t, "tgi_batch_current_size 1\ntgi_queue_size 0\n")
 			e.set("/info", body, 0)
 			s, b, _ := scraperFor(t, e.srv.URL, EngineTGI)
-			if err := s.scrape(context.Background()); err != nil {
-				t.Fatal(err)
-			}
+			settled(t, s)
 			if n, _, _, _ := b.EngineBatch(); n != 0 || b.EngineCeiling() != 0 {
 				t.Fatalf("seats %d ceiling %d from %q...", n, b.EngineCeiling(), body[:min(len(body), 40)])
 			}
@@ -253,14 +271,43 @@ func TestEngineInfoHostile(t *testing.T) {
 	}
 }
 
+// TestEngineInfoHangs: a document that does not answer holds up neither the scrapes (their figures stay fresh)
+// nor the Monitor's goroutine; it fails at the scrape timeout and is retried later.
+func TestEngineInfoHangs(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			_, _ = w.Write([]byte("tgi_batch_current_size 2\ntgi_queue_size 0\n"))
+			return
+		}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(srv.Close) // after release: it waits for the handler
+	t.Cleanup(func() { close(release) })
+	s, b, _ := scraperFor(t, srv.URL, EngineTGI)
+	start := time.Now()
+	for range 5 {
+		if err := s.scrape(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := time.Since(start); d >= s.m.opts.Timeout {
+		t.Fatalf("5 scrapes took %v behind a hanging /info (timeout %v)", d, s.m.opts.Timeout)
+	}
+	if !s.infoBusy.Load() || b.Engine().Running != 2 {
+		t.Fatalf("busy %v, engine %+v", s.infoBusy.Load(), b.Engine())
+	}
+}
+
 func TestEngineInfoCeiling(t *testing.T) {
 	// TGI started without --max-batch-size: no seats, but the router's limit is a ceiling.
 	e := newInfoEngine(t, "tgi_batch_current_size 1\ntgi_queue_size 0\n")
 	e.set("/info", `{"model_id":"m","max_concurrent_requests":24,"max_batch_size":null,"max_batch_total_tokens":9000}`, 0)
 	s, b, _ := scraperFor(t, e.srv.URL, EngineTGI)
-	if err := s.scrape(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	settled(t, s)
 	if n, _, _, _ := b.EngineBatch(); n != 0 || b.EngineCeiling() != 24 {
 		t.Fatalf("seats %d ceiling %d, want 0 and 24", n, b.EngineCeiling())
 	}

@@ -276,10 +276,13 @@ type scraper struct {
 	caClient *http.Client // for a backend with a CA bundle of its own (BackendConfig.CA), built for caSum
 	caSum    [32]byte
 
-	info     EngineInfo // what the engine's info document stated at its last good read (InfoSpec)
-	infoAt   time.Time  // the last read's time, on the Monitor's clock (zero: due)
-	infoErr  bool       // the last read failed
-	infoPath string     // the path that answered last
+	info      EngineInfo // what the engine's info document stated at its last good read (InfoSpec)
+	infoAt    time.Time  // when the last read started, on the Monitor's clock (zero: due)
+	infoFails int        // reads failed in a row
+	infoPath  string     // the path that answered last
+	infoGen   uint64     // bumped by a restart: a read started before it is dropped
+	infoBusy  atomic.Bool
+	infoDone  atomic.Pointer[infoRead] // a finished read, for the scraping goroutine to take
 }
 
 // client returns the HTTP client for the backend's current configuration: the Monitor's, or one that trusts

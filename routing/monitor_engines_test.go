@@ -136,9 +136,7 @@ func TestScrapeEachBuiltinEngine(t *testing.T) {
 		t.Run(tc.engine, func(t *testing.T) {
 			srv := exposition(t, tc.path, tc.text, tc.info)
 			s, b, _ := scraperFor(t, srv.URL, tc.engine)
-			if err := s.scrape(context.Background()); err != nil {
-				t.Fatal(err)
-			}
+			settled(t, s)
 			got := *b.Engine()
 			got.At = time.Time{}
 			if got != tc.want {
