@@ -157,10 +157,7 @@ func TestAccessLogQueueWait(t *testing.T) {
 	be := startSim(t, "a", func(c *sim.Config) { c.ITL = 20 * time.Millisecond })
 	var buf syncBuffer
 	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 0, be.URL()))
-	cfg := *snap.Backends[0].Config()
-	cfg.MaxConcurrency = 1
-	snap.Backends[0] = routing.NewBackend(&cfg)
-	snap.Models["sim-model"].Targets[0].Backend = snap.Backends[0]
+	editBackends(snap, func(c *routing.BackendConfig) { c.MaxConcurrency = 1 })
 	gw := startGateway(t, snap, Options{AccessLog: slog.New(slog.NewJSONHandler(&buf, nil))})
 	busy := make(chan answer, 1)
 	go func() {

@@ -141,10 +141,7 @@ func TestQueueWaitsForCapacity(t *testing.T) {
 	t.Parallel()
 	be := startSim(t, "a", func(c *sim.Config) { c.ITL = 5 * time.Millisecond })
 	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 2, be.URL()))
-	cfg := *snap.Backends[0].Config()
-	cfg.MaxConcurrency = 1
-	snap.Backends[0] = routing.NewBackend(&cfg)
-	snap.Models["sim-model"].Targets[0].Backend = snap.Backends[0]
+	editBackends(snap, func(c *routing.BackendConfig) { c.MaxConcurrency = 1 })
 	gw := startGateway(t, snap, Options{})
 	const n = 6
 	var wg sync.WaitGroup
@@ -215,10 +212,7 @@ func oneSlotGateway(t *testing.T, ttft time.Duration) (*Snapshot, *gateway) {
 	be := startSim(t, "a", func(c *sim.Config) { c.ITL = 20 * time.Millisecond })
 	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 2, be.URL()))
 	snap.Models["sim-model"].SLO = SLO{TTFT: ttft}
-	cfg := *snap.Backends[0].Config()
-	cfg.MaxConcurrency = 1
-	snap.Backends[0] = routing.NewBackend(&cfg)
-	snap.Models["sim-model"].Targets[0].Backend = snap.Backends[0]
+	editBackends(snap, func(c *routing.BackendConfig) { c.MaxConcurrency = 1 })
 	gw := startGateway(t, snap, Options{})
 	snap.Shedder = admission.NewShedder(admission.DefaultShedParams(), gw.m)
 	return snap, gw

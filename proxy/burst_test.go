@@ -43,19 +43,7 @@ func TestBurstFillsALargeEngine(t *testing.T) {
 
 // withEngine names every backend of snap an engine of that name (backends[].engine).
 func withEngine(snap *Snapshot, engine string) *Snapshot {
-	by := map[*routing.Backend]*routing.Backend{}
-	for i, b := range snap.Backends {
-		cfg := *b.Config()
-		cfg.Engine = engine
-		snap.Backends[i] = routing.NewBackend(&cfg)
-		by[b] = snap.Backends[i]
-	}
-	for _, m := range snap.Models {
-		for i := range m.Targets {
-			m.Targets[i].Backend = by[m.Targets[i].Backend]
-		}
-	}
-	return snap
+	return editBackends(snap, func(c *routing.BackendConfig) { c.Engine = engine })
 }
 
 func burstFillsALargeEngine(t *testing.T, dialect string, critical bool) {
@@ -271,10 +259,7 @@ func TestSeatsFromPolicy(t *testing.T) {
 	t.Parallel()
 	be := startSim(t, "a", func(c *sim.Config) { c.ITL = time.Millisecond })
 	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 0, be.URL()))
-	cfg := *snap.Backends[0].Config()
-	cfg.MaxNumSeqs = 512
-	snap.Backends[0] = routing.NewBackend(&cfg)
-	snap.Models["sim-model"].Targets[0].Backend = snap.Backends[0]
+	editBackends(snap, func(c *routing.BackendConfig) { c.MaxNumSeqs = 512 })
 	gw := startGateway(t, snap, Options{})
 	// Before any request (the snapshot's records built as the first request would build them), the cap starts
 	// at the stated seats. After traffic the adaptive cap may back off below them on a slow first token, so its

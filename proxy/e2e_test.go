@@ -98,6 +98,26 @@ func snapshotOf(strategy routing.Strategy, retries int, urls ...string) *Snapsho
 	return snap
 }
 
+// editBackends rebuilds every backend of snap from its configuration changed by edit, and points the models'
+// targets at the new backends.
+func editBackends(snap *Snapshot, edit func(*routing.BackendConfig)) *Snapshot {
+	by := map[*routing.Backend]*routing.Backend{}
+	for i, b := range snap.Backends {
+		cfg := *b.Config()
+		edit(&cfg)
+		snap.Backends[i] = routing.NewBackend(&cfg)
+		by[b] = snap.Backends[i]
+	}
+	for _, m := range snap.Models {
+		for i := range m.Targets {
+			if nb := by[m.Targets[i].Backend]; nb != nil {
+				m.Targets[i].Backend = nb
+			}
+		}
+	}
+	return snap
+}
+
 func sdk(base string) oai.Client {
 	return oai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey("test-key"), option.WithMaxRetries(0),
 		option.WithRequestTimeout(30*time.Second))

@@ -51,10 +51,7 @@ func TestUpstreamHeaders(t *testing.T) {
 	rb := newRecordingBackend(t)
 	snap := snapshotOf(&routing.RoundRobin{}, 2, rb.URL)
 	// The backend's own key replaces the client's.
-	cfg := *snap.Backends[0].Config()
-	cfg.APIKey = "backend-secret"
-	snap.Backends[0] = routing.NewBackend(&cfg)
-	snap.Models["sim-model"].Targets[0].Backend = snap.Backends[0]
+	editBackends(snap, func(c *routing.BackendConfig) { c.APIKey = "backend-secret" })
 	gw := startGateway(t, snap, Options{})
 
 	body := `{"model":"sim-model","stream":true,"messages":[{"role":"user","content":"x"}]}`
