@@ -147,9 +147,10 @@ func burstFillsALargeEngine(t *testing.T, dialect string, critical bool) {
 }
 
 // TestEngineCeiling: TGI refuses requests past its --max-concurrent-requests with 429 and states the figure in
-// /info. A gateway that reads it never sends more: a burst of streams three times that is queued at the gateway
-// and answered whole, none refused by the engine. The same burst through a gateway that reads the engine as
-// vLLM (no /info) has its cap grow past the figure and the engine refusing: the ceiling is what holds.
+// /info. A gateway that reads it never sends more, even where the policy states more seats: a burst of streams
+// five times that is queued at the gateway and answered whole, none refused by the engine. The same burst through
+// a gateway that reads the engine as vLLM (no /info) sends what the stated seats allow, and the engine refuses
+// the excess: the ceiling is what holds.
 func TestEngineCeiling(t *testing.T) {
 	if testing.Short() {
 		t.Skip("two bursts of 60 streams")
@@ -166,7 +167,11 @@ func TestEngineCeiling(t *testing.T) {
 				c.MaxNumSeqs = 64
 				c.ITL = 10 * time.Millisecond
 			})
-			snap := withEngine(withAdmission(snapshotOf(&routing.RoundRobin{}, 0, be.URL())), engine)
+			// The policy states 64 seats (the engine's batch as its tokens bound it): without the ceiling the gateway
+			// sends the whole burst, and the engine refuses what is past 12, however the adaptive cap would have grown.
+			snap := editBackends(withAdmission(snapshotOf(&routing.RoundRobin{}, 0, be.URL())), func(c *routing.BackendConfig) {
+				c.Engine, c.MaxNumSeqs = engine, 64
+			})
 			snap.Queue = QueueSettings{Size: 1024, Timeout: 20 * time.Second}
 			monitored(t, snap, routing.MonitorOptions{})
 			gw := startGateway(t, snap, Options{})
