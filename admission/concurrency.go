@@ -264,8 +264,9 @@ func (c *Cap) Free() (int, bool) {
 // Probe reports whether a standard or sheddable request may take a slot here past the fleet's reserve
 // (SeatReserve.Admits) because it probes seats the engine has not proved: the engine's seats are provisional,
 // and either the proven ones are all taken (the probe past them, probeMargin), or the last scrape showed nothing
-// waiting and no request has crept past the reserve since that scrape. Probe claims the creep: call it only
-// when the reserve would refuse the request.
+// waiting and no request has crept past the reserve since that scrape. Probe only looks: the request path
+// filters its candidates with it, and the request sent claims the slot with ClaimProbe on the backend routing
+// picked.
 //
 // The probe's slots are not among the free seats the reserve counts (Free). The creep, one request a scrape,
 // is what lets provisional seats grow while the reserve holds part of them: counted over a lower bound, half of
@@ -283,8 +284,24 @@ func (c *Cap) Probe() bool {
 	if n >= s {
 		return true
 	}
-	at := c.scrapeAt.Load()
-	last := c.crept.Load()
+	return c.idle.Load() && c.crept.Load() != c.scrapeAt.Load()
+}
+
+// ClaimProbe claims the slot Probe offered for a request about to be sent here, and reports whether it got it:
+// the probe past the proven batch is open to every request while it lasts (TryAcquireFor bounds it), the creep
+// below it to one request per idle scrape, which the first to claim it gets. Claimed by the backend picked, not
+// by every candidate the filter looked at: when the filter claimed it, one request spent the creep of every
+// backend of the fleet and went to one of them, and a 4x16 fleet found its seats a seat a second (protect-overload,
+// critical requests queued in the gateway for up to 1.1 s in its first seconds).
+func (c *Cap) ClaimProbe() bool {
+	s := c.provisional()
+	if s <= 0 {
+		return false
+	}
+	if n := c.Inflight(); n >= s {
+		return n < min(c.Limit(), s+probeMargin(s))
+	}
+	at, last := c.scrapeAt.Load(), c.crept.Load()
 	return c.idle.Load() && last != at && c.crept.CompareAndSwap(last, at)
 }
 

@@ -369,8 +369,14 @@ func TestSeatsProbePastTheReserve(t *testing.T) {
 	for range 3 {
 		c.TryAcquireFor(Standard, true)
 	}
-	if first, again := c.Probe(), c.Probe(); !first || again {
+	if looked, again := c.Probe(), c.Probe(); !looked || !again {
+		t.Fatal("looking at the creep spent it")
+	}
+	if first, again := c.ClaimProbe(), c.ClaimProbe(); !first || again {
 		t.Fatal("want exactly one creep past the reserve after an idle scrape")
+	}
+	if c.Probe() {
+		t.Error("the creep is still offered once claimed")
 	}
 	e.scrape(0, 3, 1)
 	if c.Probe() {
@@ -384,7 +390,7 @@ func TestSeatsProbePastTheReserve(t *testing.T) {
 		c.TryAcquireFor(Critical, true)
 	}
 	e.scrape(0, 8, 0) // all 8 run: the probe of one past them
-	if first, again := c.Probe(), c.Probe(); !first || !again {
+	if first, again := c.ClaimProbe(), c.ClaimProbe(); !first || !again || !c.Probe() {
 		t.Error("the probe at the proven batch is not open to every request while it lasts")
 	}
 	c.TryAcquireFor(Standard, true)

@@ -389,10 +389,14 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 		// standard and sheddable ones wait for a seat beyond them. Backends whose batch size is not known are
 		// gated by their caps alone. A probe of seats the engine has not proved (admission.Cap.Probe) is not
 		// one of the free seats counted: it may be taken past the reserve while a counted seat is free
-		// elsewhere, so that a critical request need not wait for this engine (probes taken with none free
-		// put standard requests in the queues of every engine of n4/s16 in a spike's first seconds, and
-		// critical ones behind them: p99 11x unloaded), or when there is no elsewhere (a lone engine's probe
-		// waited for a seat that never came, and its seats were never found).
+		// elsewhere, so that a critical request need not wait for this engine, or when there is no elsewhere
+		// (a lone engine's probe waited for a seat that never came, and its seats were never found). Probes
+		// taken with none free found seats fast, but each seat found was born taken by the standard request
+		// that found it while critical requests waited in the gateway queue for completions (n4/s16 at 2x:
+		// critical p99 11-13x unloaded, against 3-4x). The cost of the rule: a cold fleet whose critical
+		// stream alone fills the provisional seats finds its seats by the creep only (protect-overload, 6-10 s;
+		// bench/results/protect-2026-11-29-overload.md). The probe is claimed on the backend picked
+		// (Cap.ClaimProbe), not on every candidate looked at here.
 		n := 0
 		for _, t := range ex.cands {
 			if c := rec.endpointOf(t.Backend).guards.Cap; c != nil {
@@ -405,6 +409,22 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 			n++
 		}
 		ex.cands = ex.cands[:n]
+		t, err := ex.model.Strategy.Pick(&ex.rreq, ex.cands)
+		if err == nil {
+			if c := rec.endpointOf(t.Backend).guards.Cap; c != nil {
+				if _, known := c.Free(); known && !c.ClaimProbe() {
+					return t, errNoCapacity // another request claimed the probe first: wait for capacity
+				}
+			}
+			return t, nil
+		}
+		if full {
+			if lower {
+				return t, errNoCapacityForClass
+			}
+			return t, errNoCapacity
+		}
+		return t, err
 	}
 	t, err := ex.model.Strategy.Pick(&ex.rreq, ex.cands)
 	if err != nil && full {
