@@ -243,3 +243,20 @@ func (w *rateWindow) count(now time.Time, span time.Duration) int64 {
 	}
 	return n
 }
+
+// CriticalDelay is how much later than on an engine with nothing queued a critical request may get its first
+// token because of the standard and sheddable prefill sent to that engine ahead of it, as a share of that
+// first token: the protection's objective itself (critical first tokens within 1.5x their unloaded ones under
+// overload, admission/README.md "Prefill pacing"), not a figure fitted to a fleet.
+const CriticalDelay = 0.5
+
+// PrefillPaced reports whether a request of class c must wait before its prefill is added to an engine where,
+// with it, the prefill queued would delay a critical request's first token by ahead against idle, that first
+// token on the engine with nothing queued (routing.Backend.PrefillAhead): standard and sheddable requests, while
+// the model has critical demand (guard), and only while something is queued there already, so that one prefill
+// at a time always goes. An engine co-schedules the prefill it was sent in one step (up to its token budget):
+// at a spike's onset a 64-seat engine ran steps of some 4,000 prefill tokens, and a critical request arriving
+// then waited for such a step and shared the next (1.75x its unloaded p99).
+func PrefillPaced(c Class, guard bool, ahead, idle time.Duration, queued bool) bool {
+	return c != Critical && guard && queued && float64(ahead) > CriticalDelay*float64(idle)
+}

@@ -256,3 +256,30 @@ func TestSeatReserveFullFleet(t *testing.T) {
 		t.Errorf("reserve %d three seconds into the spike, want 6", got)
 	}
 }
+
+// TestPrefillPaced: only standard and sheddable requests of a model with critical demand wait, and only while
+// the prefill queued on the engine would delay a critical first token by more than CriticalDelay of it.
+func TestPrefillPaced(t *testing.T) {
+	const idle = 100 * time.Millisecond
+	for _, tc := range []struct {
+		name   string
+		class  Class
+		guard  bool
+		ahead  time.Duration
+		queued bool
+		want   bool
+	}{
+		{"standard past the allowance", Standard, true, 60 * time.Millisecond, true, true},
+		{"sheddable past the allowance", Sheddable, true, 60 * time.Millisecond, true, true},
+		{"standard within it", Standard, true, 50 * time.Millisecond, true, false},
+		{"critical never", Critical, true, time.Second, true, false},
+		{"no critical demand", Standard, false, time.Second, true, false},
+		{"nothing queued: one prefill always goes", Standard, true, time.Second, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := PrefillPaced(tc.class, tc.guard, tc.ahead, idle, tc.queued); got != tc.want {
+				t.Errorf("PrefillPaced = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

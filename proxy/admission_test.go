@@ -400,3 +400,81 @@ func TestAdmissionMeasuresItsPredictions(t *testing.T) {
 		t.Errorf("critical serve factor %v, want 1 (not measured)", f)
 	}
 }
+
+// TestPrefillPacing: while the model has critical demand, a standard request waits in the gateway queue rather
+// than add its prefill to an engine whose queued prefill would already delay a critical first token by more
+// than admission.CriticalDelay of it (a long prompt sent just before, not yet answered); a critical request sent
+// then does not wait for the prefill. Without critical demand (no critical request in the last minute) nothing
+// is held back.
+func TestPrefillPacing(t *testing.T) {
+	t.Parallel()
+	for _, demand := range []bool{true, false} {
+		t.Run(fmt.Sprintf("critical demand %v", demand), func(t *testing.T) {
+			t.Parallel()
+			// 2,000 prompt tokens at 2,000 tokens/s: the long request's prefill takes the engine a second.
+			be := startSim(t, "a", func(c *sim.Config) { c.PrefillTPS = 2000; c.ITL = 5 * time.Millisecond })
+			snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 0, be.URL()))
+			gw := startGateway(t, snap, Options{})
+			critical := map[string]string{"X-Switchyard-Priority": "critical"}
+			const small = `{"model":"sim-model","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
+			if demand {
+				if a := post(t, gw.url, small, critical); a.code != http.StatusOK {
+					t.Fatalf("critical request: %d %s", a.code, a.body)
+				}
+			}
+			long := fmt.Sprintf(`{"model":"sim-model","max_tokens":2,"messages":[{"role":"user","content":%q}]}`,
+				strings.Repeat("word ", 2000))
+			done := make(chan answer, 1)
+			go func() { done <- post(t, gw.url, long, nil) }()
+			waitFor(t, 5*time.Second, func() bool { _, tok := snap.Backends[0].Prefilling(); return tok > 0 })
+			var wg sync.WaitGroup
+			std, crit := answer{}, answer{code: http.StatusOK}
+			wg.Add(1)
+			go func() { defer wg.Done(); std = post(t, gw.url, small, nil) }()
+			if demand { // without demand, no critical request: its arrival would be the demand
+				wg.Add(1)
+				go func() { defer wg.Done(); crit = post(t, gw.url, small, critical) }()
+			}
+			wg.Wait()
+			if a := <-done; a.code != http.StatusOK || std.code != http.StatusOK || crit.code != http.StatusOK {
+				t.Fatalf("statuses: long %d, standard %d, critical %d", a.code, std.code, crit.code)
+			}
+			queued := histogramByLabel(t, gw.reg, "switchyard_queue_wait_seconds", "priority", "standard")
+			// A critical request that arrives while the standard one waits passes through the queue, ahead of
+			// it (priority bands), so it may be counted there; it must not wait for the prefill.
+			if w := histogramSum(t, gw.reg, "switchyard_queue_wait_seconds", "priority", "critical"); w > 0.1 {
+				t.Errorf("critical requests waited %.3f s in the queue, want no wait for the prefill", w)
+			}
+			if demand && (queued != 1 || histogramSum(t, gw.reg, "switchyard_queue_wait_seconds", "priority",
+				"standard") < 0.2) {
+				t.Errorf("%d standard requests waited in the queue behind the long prefill, want 1 that waited for it",
+					queued)
+			}
+			if !demand && queued != 0 {
+				t.Errorf("%d standard requests waited in the queue without critical demand, want none", queued)
+			}
+		})
+	}
+}
+
+// histogramSum returns the sum of the samples of the histogram name whose label has value (0 if absent).
+func histogramSum(t *testing.T, g prometheus.Gatherer, name, label, value string) float64 {
+	t.Helper()
+	fams, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetHistogram().GetSampleSum()
+				}
+			}
+		}
+	}
+	return 0
+}

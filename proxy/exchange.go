@@ -382,6 +382,13 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 			lower = lower || (ex.class == admission.Critical && !c.FullFor(admission.Standard, ex.guard))
 			continue
 		}
+		if respectCaps && ex.guard && ex.class != admission.Critical {
+			if ahead, idle, queued := t.Backend.PrefillAhead(ex.rreq.PromptTokens); admission.PrefillPaced(ex.class,
+				ex.guard, ahead, idle, queued) {
+				full = true // its prefill waits until the engine has taken what it was sent (admission.PrefillPaced)
+				continue
+			}
+		}
 		ex.cands = append(ex.cands, t)
 	}
 	if seats > 0 && ex.guard && !reserve.Admits(ex.class, free, seats) {

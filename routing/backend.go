@@ -686,6 +686,18 @@ func (b *Backend) PredictTTFT(promptTokens, cachedTokens int) (mean, p90 time.Du
 	return duration(b.rtt() + m), duration(b.rtt() + m*b.lat.ttftSpread.load())
 }
 
+// PrefillAhead returns, from b's TTFT model, how much later than on an engine with nothing queued a request sent
+// to b now would get its first token because of the prefill queued there (this replica's own in full, the other
+// replicas' as reported and drained, the engine's waiting requests) plus extra tokens more; idle is the first
+// token of a prompt of extra tokens with nothing queued, and queued reports whether anything is. Lock-free.
+func (b *Backend) PrefillAhead(extra int) (ahead, idle time.Duration, queued bool) {
+	l := b.loadAt(b.clock.Now())
+	x := float64(max(extra, 0))
+	q := l.queuedTok + x
+	ahead = duration(max(b.lat.ttftMean(x, q, l.running)-b.lat.ttftMean(x, 0, l.running), 0))
+	return ahead, duration(b.lat.ttftMean(x, 0, l.running)), l.queuedTok > 0
+}
+
 // PredictITL returns b's predicted inter-token latency with one more sequence decoding: mean and p90.
 func (b *Backend) PredictITL() (mean, p90 time.Duration) {
 	l := b.loadAt(b.clock.Now())

@@ -376,3 +376,29 @@ func TestRevisedTTFT(t *testing.T) {
 		r.Reset()
 	}
 }
+
+// TestPrefillAhead: nothing queued delays nothing; prefill dispatched and not yet answered delays a new request's
+// first token by the model's queued-prefill term, and the delay ends with the first token.
+func TestPrefillAhead(t *testing.T) {
+	b := NewBackend(&BackendConfig{Name: "x"})
+	ahead, idle, queued := b.PrefillAhead(300)
+	if queued || idle <= 0 {
+		t.Fatalf("idle backend: queued %v, idle first token %v; want false, > 0", queued, idle)
+	}
+	alone := ahead // the request's own 300 tokens, with nothing before them
+	a := b.Begin(2000)
+	ahead, idle2, queued := b.PrefillAhead(300)
+	if !queued || ahead <= alone || idle2 != idle {
+		t.Errorf("2,000 tokens queued: ahead %v (alone %v), queued %v, idle %v (before %v); want more, true, same",
+			ahead, alone, queued, idle2, idle)
+	}
+	// The prior's 0.15 ms per queued token: 2,300 tokens ahead of the next first token are some 345 ms.
+	if want := 345 * time.Millisecond; ahead < want*9/10 || ahead > want*11/10 {
+		t.Errorf("ahead %v with the prior's coefficient, want about %v", ahead, want)
+	}
+	a.FirstToken()
+	if _, _, queued := b.PrefillAhead(300); queued {
+		t.Error("still queued after the first token")
+	}
+	a.End(false)
+}
