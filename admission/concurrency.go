@@ -291,8 +291,7 @@ func (c *Cap) Probe() bool {
 // the probe past the proven batch is open to every request while it lasts (TryAcquireFor bounds it), the creep
 // below it to one request per idle scrape, which the first to claim it gets. Claimed by the backend picked, not
 // by every candidate the filter looked at: when the filter claimed it, one request spent the creep of every
-// backend of the fleet and went to one of them, and a 4x16 fleet found its seats a seat a second (protect-overload,
-// critical requests queued in the gateway for up to 1.1 s in its first seconds).
+// candidate and went to one of them, so a fleet of n engines crept n times slower than its scrapes allow.
 func (c *Cap) ClaimProbe() bool {
 	s := c.provisional()
 	if s <= 0 {

@@ -355,6 +355,7 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 	free, seats := 0, 0 // engine seats free and in all, over the available backends whose batch size is known
 	lower := false      // a full backend has a slot a less important class may take (the probe)
 	counted := 0        // backends whose free seats are counted
+	probing := false    // past the reserve only on a probe: the backend picked claims it (admission.Cap.ClaimProbe)
 	rec := ex.rec
 	reserve := rec.reserve
 	ex.guard = ex.class == admission.Critical || reserve.Active()
@@ -402,8 +403,7 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 		// that found it while critical requests waited in the gateway queue for completions (n4/s16 at 2x:
 		// critical p99 11-13x unloaded, against 3-4x). The cost of the rule: a cold fleet whose critical
 		// stream alone fills the provisional seats finds its seats by the creep only (protect-overload, 6-10 s;
-		// bench/results/protect-2026-11-29-overload.md). The probe is claimed on the backend picked
-		// (Cap.ClaimProbe), not on every candidate looked at here.
+		// bench/results/protect-2026-11-29-overload.md).
 		n := 0
 		for _, t := range ex.cands {
 			if c := rec.endpointOf(t.Backend).guards.Cap; c != nil {
@@ -416,22 +416,7 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 			n++
 		}
 		ex.cands = ex.cands[:n]
-		t, err := ex.model.Strategy.Pick(&ex.rreq, ex.cands)
-		if err == nil {
-			if c := rec.endpointOf(t.Backend).guards.Cap; c != nil {
-				if _, known := c.Free(); known && !c.ClaimProbe() {
-					return t, errNoCapacity // another request claimed the probe first: wait for capacity
-				}
-			}
-			return t, nil
-		}
-		if full {
-			if lower {
-				return t, errNoCapacityForClass
-			}
-			return t, errNoCapacity
-		}
-		return t, err
+		probing = true
 	}
 	t, err := ex.model.Strategy.Pick(&ex.rreq, ex.cands)
 	if err != nil && full {
@@ -439,6 +424,13 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 			return t, errNoCapacityForClass
 		}
 		return t, errNoCapacity
+	}
+	if err == nil && probing {
+		if c := rec.endpointOf(t.Backend).guards.Cap; c != nil {
+			if _, known := c.Free(); known && !c.ClaimProbe() {
+				return t, errNoCapacity // another request claimed the probe first: wait for capacity
+			}
+		}
 	}
 	return t, err
 }

@@ -693,9 +693,9 @@ func (b *Backend) PredictTTFT(promptTokens, cachedTokens int) (mean, p90 time.Du
 func (b *Backend) PrefillAhead(extra int) (ahead, idle time.Duration, queued bool) {
 	l := b.loadAt(b.clock.Now())
 	x := float64(max(extra, 0))
-	q := l.queuedTok + x
-	ahead = duration(max(b.lat.ttftMean(x, q, l.running)-b.lat.ttftMean(x, 0, l.running), 0))
-	return ahead, duration(b.lat.ttftMean(x, 0, l.running)), l.queuedTok > 0
+	alone := b.lat.ttftMean(x, 0, l.running)
+	ahead = duration(max(b.lat.ttftMean(x, l.queuedTok+x, l.running)-alone, 0))
+	return ahead, duration(alone), l.queuedTok > 0
 }
 
 // PredictITL returns b's predicted inter-token latency with one more sequence decoding: mean and p90.
