@@ -16,6 +16,7 @@ import (
 	"github.com/switchyard/switchyard/sim"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // withAdmission turns on the gateway's admission control in a test snapshot, as the policy compiles it.
@@ -184,7 +185,20 @@ func TestQueueWaitsForCapacity(t *testing.T) {
 	}
 }
 
+// histogramByLabel returns the sample count of the histogram name whose label has value (0 if absent).
 func histogramByLabel(t *testing.T, g prometheus.Gatherer, name, label, value string) uint64 {
+	t.Helper()
+	return histogramWith(t, g, name, label, value).GetSampleCount()
+}
+
+// histogramSum returns the sum of the samples of the histogram name whose label has value (0 if absent).
+func histogramSum(t *testing.T, g prometheus.Gatherer, name, label, value string) float64 {
+	t.Helper()
+	return histogramWith(t, g, name, label, value).GetSampleSum()
+}
+
+// histogramWith returns the histogram name whose label has value, nil if absent (its getters then return 0).
+func histogramWith(t *testing.T, g prometheus.Gatherer, name, label, value string) *dto.Histogram {
 	t.Helper()
 	fams, err := g.Gather()
 	if err != nil {
@@ -197,12 +211,12 @@ func histogramByLabel(t *testing.T, g prometheus.Gatherer, name, label, value st
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if l.GetName() == label && l.GetValue() == value {
-					return m.GetHistogram().GetSampleCount()
+					return m.GetHistogram()
 				}
 			}
 		}
 	}
-	return 0
+	return nil
 }
 
 // oneSlotGateway is a gateway with admission and the shedder in front of one simulated engine (20 ms steps)
@@ -455,26 +469,4 @@ func TestPrefillPacing(t *testing.T) {
 			}
 		})
 	}
-}
-
-// histogramSum returns the sum of the samples of the histogram name whose label has value (0 if absent).
-func histogramSum(t *testing.T, g prometheus.Gatherer, name, label, value string) float64 {
-	t.Helper()
-	fams, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return m.GetHistogram().GetSampleSum()
-				}
-			}
-		}
-	}
-	return 0
 }
