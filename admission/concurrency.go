@@ -273,18 +273,25 @@ func (c *Cap) Free() (int, bool) {
 // a fresh cap's 8, the reserve kept standard requests from ever filling the rest, so the probe past them never
 // ran, and 75 of 106 requests were refused at half the capacity of a 64-seat engine that ran 5.
 func (c *Cap) Probe() bool {
+	open, _ := c.probe()
+	return open
+}
+
+// probe reports whether a probe slot is open here (Probe), and whether it is the creep below the proven batch,
+// which a request must claim (ClaimProbe).
+func (c *Cap) probe() (open, creep bool) {
 	s := c.provisional()
 	if s <= 0 {
-		return false
+		return false, false
 	}
 	n, lim := c.Inflight(), min(c.Limit(), s+probeMargin(s))
 	if n >= lim {
-		return false
+		return false, false
 	}
 	if n >= s {
-		return true
+		return true, false
 	}
-	return c.idle.Load() && c.crept.Load() != c.scrapeAt.Load()
+	return c.idle.Load() && c.crept.Load() != c.scrapeAt.Load(), true
 }
 
 // ClaimProbe claims the slot Probe offered for a request about to be sent here, and reports whether it got it:
@@ -293,12 +300,9 @@ func (c *Cap) Probe() bool {
 // by every candidate the filter looked at: when the filter claimed it, one request spent the creep of every
 // candidate and went to one of them, so a fleet of n engines crept n times slower than its scrapes allow.
 func (c *Cap) ClaimProbe() bool {
-	s := c.provisional()
-	if s <= 0 {
-		return false
-	}
-	if n := c.Inflight(); n >= s {
-		return n < min(c.Limit(), s+probeMargin(s))
+	open, creep := c.probe()
+	if !open || !creep {
+		return open
 	}
 	at, last := c.scrapeAt.Load(), c.crept.Load()
 	return c.idle.Load() && last != at && c.crept.CompareAndSwap(last, at)
