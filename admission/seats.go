@@ -84,6 +84,13 @@ func (c *Cap) SeatsSource() (int, SeatSource) {
 	return 0, SeatsUnknown
 }
 
+// MeasuredSeats returns SeatsSource for routing (routing.SeatMeter): the seats, and whether they are the engine's
+// limit (stated, or measured at a queue) rather than the largest batch it ran (a lower bound).
+func (c *Cap) MeasuredSeats() (seats int, exact bool) {
+	n, src := c.SeatsSource()
+	return n, src != SeatsFloor && src != SeatsUnknown
+}
+
 // setEngine installs the backend's engine view and the policy's max_num_seqs (0: none). Called by
 // Caps.Update.
 func (c *Cap) setEngine(e Engine, maxNumSeqs int) {

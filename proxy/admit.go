@@ -26,6 +26,13 @@ func (s *Server) follow(snap *Snapshot) *resolved {
 		names = append(names, c.Name)
 	}
 	s.caps.Update(caps)
+	for _, b := range snap.Backends {
+		// Routing counts a backend whose seats are all taken as saturated and prices the wait for one; the cap
+		// measures the seats of an engine that states none.
+		if c := s.caps.Get(b.Config().Name); c != nil {
+			b.SetSeatMeter(c)
+		}
+	}
 	s.outliers.Update(names)
 	s.queues.Range(func(k, v any) bool {
 		if snap.Models[k.(string)] == nil {

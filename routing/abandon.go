@@ -12,7 +12,7 @@ func (a *Attempt) Abandon() {
 	first := a.first
 	waited := a.b.clock.Now().Sub(a.start).Seconds()
 	a.End(false)
-	if !first && waited > 2*(a.rtt+a.predTTFT) {
+	if !first && waited > 2*a.predicted() {
 		a.b.observeTTFT(a, waited)
 	}
 }

@@ -130,7 +130,7 @@ const maxTies = 8
 //	filter:  healthy; then not saturated (engine queue, KV usage, MaxConcurrency, in-flight imbalance); then,
 //	         if the request has an ITL objective, predicted p90 ITL within it. Each filter fails open when it
 //	         would leave nothing.
-//	cost_b = RTT_b + TTFT_b(uncached_b, queued_b, running_b) + Interference*running_b*prefill_b
+//	cost_b = RTT_b + seatwait_b + TTFT_b(uncached_b, queued_b, running_b) + Interference*running_b*prefill_b
 //	         + RegionMargin * tier_b (0 in the gateway's region, i in its i-th failover region)
 //	         + out * ITL_b(running_b+1)              under ObjectiveThroughput
 //	         + SecondsPerDollar * price_b(request)   under ObjectiveCost, which also filters on the TTFT SLO
@@ -142,10 +142,11 @@ const maxTies = 8
 //	         those holding the most of it; when none within the band holds it, a softmax sample among the
 //	         TieMax cheapest.
 //
-// uncached_b is the prompt minus the prefix b is believed to hold, and queued_b the prefill ahead on b (this
-// replica's and what is left of the others', drain.go), so the owner of a hot prefix keeps it until its queue costs more than the prefill saved elsewhere,
-// by more than the models can tell apart. Safe for concurrent use; picking among 64 backends with
-// an 8 KiB prompt takes microseconds and allocates nothing.
+// uncached_b is the prompt minus the prefix b is believed to hold, queued_b the prefill ahead on b (this
+// replica's and what is left of the others', drain.go), and seatwait_b the wait for one of b's seats when all are
+// taken (seatWait: the requests ahead, at the rate b's seats free up), so the owner of a hot prefix keeps it until
+// its queue costs more than the prefill saved elsewhere, by more than the models can tell apart. Safe for
+// concurrent use; picking among 64 backends with an 8 KiB prompt takes microseconds and allocates nothing.
 type Adaptive struct {
 	p      AdaptiveParams
 	order  regionOrder
@@ -286,7 +287,7 @@ func (s *Adaptive) evaluate(r *Request, b *Backend, now time.Time, prompt, block
 		ttft = p90
 	}
 	rtt := b.rtt()
-	cost := rtt + ttft + s.p.Interference*l.running*b.lat.prefillPerToken()*u
+	cost := rtt + l.seatWait + ttft + s.p.Interference*l.running*b.lat.prefillPerToken()*u
 	if k := s.order.tier(cfg.Region); k > 0 {
 		cost += float64(k) * s.p.RegionMargin.Seconds()
 	}
@@ -296,7 +297,7 @@ func (s *Adaptive) evaluate(r *Request, b *Backend, now time.Time, prompt, block
 	case ObjectiveCost:
 		cost += r.SecondsPerDollar * cfg.Price.estimate(prompt, hit, r.outputTokens())
 	}
-	c := cand{blocks: blocks, hit: hit, cost: cost, pred: ttft, spread: b.lat.ttftSpread.load(), ttft: rtt + p90}
+	c := cand{blocks: blocks, hit: hit, cost: cost, pred: ttft, spread: b.lat.ttftSpread.load(), ttft: rtt + l.seatWait + p90}
 	itlSLO := r.ITLSLO
 	switch {
 	case s.sat.at(b, cfg, l):

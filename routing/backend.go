@@ -154,6 +154,8 @@ type Backend struct {
 	lastTTFT  atomic.Int64 // UnixNano (backend clock) of the last TTFT observation
 
 	newTokAvg afloat // EWMA of uncached tokens per dispatched request: converts the engine queue to tokens
+	hold      afloat // EWMA of how long a request holds a seat on b (its prefill alone, then its decode), seconds; 0 before any
+	meter     atomic.Pointer[seatMeterRef]
 	hitScale  afloat // EWMA of (cached tokens the engine reported / cached tokens predicted), in [0, 1]
 	hitRate   afloat // EWMA of cached/prompt tokens, from the engine's usage when reported
 	predRate  afloat // EWMA of predicted cached/prompt tokens, when the engine never reports usage
@@ -318,20 +320,83 @@ type load struct {
 	running   float64 // sequences decoding
 	waiting   float64 // engine queue (0 when unknown)
 	kv        float64 // KV usage 0..1 (0 when unknown)
+	seatWait  float64 // seconds a new request would wait for a seat (seatWait); 0 while one is free or unknown
 	fresh     bool    // engine metrics are fresh
-	full      bool    // fresh metrics show every seat taken and requests waiting for one (seatsFull)
+	full      bool    // every seat taken and a request waiting for one (seatsFull, or the gateway's own count)
+}
+
+// SeatMeter measures the seats of an engine that states none: admission.Cap, which the proxy installs with
+// SetSeatMeter. MeasuredSeats returns the most sequences the engine runs at once and whether that is its limit
+// (stated, or measured at a queue) rather than a lower bound (the largest batch it has run); 0 while unknown. It
+// must be safe for concurrent use and cheap, as routing reads it for every candidate of a pick.
+type SeatMeter interface {
+	MeasuredSeats() (seats int, exact bool)
+}
+
+// seatMeterRef boxes a SeatMeter for an atomic.Pointer.
+type seatMeterRef struct{ m SeatMeter }
+
+// SetSeatMeter installs what measures b's seats when neither its engine nor the policy states them; nil removes it.
+func (b *Backend) SetSeatMeter(m SeatMeter) {
+	if m == nil {
+		b.meter.Store(nil)
+		return
+	}
+	b.meter.Store(&seatMeterRef{m: m})
+}
+
+// seatsOf returns the most sequences b's engine runs at once: its own figure as last scraped (e, may be nil),
+// else the policy's max_num_seqs, else the figure its SeatMeter measured; exact is false when that figure is only
+// a lower bound (the largest batch the engine has run). 0 when none is known.
+func (b *Backend) seatsOf(e *EngineStats, cfg *BackendConfig) (seats float64, exact bool) {
+	if e != nil && e.Has&HasMaxSeqs != 0 && e.MaxSeqs > 0 {
+		return e.MaxSeqs, true
+	}
+	if cfg.MaxNumSeqs > 0 {
+		return float64(cfg.MaxNumSeqs), true
+	}
+	if r := b.meter.Load(); r != nil {
+		n, exact := r.m.MeasuredSeats()
+		return float64(max(n, 0)), exact
+	}
+	return 0, false
+}
+
+// seatsNow returns the seats to judge b's batch by at this instant: the exact figure (seatsOf); else, while a
+// fresh scrape shows the engine running at least the largest batch it has run with requests waiting, its running
+// count (it runs all it can now and queues the rest); else 0 (not known to be full).
+func (b *Backend) seatsNow(e *EngineStats, cfg *BackendConfig, fresh bool) float64 {
+	seats, exact := b.seatsOf(e, cfg)
+	switch {
+	case exact:
+		return seats
+	case fresh && seats > 0 && e.Has&HasRunning != 0 && e.Waiting > 0 && e.Running >= seats:
+		return e.Running
+	}
+	return 0
 }
 
 // seatsFull reports whether e shows an engine whose batch is full, with requests waiting for a seat: running at
-// least its seats (the most sequences it runs at once, as it exports them, else the policy's max_num_seqs) and a
-// queue. Such an engine starts a new request only when a running one finishes, a wait the latency models (which
-// price prefill and load, not seats) do not see. False when the seats are not known.
-func seatsFull(e *EngineStats, cfg *BackendConfig) bool {
-	seats := float64(cfg.MaxNumSeqs)
-	if e.Has&HasMaxSeqs != 0 && e.MaxSeqs > 0 {
-		seats = e.MaxSeqs
-	}
+// least its seats and a queue. Such an engine starts a new request only when a running one finishes, a wait the
+// TTFT model (which prices prefill and load) leaves to seatWait. False when the seats are not known.
+func seatsFull(e *EngineStats, seats float64) bool {
 	return seats > 0 && e.Has&HasRunning != 0 && e.Running >= seats && e.Waiting > 0
+}
+
+// seatWait is how long a request sent to an engine with occupied requests in it (running and waiting) would wait
+// for a seat: none while one of its seats is free; else, for itself and each request queued ahead of it, one
+// release of a seat, which all seats together give at seats/hold a second (hold: how long a request holds one).
+// 0 when the seats or the hold time are not known yet.
+//
+// Continuous batching starts a queued request only when a running one finishes: on an engine whose seats are few
+// for its traffic (fixed-seat engines, small max_num_seqs), that wait is seconds, where a prefill is tens of
+// milliseconds. Measured, not tuned: the seats are stated or measured (seatsOf), the hold time is each backend's
+// own (End).
+func seatWait(occupied, seats, hold float64) float64 {
+	if seats <= 0 || hold <= 0 || occupied < seats {
+		return 0
+	}
+	return (occupied - seats + 1) * hold / seats
 }
 
 // loadAt combines local accounting with the engine's view: the larger of the two
@@ -352,14 +417,23 @@ func (b *Backend) loadAt(now time.Time) load {
 		peerQ = max(peerQ, p.prefillLeft(now, b.lat.prefillPerToken()))
 	}
 	l.queuedTok += peerQ
-	if e := b.engine.Load(); e.Fresh(now, time.Duration(b.staleAfter.Load())) {
-		l.fresh = true
-		l.full = seatsFull(e, b.Config())
+	e := b.engine.Load()
+	l.fresh = e.Fresh(now, time.Duration(b.staleAfter.Load()))
+	seats := b.seatsNow(e, b.Config(), l.fresh)
+	occupied := float64(b.Inflight())
+	if l.fresh {
+		l.full = seatsFull(e, seats)
 		l.waiting = e.Waiting
 		l.kv = e.KVUsage
 		l.running = max(l.running, e.Running)
 		l.queuedTok = max(l.queuedTok, e.Waiting*b.newTokAvg.load())
+		if e.Has&HasRunning != 0 && e.Has&HasWaiting != 0 {
+			occupied = max(occupied, e.Running+e.Waiting)
+		}
 	}
+	// The gateway's own count shows a full batch before a scrape does: more requests in flight than seats.
+	l.full = l.full || (seats > 0 && occupied > seats)
+	l.seatWait = seatWait(occupied, seats, b.hold.load())
 	return l
 }
 
@@ -378,6 +452,7 @@ type Attempt struct {
 	promptTok, hitTok        int
 	uncached, queued, runAt0 float64
 	rtt, predTTFT            float64 // seconds: RTT, and the engine's mean TTFT predicted at dispatch
+	seatWait                 float64 // seconds: the wait for a seat predicted at dispatch (seatWait)
 	revisedTTFT              float64 // seconds: predTTFT for the prefill the engine reported doing; 0 until then
 	runAtFirst               float64
 	ttft                     float64 // observed at FirstToken, seconds
@@ -395,7 +470,7 @@ func (b *Backend) Begin(promptTokens int) Attempt {
 	now := b.clock.Now()
 	l := b.loadAt(now)
 	a := Attempt{b: b, start: now, promptTok: promptTokens, uncached: float64(promptTokens),
-		queued: l.queuedTok, runAt0: l.running, rtt: b.rtt()}
+		queued: l.queuedTok, runAt0: l.running, rtt: b.rtt(), seatWait: l.seatWait}
 	a.predTTFT = b.lat.ttftMean(a.uncached, a.queued, a.runAt0)
 	b.begin(&a, int64(promptTokens))
 	return a
@@ -410,7 +485,7 @@ func (b *Backend) Begin(promptTokens int) Attempt {
 func (b *Backend) Dispatch(r *Request) Attempt {
 	now := b.clock.Now()
 	l := b.loadAt(now)
-	a := Attempt{b: b, start: now, queued: l.queuedTok, runAt0: l.running, rtt: b.rtt()}
+	a := Attempt{b: b, start: now, queued: l.queuedTok, runAt0: l.running, rtt: b.rtt(), seatWait: l.seatWait}
 	a.promptTok = r.promptTokens()
 	a.owner = b.prefixOwner()
 	if r.hb != nil && a.owner != nil && len(r.hb.Hashes) > 0 {
@@ -466,8 +541,11 @@ func uncachedTokens(promptTok, hitTok int) int {
 // Backend returns the backend the attempt went to.
 func (a *Attempt) Backend() *Backend { return a.b }
 
-// PredictedTTFT returns the TTFT predicted at dispatch (mean, RTT included).
-func (a *Attempt) PredictedTTFT() time.Duration { return duration(a.rtt + a.predTTFT) }
+// PredictedTTFT returns the TTFT predicted at dispatch (mean, RTT and the wait for a seat included).
+func (a *Attempt) PredictedTTFT() time.Duration { return duration(a.predicted()) }
+
+// predicted is PredictedTTFT in seconds.
+func (a *Attempt) predicted() float64 { return a.rtt + a.seatWait + a.predTTFT }
 
 // PredictedHit reports whether the prediction counted on a prefix-cache hit: the backend was believed to hold
 // part of the prompt. When the engine has evicted it, the first token comes as late as a miss, which says nothing
@@ -476,10 +554,10 @@ func (a *Attempt) PredictedHit() bool { return a.hitTok > 0 }
 
 // RevisedTTFT returns the TTFT the model would have predicted at dispatch for the prefill the engine reported
 // doing (the cached tokens of its usage), with the same load features and before this request trained the
-// model; before ObserveUsage brought cached tokens, PredictedTTFT. RTT included.
+// model; before ObserveUsage brought cached tokens, PredictedTTFT. RTT and the wait for a seat included.
 func (a *Attempt) RevisedTTFT() time.Duration {
 	if a.revisedTTFT > 0 {
-		return duration(a.rtt + a.revisedTTFT)
+		return duration(a.rtt + a.seatWait + a.revisedTTFT)
 	}
 	return a.PredictedTTFT()
 }
@@ -515,9 +593,11 @@ func (a *Attempt) FirstToken() {
 	}
 }
 
-// engineTTFT is the engine's part of an observed TTFT: what the gateway waited minus one round trip, kept above a
-// tenth of the whole so that an RTT estimate larger than a fast answer cannot make it vanish.
-func (a *Attempt) engineTTFT(ttft float64) float64 { return max(ttft-a.rtt, ttft/10) }
+// engineTTFT is the engine's part of an observed TTFT, the part the TTFT model learns: what the gateway waited
+// minus one round trip and the wait for a seat predicted at dispatch (seatWait, which is not prefill and would
+// teach the model a slowdown whenever the batch was full), kept above a tenth of the whole so that an estimate
+// larger than a fast answer cannot make it vanish.
+func (a *Attempt) engineTTFT(ttft float64) float64 { return max(ttft-a.rtt-a.seatWait, ttft/10) }
 
 func (b *Backend) observeTTFT(a *Attempt, ttft float64) {
 	var s *seen
@@ -528,7 +608,7 @@ func (b *Backend) observeTTFT(a *Attempt, ttft float64) {
 	b.ttftCount.Add(1)
 	b.lastTTFT.Store(b.clock.Now().UnixNano())
 	if m := b.obs.Load(); m != nil && m.ttftError != nil {
-		if pred := a.rtt + a.predTTFT; pred > 0 {
+		if pred := a.predicted(); pred > 0 {
 			m.ttftError.Observe(math.Abs(ttft-pred) / pred)
 		}
 	}
@@ -550,6 +630,10 @@ const (
 	initialAlpha = 0.8  // share of the engine's KV blocks the index may assume it holds (routing.md 4.4)
 	minAlpha     = 0.1  // calibration never shrinks the index below this share
 	hitRateAlpha = 0.05 // EWMA weight of the prefix hit rate shown in /debug/backends
+	// holdAlpha is the EWMA weight of a request's seat hold time (seatWait): about the last ten requests, so
+	// that the wait follows a change of workload (longer answers) within a few seconds of traffic, while one
+	// long stream moves it by a tenth.
+	holdAlpha = 0.1
 )
 
 // ObserveUsage records the usage the backend reported (call it when the final usage chunk arrives, before End;
@@ -640,11 +724,21 @@ func (a *Attempt) End(backendFailed bool) {
 			a.owner.Drop(a.hashes)
 		}
 		if backendFailed {
-			if waited := b.clock.Now().Sub(a.start).Seconds(); waited > 2*(a.rtt+a.predTTFT) {
+			if waited := b.clock.Now().Sub(a.start).Seconds(); waited > 2*a.predicted() {
 				b.observeTTFT(a, waited)
 			}
 		}
 		return
+	}
+	if !backendFailed {
+		// The seat was held from the start of the prefill (the engine's part of the TTFT, past any wait for a
+		// seat) to the end of the stream.
+		hold := b.clock.Now().Sub(a.firstAt).Seconds() + a.engineTTFT(a.ttft)
+		if b.hold.load() == 0 {
+			b.hold.store(hold)
+		} else {
+			b.hold.ewma(hold, holdAlpha)
+		}
 	}
 	if backendFailed || !a.gotUsage || a.completionTok < 2 {
 		return
@@ -678,12 +772,13 @@ func (b *Backend) applyCapacity() {
 }
 
 // PredictTTFT returns b's predicted TTFT for a prompt of promptTokens of which cachedTokens are in its prefix
-// cache, under its current load, RTT included: the mean and the p90. Lock-free.
+// cache, under its current load, RTT and the wait for a seat included: the mean and the p90. Lock-free.
 func (b *Backend) PredictTTFT(promptTokens, cachedTokens int) (mean, p90 time.Duration) {
 	l := b.loadAt(b.clock.Now())
 	u := float64(uncachedTokens(promptTokens, cachedTokens))
 	m := b.lat.ttftMean(u, l.queuedTok, l.running)
-	return duration(b.rtt() + m), duration(b.rtt() + m*b.lat.ttftSpread.load())
+	base := b.rtt() + l.seatWait
+	return duration(base + m), duration(base + m*b.lat.ttftSpread.load())
 }
 
 // PrefillAhead returns, from b's TTFT model, how much later than on an engine with nothing queued a request sent

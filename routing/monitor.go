@@ -481,7 +481,7 @@ func (s *scraper) idleProbe(ctx context.Context, cl *http.Client) {
 	setUpstreamHeaders(req.Header, cfg)
 	req.Header.Set("Content-Type", "application/json")
 	l := b.loadAt(b.clock.Now())
-	a := Attempt{b: b, uncached: 1, queued: l.queuedTok, runAt0: l.running, rtt: b.rtt()}
+	a := Attempt{b: b, uncached: 1, queued: l.queuedTok, runAt0: l.running, rtt: b.rtt(), seatWait: l.seatWait}
 	a.predTTFT = b.lat.ttftMean(a.uncached, a.queued, a.runAt0)
 	start := time.Now()
 	resp, err := cl.Do(req)

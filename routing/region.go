@@ -97,8 +97,9 @@ func (o regionOrder) tier(region string) int {
 }
 
 // saturation says when a backend counts as saturated, for the adaptive strategy's filter and for region tiers:
-// at its MaxConcurrency, or, while its engine metrics are fresh, with every seat taken and a queue (seatsFull,
-// where the engine's seats are known), with more than waiting requests queued, or with a KV usage over kv.
+// at its MaxConcurrency; where its engine's seats are known (stated or measured, Backend.seatsOf), with more
+// requests in flight than seats, or fresh metrics showing every seat taken and a queue (seatsFull); or, while
+// its engine metrics are fresh, with more than waiting requests queued, or with a KV usage over kv.
 type saturation struct{ waiting, kv float64 }
 
 func saturationOf(p AdaptiveParams) saturation {
@@ -110,7 +111,7 @@ func (s saturation) at(b *Backend, cfg *BackendConfig, l load) bool {
 	if c := cfg.MaxConcurrency; c > 0 && b.Inflight() >= int64(c) {
 		return true
 	}
-	return l.fresh && (l.full || l.waiting > s.waiting || l.kv > s.kv)
+	return l.full || (l.fresh && (l.waiting > s.waiting || l.kv > s.kv))
 }
 
 // saturated is the same rule without a load at hand: the thresholds before the freshness, which costs more.
@@ -119,8 +120,12 @@ func (s saturation) saturated(b *Backend, cfg *BackendConfig, now time.Time) boo
 		return true
 	}
 	e := b.engine.Load()
-	return e != nil && (e.Waiting > s.waiting || e.KVUsage > s.kv || seatsFull(e, cfg)) &&
-		e.Fresh(now, time.Duration(b.staleAfter.Load()))
+	fresh := e.Fresh(now, time.Duration(b.staleAfter.Load()))
+	seats := b.seatsNow(e, cfg, fresh)
+	if seats > 0 && float64(b.Inflight()) > seats {
+		return true
+	}
+	return fresh && (e.Waiting > s.waiting || e.KVUsage > s.kv || seatsFull(e, seats))
 }
 
 // regionWeigher is implemented by a strategy that weighs regions in its own cost (the adaptive strategy's

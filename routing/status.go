@@ -25,7 +25,8 @@ type BackendStatus struct {
 	QueueDepth float64 `json:"queue_depth"`
 	Running    float64 `json:"running"`
 	KVUsage    float64 `json:"kv_usage"`
-	// TTFTms is the predicted mean TTFT (RTT included) of a short prompt (128 uncached tokens) sent now;
+	// TTFTms is the predicted mean TTFT (RTT and any wait for a seat included) of a short prompt (128 uncached
+	// tokens) sent now;
 	// TTFTp90ms its p90. ITLms is the predicted mean inter-token latency with one more sequence decoding.
 	TTFTms    float64 `json:"ttft_ms"`
 	TTFTp90ms float64 `json:"ttft_p90_ms"`
@@ -72,6 +73,15 @@ type BackendStatus struct {
 	// HitScale is the calibrated share of the predicted prefix hits the engine really had (1: the index is
 	// right; below, it overestimates what the engine holds).
 	HitScale float64 `json:"hit_scale"`
+	// SeatHoldMs is how long a request holds one of the engine's seats, smoothed over its last requests (its
+	// prefill alone, then its decode; 0 before any ended), and SeatWaitMs the wait for a seat a request sent now
+	// would have: 0 while a seat is free or the seats are unknown (the proxy's `seats` says where they came from).
+	// Both are in TTFTms and in the adaptive cost.
+	SeatHoldMs float64 `json:"seat_hold_ms"`
+	SeatWaitMs float64 `json:"seat_wait_ms"`
+	// Full says every seat is taken and a request waits for one (the engine's scrape, or more requests in
+	// flight than seats): the backend counts as saturated.
+	Full bool `json:"full"`
 }
 
 // statusPromptTokens is the "short prompt" of BackendStatus.TTFTms.
@@ -91,8 +101,9 @@ func (b *Backend) Status() BackendStatus {
 		PrefillMsPerKTok: b.lat.pubTTFT[1].load() * 1e3,
 	}
 	mean := b.lat.ttftMean(statusPromptTokens, l.queuedTok, l.running)
-	s.TTFTms = (b.rtt() + mean) * 1e3
-	s.TTFTp90ms = (b.rtt() + mean*b.lat.ttftSpread.load()) * 1e3
+	s.TTFTms = (b.rtt() + l.seatWait + mean) * 1e3
+	s.TTFTp90ms = (b.rtt() + l.seatWait + mean*b.lat.ttftSpread.load()) * 1e3
+	s.SeatHoldMs, s.SeatWaitMs, s.Full = b.hold.load()*1e3, l.seatWait*1e3, l.full
 	s.ITLms = b.lat.itlMean(l.running+1) * 1e3
 	if b.usageSeen.Load() {
 		s.PrefixHitRate = b.hitRate.load()

@@ -1,0 +1,159 @@
+package routing
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+func TestSeatWait(t *testing.T) {
+	for _, tc := range []struct {
+		name                  string
+		occupied, seats, hold float64
+		want                  float64
+	}{
+		{"a seat free", 3, 4, 2, 0},
+		{"every seat taken: one release", 4, 4, 2, 0.5},
+		{"two queued ahead: three releases", 6, 4, 2, 1.5},
+		{"seats unknown", 9, 0, 2, 0},
+		{"hold time unknown", 9, 4, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := seatWait(tc.occupied, tc.seats, tc.hold); math.Abs(got-tc.want) > 1e-9 {
+				t.Fatalf("seatWait(%v, %v, %v) = %v, want %v", tc.occupied, tc.seats, tc.hold, got, tc.want)
+			}
+		})
+	}
+}
+
+// meter is a SeatMeter with a fixed figure.
+type meter struct {
+	seats int
+	exact bool
+}
+
+func (m meter) MeasuredSeats() (int, bool) { return m.seats, m.exact }
+
+// serve runs n requests of prompt tokens through b on the virtual clock, one at a time: first token after ttft,
+// end after hold more, so that b learns what a request holds a seat for.
+func (f *fleet) serve(name string, n, prompt int, ttft, hold time.Duration) {
+	b := f.b(name)
+	for range n {
+		a := b.Begin(prompt)
+		f.clk.Advance(ttft)
+		a.FirstToken()
+		f.clk.Advance(hold)
+		a.End(false)
+	}
+}
+
+// TestAdaptiveWaitsForASeat: an engine that runs a few sequences at once starts a queued request only when one of
+// them ends, seconds on a long answer. The owner of a prompt's prefix keeps it while it has a seat free; once
+// every seat is taken the wait for one (the requests ahead, at the rate its seats free up) is in its cost and the
+// prompt goes to a backend with a seat, paying the prefill; with a request already waiting the owner is
+// saturated. Seats count when the policy states them or the cap measured them (an exact SeatMeter), not when they
+// are only the largest batch seen, unless a fresh scrape shows the engine queueing at that batch.
+func TestAdaptiveWaitsForASeat(t *testing.T) {
+	prompt := text(31, 6000) // about 1,500 tokens: 150 ms of prefill at the truth's rate
+	truth := law{a: 0.015, perTok: 0.0001, perQueued: 0.0001, perRun: 0.0002}
+	for _, tc := range []struct {
+		name      string
+		policy    int    // backends[].max_num_seqs
+		meter     *meter // the cap's figure; nil: none installed
+		inflight  int    // requests in flight on the owner
+		waiting   float64
+		running   float64
+		wantKeep  bool
+		wantWait  time.Duration
+		saturated bool
+	}{
+		{name: "a seat free", policy: 4, inflight: 3, running: 3, wantKeep: true},
+		{name: "every seat taken", policy: 4, inflight: 4, running: 4, wantWait: 500 * time.Millisecond},
+		{name: "one waiting", policy: 4, inflight: 5, running: 4, waiting: 1, wantWait: time.Second, saturated: true},
+		{name: "one waiting, before a scrape shows it", policy: 4, inflight: 5, running: 4, wantWait: time.Second,
+			saturated: true},
+		{name: "measured seats", meter: &meter{4, true}, inflight: 4, running: 4, wantWait: 500 * time.Millisecond},
+		{name: "a lower bound only", meter: &meter{4, false}, inflight: 4, running: 4, wantKeep: true},
+		{name: "a lower bound, the engine queueing at it", meter: &meter{4, false}, inflight: 5, running: 4,
+			waiting: 1, wantWait: time.Second, saturated: true},
+		{name: "seats unknown", inflight: 6, running: 4, wantKeep: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfgs := local(4)
+			for _, c := range cfgs {
+				c.MaxNumSeqs = tc.policy
+			}
+			f := newFleet(t, cfgs...)
+			for _, tg := range f.targets {
+				f.train(tg.Backend.Name(), truth, 300)
+				if tc.meter != nil {
+					tg.Backend.SetSeatMeter(*tc.meter)
+				}
+				f.serve(tg.Backend.Name(), 20, 100, 30*time.Millisecond, 2*time.Second-30*time.Millisecond)
+				f.engine(tg.Backend.Name(), 0, 0, 0)
+			}
+			owner := f.b("b2")
+			if h := owner.hold.load(); math.Abs(h-2) > 0.05 {
+				t.Fatalf("hold time learned %.3f s, want about 2 s", h)
+			}
+			f.hold("b2", prompt)
+			atts := make([]Attempt, tc.inflight)
+			for i := range atts {
+				atts[i] = owner.Begin(100)
+				atts[i].FirstToken()
+			}
+			f.engine("b2", tc.waiting, tc.running, 0)
+			l := owner.loadAt(f.clk.Now())
+			if got := duration(l.seatWait); absDur(got-tc.wantWait) > 50*time.Millisecond {
+				t.Fatalf("seat wait %v, want %v", got, tc.wantWait)
+			}
+			sat := saturationOf(DefaultAdaptiveParams())
+			if got := sat.at(owner, owner.Config(), l); got != tc.saturated {
+				t.Fatalf("saturated = %v, want %v", got, tc.saturated)
+			}
+			if got := sat.saturated(owner, owner.Config(), f.clk.Now()); got != tc.saturated {
+				t.Fatalf("saturated (no load in hand) = %v, want %v", got, tc.saturated)
+			}
+			got := f.picks(adaptive(t, f, ""), prompt, 50)
+			if keep := got["b2"] == 50; keep != tc.wantKeep {
+				t.Fatalf("picks %v, want the owner b2 kept: %v", got, tc.wantKeep)
+			}
+			if !tc.wantKeep && got["b2"] > 0 {
+				t.Fatalf("picks %v: the owner took some while its wait for a seat outweighs the prefill", got)
+			}
+			for i := range atts {
+				atts[i].End(false)
+			}
+		})
+	}
+}
+
+func absDur(d time.Duration) time.Duration { return max(d, -d) }
+
+// TestSeatWaitIsNotPrefill: a first token that came late because the request waited for a seat does not teach the
+// TTFT model a slow engine: the wait predicted at dispatch is taken out before the model learns.
+func TestSeatWaitIsNotPrefill(t *testing.T) {
+	cfgs := local(1)
+	cfgs[0].MaxNumSeqs = 1
+	f := newFleet(t, cfgs...)
+	b := f.b("b0")
+	f.serve("b0", 20, 100, 30*time.Millisecond, time.Second)
+	before, _ := b.PredictTTFT(100, 0)
+	for range 100 {
+		busy := b.Begin(100) // holds the seat
+		busy.FirstToken()
+		a := b.Begin(100) // waits for it: about a second, then 30 ms of prefill
+		if a.seatWait < 0.9 {
+			t.Fatalf("seat wait predicted at dispatch %.3f s, want about 1 s", a.seatWait)
+		}
+		f.clk.Advance(time.Second + 30*time.Millisecond)
+		a.FirstToken()
+		busy.End(false)
+		f.clk.Advance(time.Second)
+		a.End(false)
+	}
+	after, _ := b.PredictTTFT(100, 0)
+	if after > 2*before {
+		t.Fatalf("predicted TTFT of an idle engine %v after requests that waited for a seat, %v before", after, before)
+	}
+}
