@@ -128,7 +128,7 @@ const maxTies = 8
 // time, so prompt length, prefix hits, GPU speed, load and distance trade in one unit.
 //
 //	filter:  healthy; then not saturated (engine queue, KV usage, MaxConcurrency, in-flight imbalance); then,
-//	         if the request has an ITL objective, predicted p90 ITL within it. Each filter fails open when it
+//	         if the request has an ITL objective, predicted mean ITL within it. Each filter fails open when it
 //	         would leave nothing.
 //	cost_b = RTT_b + seatwait_b + TTFT_b(uncached_b, queued_b, running_b) + Interference*running_b*prefill_b
 //	         + RegionMargin * tier_b (0 in the gateway's region, i in its i-th failover region)
@@ -304,7 +304,13 @@ func (s *Adaptive) evaluate(r *Request, b *Backend, now time.Time, prompt, block
 		c.tier = tierSaturated
 	case float64(b.Inflight()) > max(minInflight+s.p.ImbalanceAbs, minInflight*s.p.ImbalanceRel):
 		c.tier = tierSaturated
-	case itlSLO > 0 && b.lat.itlMean(l.running+1)*b.lat.itlSpread.load() > itlSLO.Seconds():
+	case itlSLO > 0 && b.lat.itlMean(l.running+1) > itlSLO.Seconds():
+		// Judged on the mean inter-token latency predicted with this request added, not its p90: the spread
+		// behind a p90 comes from each backend's own recent errors, and a backend that has served few streams
+		// keeps the prior's (1.47x the mean), so against an objective within that margin of the engines' real
+		// ITL every backend but the few most observed "missed" it, and those took all the traffic until their
+		// seats overflowed (64 backends of 4 seats, shared prefixes: p99 TTFT 10x round robin's). A backend
+		// whose mean misses the objective still ranks below those whose mean meets it.
 		c.tier = tierMisses
 	case (r.Objective == ObjectiveCost || overflow) && r.TTFTSLO > 0 && c.ttft > r.TTFTSLO.Seconds():
 		c.tier = tierMisses

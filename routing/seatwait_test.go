@@ -157,3 +157,27 @@ func TestSeatWaitIsNotPrefill(t *testing.T) {
 		t.Fatalf("predicted TTFT of an idle engine %v after requests that waited for a seat, %v before", after, before)
 	}
 }
+
+// TestITLObjectiveOnTheMean: a backend whose ITL prediction is noisy (a wide p90) but whose mean meets the objective
+// is eligible; one whose mean misses it is not. Judging the p90 sent every request to the few backends observed
+// most, whose spread had narrowed, until their seats overflowed.
+func TestITLObjectiveOnTheMean(t *testing.T) {
+	f := newFleet(t, local(3)...)
+	for i := range 200 {
+		f.b("b0").lat.observeITL(4, 0.040)
+		f.b("b1").lat.observeITL(4, []float64{0.030, 0.055}[i%2]) // mean 42 ms, p90 past 50 ms
+		f.b("b2").lat.observeITL(4, 0.060)
+	}
+	s := adaptive(t, f, "")
+	r := &Request{Model: "m", Prompt: text(1, 400), ITLSLO: 50 * time.Millisecond}
+	now := f.clk.Now()
+	for name, want := range map[string]uint8{"b0": tierEligible, "b1": tierEligible, "b2": tierMisses} {
+		b := f.b(name)
+		if p90 := b.lat.itlMean(1) * b.lat.itlSpread.load(); name == "b1" && p90 <= 0.050 {
+			t.Fatalf("b1's p90 ITL %.1f ms is within the objective: the case is not tested", p90*1e3)
+		}
+		if c := s.evaluate(r, b, now, 100, 0, 0, false); c.tier != want {
+			t.Errorf("%s: tier %d, want %d (mean ITL %.1f ms)", name, c.tier, want, b.lat.itlMean(1)*1e3)
+		}
+	}
+}

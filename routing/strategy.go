@@ -42,7 +42,7 @@ type Request struct {
 	// Prompt is the canonical prompt (openai.AppendPrompt), for prefix hashing; read during the first Pick only.
 	Prompt []byte
 	// ITLSLO, when set, is the inter-token latency the model promises: the adaptive strategy avoids backends
-	// whose predicted p90 ITL with this request added exceeds it, unless all do.
+	// whose predicted mean ITL with this request added exceeds it, unless all do.
 	ITLSLO time.Duration
 	// Objective is what the adaptive strategy optimises (ObjectiveLatency, the zero value, is its own cost).
 	Objective Objective
