@@ -267,7 +267,7 @@ func (s *Adaptive) Pick(r *Request, targets []Target) (Target, error) {
 const (
 	tierEligible  = 0 // meets the objectives
 	tierOverflow  = 1 // an overflow backend that meets them: paid per token, so after every eligible dedicated one
-	tierMisses    = 2 // predicted to miss the ITL objective, or the TTFT one (cost objective, or overflow offered)
+	tierMisses    = 2 // predicted to miss the ITL objective or the TTFT one (its mean; the p90 under the cost objective or with overflow offered)
 	tierSaturated = 3
 )
 
@@ -313,6 +313,13 @@ func (s *Adaptive) evaluate(r *Request, b *Backend, now time.Time, prompt, block
 		// whose mean misses the objective still ranks below those whose mean meets it.
 		c.tier = tierMisses
 	case (r.Objective == ObjectiveCost || overflow) && r.TTFTSLO > 0 && c.ttft > r.TTFTSLO.Seconds():
+		c.tier = tierMisses
+	case r.TTFTSLO > 0 && rtt+l.seatWait+mean > r.TTFTSLO.Seconds():
+		// Predicted (mean) to miss the TTFT objective: it ranks with the backends that miss the ITL objective,
+		// and the cost decides among them. Without this, on engines whose ITL grows with their batch (fixed
+		// seats that slow when full) the ITL filter left only the few lightly loaded backends eligible; they
+		// filled their seats, and a request waited seconds for one there rather than start at once on a
+		// backend with a free seat whose ITL would miss by a few milliseconds.
 		c.tier = tierMisses
 	case cfg.Tier == TierOverflow:
 		c.tier = tierOverflow

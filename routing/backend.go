@@ -153,8 +153,9 @@ type Backend struct {
 	ttftCount atomic.Int64
 	lastTTFT  atomic.Int64 // UnixNano (backend clock) of the last TTFT observation
 
-	newTokAvg afloat // EWMA of uncached tokens per dispatched request: converts the engine queue to tokens
-	hold      afloat // EWMA of how long a request holds a seat on b (its prefill alone, then its decode), seconds; 0 before any
+	newTokAvg afloat    // EWMA of uncached tokens per dispatched request: converts the engine queue to tokens
+	hold      holdTime  // how long a request holds a seat on b (its prefill alone, then its decode)
+	fleetHold *holdTime // the same over every backend of b's Registry (nil outside one): b's until its own
 	meter     atomic.Pointer[seatMeterRef]
 	hitScale  afloat // EWMA of (cached tokens the engine reported / cached tokens predicted), in [0, 1]
 	hitRate   afloat // EWMA of cached/prompt tokens, from the engine's usage when reported
@@ -433,9 +434,33 @@ func (b *Backend) loadAt(now time.Time) load {
 	}
 	// The gateway's own count shows a full batch before a scrape does: more requests in flight than seats.
 	l.full = l.full || (seats > 0 && occupied > seats)
-	l.seatWait = seatWait(occupied, seats, b.hold.load())
+	l.seatWait = seatWait(occupied, seats, b.holdTime())
 	return l
 }
+
+// holdTime returns how long a request holds a seat on b, in seconds: b's own mean once a request has ended there,
+// before that its fleet's (the backends of its Registry), 0 when none is known. A backend of a large fleet sees
+// its first answer end seconds after its seats first fill: a fixed-seat engine's owner of a hot prefix, with its
+// four seats taken, was sent a fifth request that waited 2-6 s for want of a hold time of its own.
+func (b *Backend) holdTime() float64 {
+	if h := b.hold.load(); h > 0 || b.fleetHold == nil {
+		return h
+	}
+	return b.fleetHold.load()
+}
+
+// holdTime is a mean seat hold time, in seconds: the mean of the first answers, then an EWMA of weight holdAlpha.
+// The first weigh 1/n each: an average seeded with the first answer to end, the shortest of those begun together
+// (1.4 s against 6-12 s on a fixed-seat engine), stayed low through the few answers a backend of a large fleet
+// sees. Lock-free.
+type holdTime struct {
+	v afloat
+	n atomic.Int64
+}
+
+func (h *holdTime) add(x float64) { h.v.ewma(x, max(holdAlpha, 1/float64(h.n.Add(1)))) }
+
+func (h *holdTime) load() float64 { return h.v.load() }
 
 // Attempt is the accounting of one request sent to a backend, from dispatch to its end. The request path owns
 // it; its methods must be called from one goroutine, in order: FirstToken at most once, ObserveUsage at most
@@ -734,10 +759,9 @@ func (a *Attempt) End(backendFailed bool) {
 		// The seat was held from the start of the prefill (the engine's part of the TTFT, past any wait for a
 		// seat) to the end of the stream.
 		hold := b.clock.Now().Sub(a.firstAt).Seconds() + a.engineTTFT(a.ttft)
-		if b.hold.load() == 0 {
-			b.hold.store(hold)
-		} else {
-			b.hold.ewma(hold, holdAlpha)
+		b.hold.add(hold)
+		if b.fleetHold != nil {
+			b.fleetHold.add(hold)
 		}
 	}
 	if backendFailed || !a.gotUsage || a.completionTok < 2 {

@@ -24,6 +24,7 @@ type Registry struct {
 	index *cache.Index
 	m     *metrics.Gateway
 	hints hintCell // the Peers publishing this registry's confirmed prefixes, if any (hints.go)
+	hold  holdTime // seat hold time over every backend: a backend's own until its first answer ends
 }
 
 type registryKey struct{ name, url string }
@@ -105,6 +106,7 @@ func (r *Registry) Sync(cfgs []*BackendConfig) []*Backend {
 func (r *Registry) newBackend(c *BackendConfig) *Backend {
 	b := newBackend(c, r.clock)
 	b.hints = &r.hints
+	b.fleetHold = &r.hold
 	if o, err := r.index.NewOwner(c.Name, 0); err == nil { // beyond cache.MaxOwners, no prefix affinity
 		b.owner.Store(o)
 		b.applyCapacity()

@@ -181,3 +181,85 @@ func TestITLObjectiveOnTheMean(t *testing.T) {
 		}
 	}
 }
+
+// TestHoldIsTheMeanOfTheFirstAnswers: the hold time starts as the mean of the answers that ended, not as the
+// first of them (the shortest of those begun together), and then follows the recent ones.
+func TestHoldIsTheMeanOfTheFirstAnswers(t *testing.T) {
+	f := newFleet(t, local(1)...)
+	b := f.b("b0")
+	f.serve("b0", 1, 100, 30*time.Millisecond, time.Second)
+	f.serve("b0", 3, 100, 30*time.Millisecond, 9*time.Second)
+	if h := b.hold.load(); math.Abs(h-7.03) > 0.05 {
+		t.Fatalf("hold after answers of 1 and 3x9 s: %.2f s, want their mean, about 7 s", h)
+	}
+	f.serve("b0", 40, 100, 30*time.Millisecond, 2*time.Second)
+	if h := b.hold.load(); math.Abs(h-2.03) > 0.1 {
+		t.Fatalf("hold after 40 answers of 2 s: %.2f s, want about 2 s", h)
+	}
+}
+
+// TestHoldFromTheFleet: a backend none of whose answers has ended yet prices the wait for a seat with its fleet's
+// hold time, and with its own once one ends there.
+func TestHoldFromTheFleet(t *testing.T) {
+	cfgs := local(2)
+	for _, c := range cfgs {
+		c.MaxNumSeqs = 4
+	}
+	f := newFleet(t, cfgs...)
+	f.serve("b0", 10, 100, 30*time.Millisecond, 2*time.Second-30*time.Millisecond)
+	b1 := f.b("b1")
+	atts := make([]Attempt, 4)
+	for i := range atts {
+		atts[i] = b1.Begin(100)
+		atts[i].FirstToken()
+	}
+	if w := b1.loadAt(f.clk.Now()).seatWait; math.Abs(w-0.5) > 0.05 {
+		t.Fatalf("seat wait on a backend without answers of its own: %.3f s, want the fleet's hold (2 s) / 4 seats", w)
+	}
+	f.clk.Advance(6 * time.Second)
+	atts[0].End(false)
+	again := b1.Begin(100) // its four seats taken again
+	again.FirstToken()
+	if w := b1.loadAt(f.clk.Now()).seatWait; math.Abs(w-1.5) > 0.05 {
+		t.Fatalf("seat wait once an answer of 6 s ended there: %.3f s, want its own hold (6 s) / 4 seats", w)
+	}
+}
+
+// TestTTFTObjectiveBesideITL: a backend predicted to miss the TTFT objective (here by its wait for a seat) ranks
+// with one that misses the ITL objective, and the cheaper of them takes the request: the ITL filter alone sent it
+// to wait seconds for a seat on the only backend whose ITL met its objective.
+func TestTTFTObjectiveBesideITL(t *testing.T) {
+	cfgs := local(2)
+	for _, c := range cfgs {
+		c.MaxNumSeqs = 4
+	}
+	f := newFleet(t, cfgs...)
+	f.serve("b0", 10, 100, 30*time.Millisecond, 4*time.Second)
+	for range 200 {
+		f.b("b0").lat.observeITL(4, 0.040)
+		f.b("b1").lat.observeITL(4, 0.060)
+	}
+	b0 := f.b("b0")
+	atts := make([]Attempt, 4)
+	for i := range atts {
+		atts[i] = b0.Begin(100)
+		atts[i].FirstToken()
+	}
+	s := adaptive(t, f, "")
+	r := &Request{Model: "m", Prompt: text(2, 400), ITLSLO: 50 * time.Millisecond, TTFTSLO: 500 * time.Millisecond}
+	now := f.clk.Now()
+	if c := s.evaluate(r, b0, now, 100, 0, 0, false); c.tier != tierMisses {
+		t.Fatalf("b0, a second's wait for a seat against a 500 ms objective: tier %d, want %d", c.tier, tierMisses)
+	}
+	got, err := s.Pick(r, f.targets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Backend.Name() != "b1" {
+		t.Fatalf("picked %s, want b1 (a free seat, ITL 60 ms against 50) over b0 (ITL 40 ms, a second's wait)",
+			got.Backend.Name())
+	}
+	for i := range atts {
+		atts[i].End(false)
+	}
+}

@@ -74,7 +74,7 @@ type BackendStatus struct {
 	// right; below, it overestimates what the engine holds).
 	HitScale float64 `json:"hit_scale"`
 	// SeatHoldMs is how long a request holds one of the engine's seats, smoothed over its last requests (its
-	// prefill alone, then its decode; 0 before any ended), and SeatWaitMs the wait for a seat a request sent now
+	// prefill alone, then its decode; the fleet's before any ended there, 0 before any ended anywhere), and SeatWaitMs the wait for a seat a request sent now
 	// would have: 0 while a seat is free or the seats are unknown (the proxy's `seats` says where they came from).
 	// Both are in TTFTms and in the adaptive cost.
 	SeatHoldMs float64 `json:"seat_hold_ms"`
@@ -103,7 +103,7 @@ func (b *Backend) Status() BackendStatus {
 	mean := b.lat.ttftMean(statusPromptTokens, l.queuedTok, l.running)
 	s.TTFTms = (b.rtt() + l.seatWait + mean) * 1e3
 	s.TTFTp90ms = (b.rtt() + l.seatWait + mean*b.lat.ttftSpread.load()) * 1e3
-	s.SeatHoldMs, s.SeatWaitMs, s.Full = b.hold.load()*1e3, l.seatWait*1e3, l.full
+	s.SeatHoldMs, s.SeatWaitMs, s.Full = b.holdTime()*1e3, l.seatWait*1e3, l.full
 	s.ITLms = b.lat.itlMean(l.running+1) * 1e3
 	if b.usageSeen.Load() {
 		s.PrefixHitRate = b.hitRate.load()
