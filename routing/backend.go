@@ -434,15 +434,15 @@ func (b *Backend) loadAt(now time.Time) load {
 	}
 	// The gateway's own count shows a full batch before a scrape does: more requests in flight than seats.
 	l.full = l.full || (seats > 0 && occupied > seats)
-	l.seatWait = seatWait(occupied, seats, b.holdTime())
+	l.seatWait = seatWait(occupied, seats, b.seatHold())
 	return l
 }
 
-// holdTime returns how long a request holds a seat on b, in seconds: b's own mean once a request has ended there,
+// seatHold returns how long a request holds a seat on b, in seconds: b's own mean once a request has ended there,
 // before that its fleet's (the backends of its Registry), 0 when none is known. A backend of a large fleet sees
 // its first answer end seconds after its seats first fill: a fixed-seat engine's owner of a hot prefix, with its
 // four seats taken, was sent a fifth request that waited 2-6 s for want of a hold time of its own.
-func (b *Backend) holdTime() float64 {
+func (b *Backend) seatHold() float64 {
 	if h := b.hold.load(); h > 0 || b.fleetHold == nil {
 		return h
 	}

@@ -97,11 +97,7 @@ func TestAdaptiveWaitsForASeat(t *testing.T) {
 				t.Fatalf("hold time learned %.3f s, want about 2 s", h)
 			}
 			f.hold("b2", prompt)
-			atts := make([]Attempt, tc.inflight)
-			for i := range atts {
-				atts[i] = owner.Begin(100)
-				atts[i].FirstToken()
-			}
+			atts := occupy(owner, tc.inflight)
 			f.engine("b2", tc.waiting, tc.running, 0)
 			l := owner.loadAt(f.clk.Now())
 			if got := duration(l.seatWait); absDur(got-tc.wantWait) > 50*time.Millisecond {
@@ -121,21 +117,43 @@ func TestAdaptiveWaitsForASeat(t *testing.T) {
 			if !tc.wantKeep && got["b2"] > 0 {
 				t.Fatalf("picks %v: the owner took some while its wait for a seat outweighs the prefill", got)
 			}
-			for i := range atts {
-				atts[i].End(false)
-			}
+			endAll(atts)
 		})
 	}
 }
 
 func absDur(d time.Duration) time.Duration { return max(d, -d) }
 
+// seated returns a fleet of n backends whose policy states seats each.
+func seated(t *testing.T, n, seats int) *fleet {
+	cfgs := local(n)
+	for _, c := range cfgs {
+		c.MaxNumSeqs = seats
+	}
+	return newFleet(t, cfgs...)
+}
+
+// occupy begins n requests on b past their first token, and returns them for End.
+func occupy(b *Backend, n int) []Attempt {
+	atts := make([]Attempt, n)
+	for i := range atts {
+		atts[i] = b.Begin(100)
+		atts[i].FirstToken()
+	}
+	return atts
+}
+
+// endAll ends the attempts.
+func endAll(atts []Attempt) {
+	for i := range atts {
+		atts[i].End(false)
+	}
+}
+
 // TestSeatWaitIsNotPrefill: a first token that came late because the request waited for a seat does not teach the
 // TTFT model a slow engine: the wait predicted at dispatch is taken out before the model learns.
 func TestSeatWaitIsNotPrefill(t *testing.T) {
-	cfgs := local(1)
-	cfgs[0].MaxNumSeqs = 1
-	f := newFleet(t, cfgs...)
+	f := seated(t, 1, 1)
 	b := f.b("b0")
 	f.serve("b0", 20, 100, 30*time.Millisecond, time.Second)
 	before, _ := b.PredictTTFT(100, 0)
@@ -201,18 +219,10 @@ func TestHoldIsTheMeanOfTheFirstAnswers(t *testing.T) {
 // TestHoldFromTheFleet: a backend none of whose answers has ended yet prices the wait for a seat with its fleet's
 // hold time, and with its own once one ends there.
 func TestHoldFromTheFleet(t *testing.T) {
-	cfgs := local(2)
-	for _, c := range cfgs {
-		c.MaxNumSeqs = 4
-	}
-	f := newFleet(t, cfgs...)
+	f := seated(t, 2, 4)
 	f.serve("b0", 10, 100, 30*time.Millisecond, 2*time.Second-30*time.Millisecond)
 	b1 := f.b("b1")
-	atts := make([]Attempt, 4)
-	for i := range atts {
-		atts[i] = b1.Begin(100)
-		atts[i].FirstToken()
-	}
+	atts := occupy(b1, 4)
 	if w := b1.loadAt(f.clk.Now()).seatWait; math.Abs(w-0.5) > 0.05 {
 		t.Fatalf("seat wait on a backend without answers of its own: %.3f s, want the fleet's hold (2 s) / 4 seats", w)
 	}
@@ -229,22 +239,14 @@ func TestHoldFromTheFleet(t *testing.T) {
 // with one that misses the ITL objective, and the cheaper of them takes the request: the ITL filter alone sent it
 // to wait seconds for a seat on the only backend whose ITL met its objective.
 func TestTTFTObjectiveBesideITL(t *testing.T) {
-	cfgs := local(2)
-	for _, c := range cfgs {
-		c.MaxNumSeqs = 4
-	}
-	f := newFleet(t, cfgs...)
+	f := seated(t, 2, 4)
 	f.serve("b0", 10, 100, 30*time.Millisecond, 4*time.Second)
 	for range 200 {
 		f.b("b0").lat.observeITL(4, 0.040)
 		f.b("b1").lat.observeITL(4, 0.060)
 	}
 	b0 := f.b("b0")
-	atts := make([]Attempt, 4)
-	for i := range atts {
-		atts[i] = b0.Begin(100)
-		atts[i].FirstToken()
-	}
+	atts := occupy(b0, 4)
 	s := adaptive(t, f, "")
 	r := &Request{Model: "m", Prompt: text(2, 400), ITLSLO: 50 * time.Millisecond, TTFTSLO: 500 * time.Millisecond}
 	now := f.clk.Now()
@@ -259,7 +261,5 @@ func TestTTFTObjectiveBesideITL(t *testing.T) {
 		t.Fatalf("picked %s, want b1 (a free seat, ITL 60 ms against 50) over b0 (ITL 40 ms, a second's wait)",
 			got.Backend.Name())
 	}
-	for i := range atts {
-		atts[i].End(false)
-	}
+	endAll(atts)
 }

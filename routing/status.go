@@ -103,7 +103,7 @@ func (b *Backend) Status() BackendStatus {
 	mean := b.lat.ttftMean(statusPromptTokens, l.queuedTok, l.running)
 	s.TTFTms = (b.rtt() + l.seatWait + mean) * 1e3
 	s.TTFTp90ms = (b.rtt() + l.seatWait + mean*b.lat.ttftSpread.load()) * 1e3
-	s.SeatHoldMs, s.SeatWaitMs, s.Full = b.holdTime()*1e3, l.seatWait*1e3, l.full
+	s.SeatHoldMs, s.SeatWaitMs, s.Full = b.seatHold()*1e3, l.seatWait*1e3, l.full
 	s.ITLms = b.lat.itlMean(l.running+1) * 1e3
 	if b.usageSeen.Load() {
 		s.PrefixHitRate = b.hitRate.load()
