@@ -133,11 +133,14 @@ func (ex *exchange) rememberWhole(body []byte) {
 }
 
 // findResponse asks the backends, all at once, whether they hold the response id (GET /v1/responses/{id}
-// answered 200), and returns the first that does, or nil when none does within locateTimeout.
+// answered 200), and returns the first that does, or nil when none does within locateTimeout. The questions
+// still out when it returns read a path of their own: id belongs to the exchange, which is reused once the
+// request ends.
 func (s *Server) findResponse(id []byte, cands []*routing.Backend) *routing.Backend {
 	if len(cands) == 0 || len(id) == 0 || len(id) > maxResponseID {
 		return nil
 	}
+	path := append([]byte("/v1/responses/"), id...)
 	ctx, cancel := context.WithTimeout(context.Background(), locateTimeout)
 	defer cancel()
 	found := make(chan *routing.Backend, len(cands))
@@ -149,7 +152,7 @@ func (s *Server) findResponse(id []byte, cands []*routing.Backend) *routing.Back
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if s.holdsResponse(ctx, b, id) {
+			if s.holdsResponse(ctx, b, path) {
 				found <- b
 			}
 		}()
@@ -163,8 +166,8 @@ func (s *Server) findResponse(id []byte, cands []*routing.Backend) *routing.Back
 	}
 }
 
-// holdsResponse asks one backend for the response id.
-func (s *Server) holdsResponse(ctx context.Context, b *routing.Backend, id []byte) bool {
+// holdsResponse asks one backend whether it holds a response: GET path (/v1/responses/{id}) answered 200.
+func (s *Server) holdsResponse(ctx context.Context, b *routing.Backend, path []byte) bool {
 	cfg := b.Config()
 	to := s.timeouts(cfg)
 	up, err := s.ups.get(cfg, to.Connect)
@@ -175,7 +178,6 @@ func (s *Server) holdsResponse(ctx context.Context, b *routing.Backend, id []byt
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.Header.SetMethod(fasthttp.MethodGet)
-	path := append([]byte("/v1/responses/"), id...)
 	_ = up.prepareRequest(req, cfg, path, "", nil) // upstream.go: the backend's headers, query and credentials
 	deadline, _ := ctx.Deadline()
 	if err := up.hc.DoDeadline(req, resp, deadline); err != nil {
