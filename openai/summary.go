@@ -383,7 +383,12 @@ func (p *parser) param(key []byte, v int) (int, error) {
 			p.fail("stream", "stream must be a boolean")
 		}
 	case "stream_options":
+		// Only chat, completions and embeddings read include_usage; every endpoint refuses an ambiguous one, which
+		// a Go engine and a Python engine would read differently (Parse).
 		if p.e == Messages {
+			if b[v] == '{' {
+				p.streamOptions(v, false)
+			}
 			break
 		}
 		s.StreamOptionsSpan = Span{v, end}
@@ -391,9 +396,7 @@ func (p *parser) param(key []byte, v int) (int, error) {
 		s.IncludeUsageSpan = noSpan
 		switch {
 		case b[v] == '{':
-			if p.e != Responses {
-				p.streamOptions(v)
-			}
+			p.streamOptions(v, p.e != Responses)
 		case !null:
 			p.fail("stream_options", "stream_options must be an object")
 		}
@@ -496,8 +499,9 @@ func (p *parser) param(key []byte, v int) (int, error) {
 	return end, nil
 }
 
-// streamOptions reads the stream_options object at b[v], already validated.
-func (p *parser) streamOptions(v int) {
+// streamOptions checks the stream_options object at b[v], already validated, for an ambiguous include_usage, and
+// with read reads it.
+func (p *parser) streamOptions(v int, read bool) {
 	b, s := p.b, p.s
 	sc := scanner{b: b, maxDepth: MaxDepth}
 	i, empty, _ := sc.open(v, 2)
@@ -513,7 +517,7 @@ func (p *parser) streamOptions(v int) {
 		if _, msg := fields.add(key, true); msg != "" {
 			p.fail("stream_options.include_usage", "%s", msg)
 		}
-		if string(key) == "include_usage" {
+		if read && string(key) == "include_usage" {
 			s.IncludeUsageSpan = Span{j, end}
 			s.IncludeUsage = b[j] == 't'
 			if b[j] != 't' && b[j] != 'f' && b[j] != 'n' {
