@@ -157,9 +157,11 @@ type Backend struct {
 	hold      holdTime  // how long a request holds a seat on b (its prefill alone, then its decode)
 	fleetHold *holdTime // the same over every backend of b's Registry (nil outside one): b's until its own
 	meter     atomic.Pointer[seatMeterRef]
-	hitScale  afloat // EWMA of (cached tokens the engine reported / cached tokens predicted), in [0, 1]
-	hitRate   afloat // EWMA of cached/prompt tokens, from the engine's usage when reported
-	predRate  afloat // EWMA of predicted cached/prompt tokens, when the engine never reports usage
+	peers     *seatPeers                // the Registry's peer groups (nil outside one): seats from peers
+	group     atomic.Pointer[seatGroup] // b's peer group, set at its first scrape
+	hitScale  afloat                    // EWMA of (cached tokens the engine reported / cached tokens predicted), in [0, 1]
+	hitRate   afloat                    // EWMA of cached/prompt tokens, from the engine's usage when reported
+	predRate  afloat                    // EWMA of predicted cached/prompt tokens, when the engine never reports usage
 	usageSeen atomic.Bool
 	alpha     afloat // share of the KV capacity the prefix index may assume (calibrated; starts at 0.8)
 	kvBlocks  atomic.Int64
@@ -346,10 +348,26 @@ func (b *Backend) SetSeatMeter(m SeatMeter) {
 	b.meter.Store(&seatMeterRef{m: m})
 }
 
-// seatsOf returns the most sequences b's engine runs at once: its own figure as last scraped (e, may be nil),
-// else the policy's max_num_seqs, else the figure its SeatMeter measured; exact is false when that figure is only
-// a lower bound (the largest batch the engine has run). 0 when none is known.
+// seatsOf returns the most sequences b's engine runs at once: its own figure (ownSeats) when exact, else the
+// figure its peers agree on (peerseats.go; none once b has run more than that at once), else its own lower bound;
+// exact is false when that figure is only a lower bound (the largest batch the engine has run). 0 when none is
+// known.
 func (b *Backend) seatsOf(e *EngineStats, cfg *BackendConfig) (seats float64, exact bool) {
+	seats, exact = b.ownSeats(e, cfg)
+	if exact {
+		return seats, true
+	}
+	if g := b.group.Load(); g != nil {
+		if p := g.seats.Load(); p > 0 { // b's own lower bound is a member's: past p, the group has no figure
+			return float64(p), true
+		}
+	}
+	return seats, false
+}
+
+// ownSeats returns what b knows of its own seats: its engine's figure as last scraped (e, may be nil), else the
+// policy's max_num_seqs, else the figure its SeatMeter measured (exact false: only a lower bound). 0 when none.
+func (b *Backend) ownSeats(e *EngineStats, cfg *BackendConfig) (seats float64, exact bool) {
 	if e != nil && e.Has&HasMaxSeqs != 0 && e.MaxSeqs > 0 {
 		return e.MaxSeqs, true
 	}

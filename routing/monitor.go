@@ -341,6 +341,7 @@ func (s *scraper) scrape(ctx context.Context) error {
 	}
 	s.last, s.lastOK = st, now
 	b.engine.Store(st)
+	b.notePeers(st)
 	if o := b.obs.Load(); o != nil {
 		o.queueDepth.Set(st.Waiting)
 	}

@@ -25,6 +25,7 @@ type Registry struct {
 	m     *metrics.Gateway
 	hints hintCell // the Peers publishing this registry's confirmed prefixes, if any (hints.go)
 	hold  holdTime // seat hold time over every backend: a backend's own until its first answer ends
+	peers seatPeers
 }
 
 type registryKey struct{ name, url string }
@@ -45,7 +46,7 @@ func WithIndex(ix *cache.Index) RegistryOption { return func(r *Registry) { r.in
 // NewRegistry returns an empty Registry.
 func NewRegistry(opts ...RegistryOption) *Registry {
 	r := &Registry{backends: make(map[registryKey]*Backend), watchers: make(map[chan struct{}]struct{}),
-		clock: SystemClock{}}
+		clock: SystemClock{}, peers: seatPeers{groups: make(map[peerKey]*seatGroup)}}
 	for _, o := range opts {
 		o(r)
 	}
@@ -85,6 +86,7 @@ func (r *Registry) Sync(cfgs []*BackendConfig) []*Backend {
 			continue
 		}
 		r.index.Remove(b.owner.Swap(nil))
+		r.peers.leave(b)
 		if r.m != nil && !names[k.name] {
 			r.m.TTFTPredictionError.DeleteLabelValues(k.name)
 			r.m.QueueDepth.DeleteLabelValues(k.name)
@@ -107,6 +109,7 @@ func (r *Registry) newBackend(c *BackendConfig) *Backend {
 	b := newBackend(c, r.clock)
 	b.hints = &r.hints
 	b.fleetHold = &r.hold
+	b.peers = &r.peers
 	if o, err := r.index.NewOwner(c.Name, 0); err == nil { // beyond cache.MaxOwners, no prefix affinity
 		b.owner.Store(o)
 		b.applyCapacity()

@@ -60,6 +60,7 @@ func TestAdaptiveWaitsForASeat(t *testing.T) {
 		name      string
 		policy    int    // backends[].max_num_seqs
 		meter     *meter // the cap's figure; nil: none installed
+		peer      *meter // b0's cap's figure, when not meter's (b0 is a peer of the owner b2: peerseats.go)
 		inflight  int    // requests in flight on the owner
 		waiting   float64
 		running   float64
@@ -77,6 +78,8 @@ func TestAdaptiveWaitsForASeat(t *testing.T) {
 		{name: "a lower bound, the engine queueing at it", meter: &meter{4, false}, inflight: 5, running: 4,
 			waiting: 1, wantWait: time.Second, saturated: true},
 		{name: "seats unknown", inflight: 6, running: 4, wantKeep: true},
+		{name: "a lower bound, a peer measured its seats", meter: &meter{4, false}, peer: &meter{4, true},
+			inflight: 4, running: 4, wantWait: 500 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfgs := local(4)
@@ -91,6 +94,12 @@ func TestAdaptiveWaitsForASeat(t *testing.T) {
 				}
 				f.serve(tg.Backend.Name(), 20, 100, 30*time.Millisecond, 2*time.Second-30*time.Millisecond)
 				f.engine(tg.Backend.Name(), 0, 0, 0)
+			}
+			if tc.peer != nil {
+				f.b("b0").SetSeatMeter(*tc.peer)
+			}
+			for _, tg := range f.targets {
+				tg.Backend.notePeers(tg.Backend.Engine())
 			}
 			owner := f.b("b2")
 			if h := owner.hold.load(); math.Abs(h-2) > 0.05 {
