@@ -105,6 +105,7 @@ type Cap struct {
 	since     atomic.Int64 // observations since the last decrease
 	steady    atomic.Bool  // past slow start: a decrease happened
 	seats     atomic.Int64 // the engine's batch size as last learned (0: unknown)
+	fromPeers atomic.Bool  // seats is what the backend's peers agree on, not its own measure (adoptPeers)
 	seatsAge  atomic.Int64 // observations since the last evidence of seats (>= SeatsTTL: probing)
 	seatsLow  atomic.Int64 // evidence of fewer seats than the estimate since the last that confirmed it
 	stated    atomic.Int64 // seats the engine or the policy states (0: neither); wins over seats
@@ -438,12 +439,14 @@ func (c *Cap) ObserveScrape(ttft time.Duration, waiting, running int) {
 			return
 		}
 		c.seats.Store(r)
+		c.fromPeers.Store(false)
 		c.seatsAge.Store(0)
 		c.seatsLow.Store(0)
 	case cur > 0 && age > SeatsTTL && waiting > 0 && r == cur:
 		c.seatsAge.Store(0) // the probe waits: confirmed
 	case cur > 0 && waiting == 0 && r > cur:
 		c.seats.Store(r) // the probe ran
+		c.fromPeers.Store(false)
 	}
 }
 

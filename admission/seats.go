@@ -15,6 +15,15 @@ type Engine interface {
 	EngineCeiling() int
 }
 
+// PeerEngine is an Engine that also knows the seats its backend's peers agree on (routing.Backend: replicas of
+// one deployment, routing/peerseats.go). A cap that knows no seats of its own takes those (adoptPeers).
+type PeerEngine interface {
+	Engine
+	// PeerSeats returns the seats the backend's peers that know theirs agree on; 0 when none do, or they
+	// disagree, or one of them ran more at once.
+	PeerSeats() int
+}
+
 // engineRef boxes an Engine for an atomic.Pointer.
 type engineRef struct{ e Engine }
 
@@ -34,6 +43,9 @@ const (
 	SeatsQueue
 	// SeatsFloor: a lower bound, the largest batch the engine ever ran (Cap.ObserveBatch).
 	SeatsFloor
+	// SeatsPeers: what the backend's peers (replicas of one deployment) measured or state, taken while the cap
+	// knows none of its own (PeerEngine). Replaced by the cap's own measure at its first queue.
+	SeatsPeers
 )
 
 // String returns the source's name as /debug/backends shows it.
@@ -47,6 +59,8 @@ func (s SeatSource) String() string {
 		return "queue"
 	case SeatsFloor:
 		return "probe"
+	case SeatsPeers:
+		return "peers"
 	}
 	return "unknown"
 }
@@ -57,7 +71,7 @@ func (s SeatSource) Sure() string {
 	switch s {
 	case SeatsEngine, SeatsPolicy:
 		return "stated"
-	case SeatsQueue:
+	case SeatsQueue, SeatsPeers:
 		return "measured"
 	case SeatsFloor:
 		return "at_least"
@@ -76,6 +90,9 @@ func (c *Cap) SeatsSource() (int, SeatSource) {
 		return int(s), SeatSource(c.statedBy.Load())
 	}
 	if s := c.seats.Load(); s > 0 {
+		if c.fromPeers.Load() {
+			return int(s), SeatsPeers
+		}
 		return int(s), SeatsQueue
 	}
 	if f := c.floor.Load(); f > 0 {
@@ -84,10 +101,15 @@ func (c *Cap) SeatsSource() (int, SeatSource) {
 	return 0, SeatsUnknown
 }
 
-// MeasuredSeats returns SeatsSource for routing (routing.SeatMeter): the seats, and whether they are the engine's
-// limit (stated, or measured at a queue) rather than the largest batch it ran (a lower bound).
+// MeasuredSeats returns what the cap knows of its own engine's seats, for routing (routing.SeatMeter): the
+// seats, and whether they are the engine's limit (stated, or measured at its queue) rather than the largest batch
+// it ran (a lower bound). Seats taken from peers count as the lower bound: routing has the peers' figure already,
+// and a member must not vouch for its peers' figure as its own.
 func (c *Cap) MeasuredSeats() (seats int, exact bool) {
 	n, src := c.SeatsSource()
+	if src == SeatsPeers {
+		return int(c.floor.Load()), false
+	}
 	return n, src != SeatsFloor && src != SeatsUnknown
 }
 
@@ -127,6 +149,38 @@ func (c *Cap) poll() {
 	}
 	c.refuseAt.Store(int64(max(r.e.EngineCeiling(), 0)))
 	c.ObserveBatch(maxSeqs, running, waiting)
+	if pe, ok := r.e.(PeerEngine); ok {
+		c.adoptPeers(pe.PeerSeats())
+	}
+}
+
+// adoptPeers takes the seats the backend's peers agree on (peers; 0: none) while the cap knows none of its own,
+// and follows them while they are what it knows: replicas of one deployment have one batch limit, and one
+// replica's first queue then spares the others theirs (a spike's first queue on each of four engines found
+// their seats one by one). The cap's own measure replaces them (ObserveScrape, ObserveBatch), and so does a
+// batch past them (the floor): the peers' figure is then not this engine's, and the routing group drops it.
+func (c *Cap) adoptPeers(peers int) {
+	if !c.Adaptive() || c.stated.Load() > 0 {
+		return
+	}
+	cur := c.seats.Load()
+	switch {
+	case cur > 0 && !c.fromPeers.Load():
+		return // its own measure
+	case peers <= 0 || int64(peers) < c.floor.Load():
+		if cur > 0 && c.seats.CompareAndSwap(cur, 0) {
+			c.fromPeers.Store(false)
+			c.seatsAge.Store(SeatsTTL)
+		}
+	case int64(peers) != cur && c.seats.CompareAndSwap(cur, int64(peers)):
+		c.fromPeers.Store(true)
+		c.seatsAge.Store(0)
+		c.seatsLow.Store(0)
+		// As stated seats do (state), the limit goes to them at once: a fresh cap's limit (Initial) would hold
+		// a 16-seat replica at 8 while its peers run 16.
+		tw := float64(c.p.TargetWaiting)
+		c.set(c.limit.update(func(l float64) float64 { return max(l, float64(peers)+tw) }))
+	}
 }
 
 // ObserveBatch feeds one scrape of the engine: maxSeqs its batch limit as it exports it (0: not exported),
@@ -184,12 +238,13 @@ func (c *Cap) ObserveBatch(maxSeqs, running, waiting int) {
 	switch f := c.floor.Load(); {
 	case waiting == 0 || grew:
 		c.queued.Store(0)
-	case c.seats.Load() == 0 && f > 0 && int64(running) == f && int64(running) < c.inflight.Load():
+	case (c.seats.Load() == 0 || c.fromPeers.Load()) && f > 0 && int64(running) == f && int64(running) < c.inflight.Load():
 		// The engine runs the most it ever ran, no more, and keeps some of the requests sent to it waiting:
 		// its batch is full. One such scrape may catch requests that arrived between two steps with seats
 		// free; a second in a row (several steps later) shows a queue.
 		if c.queued.Add(1) >= batchQueuedScrapes {
 			c.seats.Store(int64(running))
+			c.fromPeers.Store(false)
 			c.seatsAge.Store(0)
 			c.seatsLow.Store(0)
 		}

@@ -422,3 +422,90 @@ func TestSeatsFoundFast(t *testing.T) {
 		}
 	}
 }
+
+// peerEngine is a fakeEngine whose backend's peers agree on some seats (PeerEngine).
+type peerEngine struct {
+	*fakeEngine
+	peers int
+}
+
+func (e *peerEngine) PeerSeats() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.peers
+}
+
+func (e *peerEngine) setPeers(n int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.peers = n
+}
+
+// TestSeatsFromPeers: a cap that knows no seats of its own takes those its backend's peers agree on, with its
+// limit at once; it drops them when the peers do or when its engine has run more; its own measure at a queue
+// replaces them, and a stated figure wins. Routing is told the cap's own lower bound, not the peers' figure.
+func TestSeatsFromPeers(t *testing.T) {
+	newCap := func(t *testing.T, policy int) (*Cap, *peerEngine) {
+		e := &peerEngine{fakeEngine: &fakeEngine{clock: newFakeClock(), running: -1, waiting: -1}}
+		cs := NewCaps(CapParams{}, nil)
+		cs.Update([]CapConfig{{Name: "b", MaxNumSeqs: policy, Engine: e}})
+		return cs.Get("b"), e
+	}
+	t.Run("adopted", func(t *testing.T) {
+		c, e := newCap(t, 0)
+		e.setPeers(16)
+		e.scrape(0, 3, 0)
+		if n, from := c.SeatsSource(); n != 16 || from != SeatsPeers {
+			t.Fatalf("SeatsSource = %d, %v; want 16, peers", n, from)
+		}
+		if n, exact := c.MeasuredSeats(); n != 3 || exact {
+			t.Errorf("MeasuredSeats = %d, %v; want its own lower bound 3, not exact", n, exact)
+		}
+		if got := c.LimitFor(Critical, true); got != 16 {
+			t.Errorf("LimitFor(Critical) = %d, want the 16 seats (a fresh cap's limit is %v)", got, CapParams{}.withDefaults().Initial)
+		}
+		e.setPeers(0)
+		e.scrape(0, 3, 0)
+		if n, from := c.SeatsSource(); n != 3 || from != SeatsFloor {
+			t.Errorf("after the peers' figure went: SeatsSource = %d, %v; want 3, probe", n, from)
+		}
+	})
+	t.Run("its engine ran more", func(t *testing.T) {
+		c, e := newCap(t, 0)
+		held := fillFor(c, Standard)
+		e.scrape(0, held, 0) // its floor
+		e.setPeers(held - 1)
+		e.scrape(0, held, 0)
+		if n, from := c.SeatsSource(); from != SeatsFloor || n != held {
+			t.Errorf("SeatsSource = %d, %v; want its floor %d, probe", n, from, held)
+		}
+	})
+	t.Run("its own queue replaces them", func(t *testing.T) {
+		c, e := newCap(t, 0)
+		e.setPeers(16)
+		e.scrape(0, 0, 0)
+		held := fillFor(c, Critical)
+		for range 2 { // the most it ever ran, and a queue: twice in a row, its batch is 12
+			e.scrape(0, 12, held-12)
+			c.Seats() // the cap reads each scrape
+		}
+		if n, from := c.SeatsSource(); n != 12 || from != SeatsQueue {
+			t.Fatalf("SeatsSource = %d, %v; want 12, queue (held %d)", n, from, held)
+		}
+		e.scrape(0, 12, 2)
+		if n, from := c.SeatsSource(); n != 12 || from != SeatsQueue {
+			t.Errorf("after another scrape: SeatsSource = %d, %v; want its own 12", n, from)
+		}
+		if n, exact := c.MeasuredSeats(); n != 12 || !exact {
+			t.Errorf("MeasuredSeats = %d, %v; want 12, exact", n, exact)
+		}
+	})
+	t.Run("stated wins", func(t *testing.T) {
+		c, e := newCap(t, 8)
+		e.setPeers(16)
+		e.scrape(0, 3, 0)
+		if n, from := c.SeatsSource(); n != 8 || from != SeatsPolicy {
+			t.Errorf("SeatsSource = %d, %v; want 8, policy", n, from)
+		}
+	})
+}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"github.com/switchyard/switchyard/admission"
+	"github.com/switchyard/switchyard/routing"
 )
 
 // follow installs a new policy snapshot's backends and models into the admission state that outlives reloads
@@ -162,3 +163,6 @@ func pool(r *modelRec, saturated bool) admission.Pool {
 	}
 	return admission.Pool{Saturation: meter.S(), Saturated: saturated || healthy == 0 || full == healthy}
 }
+
+// A backend's cap takes the seats its peers agree on while it knows none of its own (admission.PeerEngine).
+var _ admission.PeerEngine = (*routing.Backend)(nil)
