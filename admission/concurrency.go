@@ -112,6 +112,7 @@ type Cap struct {
 	statedBy  atomic.Int32 // a SeatSource: SeatsEngine or SeatsPolicy
 	policy    atomic.Int64 // the policy's max_num_seqs (0: none), stated when the engine states nothing
 	floor     atomic.Int64 // the largest batch the engine ever ran: it has at least these seats
+	peerFloor atomic.Int64 // the largest batch any of its peers ran (PeerEngine; 0: none)
 	queued    atomic.Int32 // scrapes in a row that showed a queue with floor running, no more (ObserveBatch)
 	batchSeen atomic.Bool  // a scrape exported the engine's batch and queue (provisional seats apply)
 	engine    atomic.Pointer[engineRef]

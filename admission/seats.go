@@ -19,9 +19,9 @@ type Engine interface {
 // one deployment, routing/peerseats.go). A cap that knows no seats of its own takes those (adoptPeers).
 type PeerEngine interface {
 	Engine
-	// PeerSeats returns the seats the backend's peers that know theirs agree on; 0 when none do, or they
-	// disagree, or one of them ran more at once.
-	PeerSeats() int
+	// PeerSeats returns seats, the figure the backend's peers that know theirs agree on (0 when none do, they
+	// disagree, or one of them ran more at once), and floor, the largest batch any of them ran (0: none yet).
+	PeerSeats() (seats, floor int)
 }
 
 // engineRef boxes an Engine for an atomic.Pointer.
@@ -159,9 +159,17 @@ func (c *Cap) poll() {
 // replica's first queue then spares the others theirs (a spike's first queue on each of four engines found
 // their seats one by one). The cap's own measure replaces them (ObserveScrape, ObserveBatch), and so does a
 // batch past them (the floor): the peers' figure is then not this engine's, and the routing group drops it.
-func (c *Cap) adoptPeers(peers int) {
+//
+// The peers' batch (floor, the most any of them ran) is a lower bound of this replica's seats too: its
+// provisional seats start there, and its limit with them.
+func (c *Cap) adoptPeers(peers, floor int) {
+	c.peerFloor.Store(int64(max(floor, 0)))
 	if !c.Adaptive() || c.stated.Load() > 0 {
 		return
+	}
+	if pr := c.provisional(); pr > 0 && int64(pr) > c.floor.Load() {
+		p := float64(pr + probeMargin(pr))
+		c.set(c.limit.update(func(l float64) float64 { return max(l, p) }))
 	}
 	cur := c.seats.Load()
 	switch {
@@ -290,14 +298,17 @@ const probeShare = 8
 func probeMargin(floor int) int { return max(1, floor/probeShare) }
 
 // provisional returns the seats an adaptive cap without known seats works with while the model has critical
-// demand (LimitFor, Batch): the largest batch its engine ever ran (SeatsFloor), or
-// CapParams.Initial if that is more; 0 when the cap reads no engine that exports its batch and queue (then the
-// cap's limit and CriticalReserve alone apply).
+// demand (LimitFor, Batch): the largest batch its engine, or any of its peers (PeerEngine: replicas of one
+// deployment, whose seats are one figure), ever ran, or CapParams.Initial if that is more; 0 when the cap reads
+// no engine that exports its batch and queue (then the cap's limit and CriticalReserve alone apply). The peers'
+// batch lets each replica's probe start where the furthest one got: four replicas probing a seat at a time each
+// found 16 seats in 4-7 s (protect-overload). A replica with fewer seats than its peers' batch queues at its own
+// and so measures them (ObserveBatch).
 func (c *Cap) provisional() int {
 	if c.static.Load() > 0 || c.stated.Load() > 0 || c.seats.Load() > 0 || !c.batchSeen.Load() {
 		return 0
 	}
-	return min(max(int(c.floor.Load()), int(c.p.Initial)), maxProbeLimit)
+	return min(max(int(c.floor.Load()), int(c.peerFloor.Load()), int(c.p.Initial)), maxProbeLimit)
 }
 
 // state installs seats stated by src, and moves the limit to them when they changed.

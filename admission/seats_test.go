@@ -426,13 +426,13 @@ func TestSeatsFoundFast(t *testing.T) {
 // peerEngine is a fakeEngine whose backend's peers agree on some seats (PeerEngine).
 type peerEngine struct {
 	*fakeEngine
-	peers int
+	peers, floor int
 }
 
-func (e *peerEngine) PeerSeats() int {
+func (e *peerEngine) PeerSeats() (int, int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.peers
+	return e.peers, e.floor
 }
 
 func (e *peerEngine) setPeers(n int) {
@@ -508,4 +508,30 @@ func TestSeatsFromPeers(t *testing.T) {
 			t.Errorf("SeatsSource = %d, %v; want 8, policy", n, from)
 		}
 	})
+}
+
+// TestSeatsProbeFromPeersBatch: while no seats are known, a replica's provisional seats start at the largest
+// batch any of its peers ran, and its limit with them; its own batch still decides once it is larger.
+func TestSeatsProbeFromPeersBatch(t *testing.T) {
+	e := &peerEngine{fakeEngine: &fakeEngine{clock: newFakeClock(), running: -1, waiting: -1}}
+	cs := NewCaps(CapParams{}, nil)
+	cs.Update([]CapConfig{{Name: "b", Engine: e}})
+	c := cs.Get("b")
+	e.scrape(0, 3, 0)
+	if got, want := c.Batch(), int((CapParams{}).withDefaults().Initial); got != want {
+		t.Fatalf("Batch = %d before the peers ran anything, want Initial", got)
+	}
+	e.mu.Lock()
+	e.floor = 16
+	e.mu.Unlock()
+	e.scrape(0, 3, 0)
+	if got := c.Batch(); got != 16 {
+		t.Errorf("Batch = %d, want the peers' 16", got)
+	}
+	if got := fillFor(c, Standard); got != 16+probeMargin(16) {
+		t.Errorf("standard requests let through: %d, want 16 and the probe's %d", got, probeMargin(16))
+	}
+	if n, from := c.SeatsSource(); from != SeatsFloor || n != 3 {
+		t.Errorf("SeatsSource = %d, %v; want its own 3, probe: the peers' batch is not its seats", n, from)
+	}
 }

@@ -48,6 +48,7 @@ type seatGroup struct {
 	mu      sync.Mutex
 	members map[*Backend]peerFigure
 	seats   atomic.Int64 // the figure the members agree on (seatGroup.agree); 0 when none
+	floor   atomic.Int64 // the largest batch any member ran: a lower bound of every replica's seats
 }
 
 // peerFigure is what one member knows of its seats: exact (stated or measured), or a lower bound.
@@ -130,7 +131,13 @@ func (g *seatGroup) set(b *Backend, f peerFigure) {
 // agree sets the group's figure: the seats every member that knows its own agrees on, if none has run more
 // sequences at once than that; else 0. Called with g.mu held.
 func (g *seatGroup) agree() {
-	seats := 0
+	seats, floor := 0, 0
+	for _, f := range g.members {
+		if !f.exact {
+			floor = max(floor, f.seats)
+		}
+	}
+	g.floor.Store(int64(floor))
 	for _, f := range g.members {
 		if !f.exact || f.seats <= 0 {
 			continue
@@ -163,13 +170,14 @@ func (b *Backend) notePeers(st *EngineStats) {
 	g.set(b, peerFigure{seats: int(seats), exact: exact})
 }
 
-// PeerSeats returns the seats b's peers (replicas of one deployment) that know theirs agree on: 0 when none do,
-// they disagree, one of them ran more at once, or b has not been scraped yet (admission.PeerEngine).
-func (b *Backend) PeerSeats() int {
+// PeerSeats returns what b's peers (replicas of one deployment) know of their seats (admission.PeerEngine):
+// seats, the figure those that know theirs agree on (0 when none do, they disagree, or one of them ran more at
+// once), and floor, the largest batch any of them ran (0: none yet). Both 0 before b's first scrape.
+func (b *Backend) PeerSeats() (seats, floor int) {
 	if g := b.group.Load(); g != nil {
-		return int(g.seats.Load())
+		return int(g.seats.Load()), int(g.floor.Load())
 	}
-	return 0
+	return 0, 0
 }
 
 // peerGroup names b's peer group ("" before its first scrape).

@@ -21,13 +21,14 @@ func TestSeatsFromPeers(t *testing.T) {
 		ask       int      // which backend to ask
 		want      float64
 		wantExact bool
+		wantFloor int // the group's largest batch, checked when set
 	}{
 		{name: "a peer measured its seats", members: []member{{m: meter{4, true}}, floor2, floor2}, ask: 1, want: 4,
 			wantExact: true},
-		{name: "no peer knows", members: []member{floor2, floor2, floor2}, ask: 1, want: 2},
+		{name: "no peer knows", members: []member{floor2, floor2, {m: meter{3, false}}}, ask: 1, want: 2, wantFloor: 3},
 		{name: "peers disagree", members: []member{{m: meter{4, true}}, {m: meter{6, true}}, floor2}, ask: 2, want: 2},
 		{name: "a peer ran more than the figure", members: []member{{m: meter{4, true}}, {m: meter{5, false}},
-			floor2}, ask: 2, want: 2},
+			floor2}, ask: 2, want: 2, wantFloor: 5},
 		{name: "it ran more than the figure itself", members: []member{{m: meter{4, true}}, floor2,
 			{m: meter{5, false}}}, ask: 2, want: 5},
 		{name: "peers agree, stated and measured", members: []member{{policy: 4}, {m: meter{4, true}}, floor2},
@@ -65,6 +66,9 @@ func TestSeatsFromPeers(t *testing.T) {
 			if got != tc.want || exact != tc.wantExact {
 				t.Fatalf("seats %v (exact %v), want %v (exact %v); peers say %d", got, exact, tc.want, tc.wantExact,
 					b.Status().PeerSeats)
+			}
+			if _, floor := b.PeerSeats(); tc.wantFloor > 0 && floor != tc.wantFloor {
+				t.Errorf("the peers' largest batch %d, want %d", floor, tc.wantFloor)
 			}
 		})
 	}

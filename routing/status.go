@@ -82,11 +82,12 @@ type BackendStatus struct {
 	// Full says every seat is taken and a request waits for one (the engine's scrape, or more requests in
 	// flight than seats): the backend counts as saturated.
 	Full bool `json:"full"`
-	// PeerGroup names the backends taken as replicas of one deployment (engine, models, KV cache size), and
+	// PeerGroup names the backends taken as replicas of one deployment (engine, models, KV cache size),
 	// PeerSeats is the seats those of them that know theirs agree on (0: none, or they disagree), which b uses
-	// while it knows none of its own (routing/peerseats.go).
+	// while it knows none of its own, and PeerFloor the largest batch any of them ran (routing/peerseats.go).
 	PeerGroup string `json:"peer_group,omitempty"`
 	PeerSeats int    `json:"peer_seats"`
+	PeerFloor int    `json:"peer_floor"`
 }
 
 // statusPromptTokens is the "short prompt" of BackendStatus.TTFTms.
@@ -109,7 +110,8 @@ func (b *Backend) Status() BackendStatus {
 	s.TTFTms = (b.rtt() + l.seatWait + mean) * 1e3
 	s.TTFTp90ms = (b.rtt() + l.seatWait + mean*b.lat.ttftSpread.load()) * 1e3
 	s.SeatHoldMs, s.SeatWaitMs, s.Full = b.seatHold()*1e3, l.seatWait*1e3, l.full
-	s.PeerSeats, s.PeerGroup = b.PeerSeats(), b.peerGroup()
+	s.PeerSeats, s.PeerFloor = b.PeerSeats()
+	s.PeerGroup = b.peerGroup()
 	s.ITLms = b.lat.itlMean(l.running+1) * 1e3
 	if b.usageSeen.Load() {
 		s.PrefixHitRate = b.hitRate.load()
