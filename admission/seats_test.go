@@ -435,25 +435,27 @@ func (e *peerEngine) PeerSeats() (int, int) {
 	return e.peers, e.floor
 }
 
-func (e *peerEngine) setPeers(n int) {
+func (e *peerEngine) setPeers(seats, floor int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.peers = n
+	e.peers, e.floor = seats, floor
+}
+
+// newPeerCap returns an adaptive cap reading a peerEngine, with the policy's max_num_seqs (0: none).
+func newPeerCap(policy int) (*Cap, *peerEngine) {
+	e := &peerEngine{fakeEngine: &fakeEngine{clock: newFakeClock(), running: -1, waiting: -1}}
+	cs := NewCaps(CapParams{}, nil)
+	cs.Update([]CapConfig{{Name: "b", MaxNumSeqs: policy, Engine: e}})
+	return cs.Get("b"), e
 }
 
 // TestSeatsFromPeers: a cap that knows no seats of its own takes those its backend's peers agree on, with its
 // limit at once; it drops them when the peers do or when its engine has run more; its own measure at a queue
 // replaces them, and a stated figure wins. Routing is told the cap's own lower bound, not the peers' figure.
 func TestSeatsFromPeers(t *testing.T) {
-	newCap := func(t *testing.T, policy int) (*Cap, *peerEngine) {
-		e := &peerEngine{fakeEngine: &fakeEngine{clock: newFakeClock(), running: -1, waiting: -1}}
-		cs := NewCaps(CapParams{}, nil)
-		cs.Update([]CapConfig{{Name: "b", MaxNumSeqs: policy, Engine: e}})
-		return cs.Get("b"), e
-	}
 	t.Run("adopted", func(t *testing.T) {
-		c, e := newCap(t, 0)
-		e.setPeers(16)
+		c, e := newPeerCap(0)
+		e.setPeers(16, 0)
 		e.scrape(0, 3, 0)
 		if n, from := c.SeatsSource(); n != 16 || from != SeatsPeers {
 			t.Fatalf("SeatsSource = %d, %v; want 16, peers", n, from)
@@ -464,25 +466,25 @@ func TestSeatsFromPeers(t *testing.T) {
 		if got := c.LimitFor(Critical, true); got != 16 {
 			t.Errorf("LimitFor(Critical) = %d, want the 16 seats (a fresh cap's limit is %v)", got, CapParams{}.withDefaults().Initial)
 		}
-		e.setPeers(0)
+		e.setPeers(0, 0)
 		e.scrape(0, 3, 0)
 		if n, from := c.SeatsSource(); n != 3 || from != SeatsFloor {
 			t.Errorf("after the peers' figure went: SeatsSource = %d, %v; want 3, probe", n, from)
 		}
 	})
 	t.Run("its engine ran more", func(t *testing.T) {
-		c, e := newCap(t, 0)
+		c, e := newPeerCap(0)
 		held := fillFor(c, Standard)
 		e.scrape(0, held, 0) // its floor
-		e.setPeers(held - 1)
+		e.setPeers(held-1, 0)
 		e.scrape(0, held, 0)
 		if n, from := c.SeatsSource(); from != SeatsFloor || n != held {
 			t.Errorf("SeatsSource = %d, %v; want its floor %d, probe", n, from, held)
 		}
 	})
 	t.Run("its own queue replaces them", func(t *testing.T) {
-		c, e := newCap(t, 0)
-		e.setPeers(16)
+		c, e := newPeerCap(0)
+		e.setPeers(16, 0)
 		e.scrape(0, 0, 0)
 		held := fillFor(c, Critical)
 		for range 2 { // the most it ever ran, and a queue: twice in a row, its batch is 12
@@ -501,8 +503,8 @@ func TestSeatsFromPeers(t *testing.T) {
 		}
 	})
 	t.Run("stated wins", func(t *testing.T) {
-		c, e := newCap(t, 8)
-		e.setPeers(16)
+		c, e := newPeerCap(8)
+		e.setPeers(16, 0)
 		e.scrape(0, 3, 0)
 		if n, from := c.SeatsSource(); n != 8 || from != SeatsPolicy {
 			t.Errorf("SeatsSource = %d, %v; want 8, policy", n, from)
@@ -513,17 +515,12 @@ func TestSeatsFromPeers(t *testing.T) {
 // TestSeatsProbeFromPeersBatch: while no seats are known, a replica's provisional seats start at the largest
 // batch any of its peers ran, and its limit with them; its own batch still decides once it is larger.
 func TestSeatsProbeFromPeersBatch(t *testing.T) {
-	e := &peerEngine{fakeEngine: &fakeEngine{clock: newFakeClock(), running: -1, waiting: -1}}
-	cs := NewCaps(CapParams{}, nil)
-	cs.Update([]CapConfig{{Name: "b", Engine: e}})
-	c := cs.Get("b")
+	c, e := newPeerCap(0)
 	e.scrape(0, 3, 0)
 	if got, want := c.Batch(), int((CapParams{}).withDefaults().Initial); got != want {
 		t.Fatalf("Batch = %d before the peers ran anything, want Initial", got)
 	}
-	e.mu.Lock()
-	e.floor = 16
-	e.mu.Unlock()
+	e.setPeers(0, 16)
 	e.scrape(0, 3, 0)
 	if got := c.Batch(); got != 16 {
 		t.Errorf("Batch = %d, want the peers' 16", got)
