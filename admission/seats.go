@@ -163,11 +163,14 @@ func (c *Cap) poll() {
 // The peers' batch (floor, the most any of them ran) is a lower bound of this replica's seats too: its
 // provisional seats start there, and its limit with them.
 func (c *Cap) adoptPeers(peers, floor int) {
-	c.peerFloor.Store(int64(max(floor, 0)))
+	grew := int64(floor) > c.peerFloor.Swap(int64(max(floor, 0)))
 	if !c.Adaptive() || c.stated.Load() > 0 {
 		return
 	}
-	if pr := c.provisional(); pr > 0 && int64(pr) > c.floor.Load() {
+	// The limit follows the peers' batch when it grows, once: between two growths the first-token rules keep
+	// their say (raised at every scrape, it undid their decreases, and an owner of many conversations, ejected
+	// as slow, lost them).
+	if pr := c.provisional(); grew && pr > 0 && int64(pr) > c.floor.Load() {
 		p := float64(pr + probeMargin(pr))
 		c.set(c.limit.update(func(l float64) float64 { return max(l, p) }))
 	}

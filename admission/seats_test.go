@@ -525,10 +525,25 @@ func TestSeatsProbeFromPeersBatch(t *testing.T) {
 	if got := c.Batch(); got != 16 {
 		t.Errorf("Batch = %d, want the peers' 16", got)
 	}
-	if got := fillFor(c, Standard); got != 16+probeMargin(16) {
-		t.Errorf("standard requests let through: %d, want 16 and the probe's %d", got, probeMargin(16))
+	held := fillFor(c, Standard)
+	if held != 16+probeMargin(16) {
+		t.Errorf("standard requests let through: %d, want 16 and the probe's %d", held, probeMargin(16))
+	}
+	for range held {
+		c.Release()
 	}
 	if n, from := c.SeatsSource(); from != SeatsFloor || n != 3 {
 		t.Errorf("SeatsSource = %d, %v; want its own 3, probe: the peers' batch is not its seats", n, from)
+	}
+	// The first-token rules keep their say between two growths of the peers' batch.
+	c.limit.store(5)
+	e.scrape(0, 3, 0)
+	if got := c.Limit(); got != 5 {
+		t.Errorf("limit %d after a scrape with the same peers' batch, want the 5 it was lowered to", got)
+	}
+	e.setPeers(0, 20)
+	e.scrape(0, 3, 0)
+	if got, want := c.Limit(), 20+probeMargin(20); got != want {
+		t.Errorf("limit %d once the peers' batch grew to 20, want %d", got, want)
 	}
 }
