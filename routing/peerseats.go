@@ -128,32 +128,26 @@ func (g *seatGroup) set(b *Backend, f peerFigure) {
 	g.agree()
 }
 
-// agree sets the group's figure: the seats every member that knows its own agrees on, if none has run more
-// sequences at once than that; else 0. Called with g.mu held.
+// agree sets the group's figures: floor, the largest lower bound of any member, and seats, the figure every
+// member that knows its own agrees on if none has run more sequences at once than that (floor), else 0. Called
+// with g.mu held.
 func (g *seatGroup) agree() {
-	seats, floor := 0, 0
+	seats, floor, disagree := 0, 0, false
 	for _, f := range g.members {
-		if !f.exact {
+		switch {
+		case !f.exact:
 			floor = max(floor, f.seats)
+		case f.seats <= 0:
+		case seats != 0 && f.seats != seats:
+			disagree = true
+		default:
+			seats = f.seats
 		}
+	}
+	if disagree || floor > seats {
+		seats = 0
 	}
 	g.floor.Store(int64(floor))
-	for _, f := range g.members {
-		if !f.exact || f.seats <= 0 {
-			continue
-		}
-		if seats != 0 && f.seats != seats {
-			g.seats.Store(0)
-			return
-		}
-		seats = f.seats
-	}
-	for _, f := range g.members {
-		if !f.exact && f.seats > seats {
-			seats = 0
-			break
-		}
-	}
 	g.seats.Store(int64(seats))
 }
 
