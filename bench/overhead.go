@@ -56,7 +56,7 @@ func Overhead(ctx context.Context, opt OverheadOptions) ([]*RunReport, []Overhea
 	e.logf("overhead: workload %s, %d requests over %v", opt.Workload.Name, len(plan.Items), opt.Workload.Span())
 	kinds := []string{"direct", "gateway"}
 	for _, p := range opt.Proxies {
-		if _, err := exec.LookPath(p); err != nil {
+		if _, err := exec.LookPath(p); err != nil && p != "fasthttp" {
 			e.logf("overhead: %s is not installed, skipped", p)
 			continue
 		}
@@ -177,8 +177,12 @@ func startReferenceProxy(ctx context.Context, e *Env, kind string, b FleetBacken
 	case "haproxy":
 		conf = fmt.Sprintf(haproxyConf, addr, upstream)
 		argv = []string{"haproxy", "-db", "-f", filepath.Join(dir, "proxy.conf")}
+	case "fasthttp":
+		// This binary's bare pass-through (Passthrough): the stack's floor, no configuration file.
+		conf = "# switchyard bench passthrough: no configuration\n"
+		argv = []string{e.Exe, "bench", "passthrough", "-listen", addr, "-upstream", upstream}
 	default:
-		return nil, "", fmt.Errorf("bench: unknown reference proxy %q (nginx or haproxy)", kind)
+		return nil, "", fmt.Errorf("bench: unknown reference proxy %q (nginx, haproxy or fasthttp)", kind)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "proxy.conf"), []byte(conf), 0o644); err != nil {
 		return nil, "", fmt.Errorf("bench: %s: %w", kind, err)

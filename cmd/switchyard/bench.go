@@ -40,6 +40,8 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		return benchOverhead(ctx, command, args[1:], stdout, stderr)
 	case "matrix":
 		return benchMatrix(ctx, command, args[1:], stdout, stderr)
+	case "passthrough":
+		return benchPassthrough(ctx, args[1:], stderr)
 	case "-h", "-help", "--help", "help":
 		benchUsage(stdout)
 		return 0
@@ -60,6 +62,8 @@ func benchUsage(w io.Writer) {
             latency the gateway (and nginx/HAProxy, when installed) adds to a simulator
   matrix    -matrix FILE [-runs 3] [-out DIR] [-cells REGEXP] [-list]
             every cell of a matrix (fleets x sizes x workloads x loads ...) as a compare, judged by its checks
+  passthrough -upstream HOST:PORT [-listen ADDR]
+            a bare fasthttp proxy: overhead's "fasthttp" reference column
 
 "switchyard bench <subcommand> -h" lists every flag.
 `)
@@ -237,6 +241,26 @@ func benchCompare(ctx context.Context, command string, args []string, stdout, st
 	return 0
 }
 
+// benchPassthrough serves bench.Passthrough, the overhead benchmark's bare fasthttp reference proxy, until
+// SIGTERM.
+func benchPassthrough(ctx context.Context, args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("passthrough", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:8090", "address to serve on")
+	upstream := fs.String("upstream", "", "host:port to pass every request to")
+	if ok, code := parseFlags(fs, args, stderr); !ok {
+		return code
+	}
+	if *upstream == "" {
+		fmt.Fprintln(stderr, "switchyard bench passthrough: -upstream is required")
+		return 2
+	}
+	if err := bench.Passthrough(ctx, *listen, *upstream); err != nil {
+		fmt.Fprintln(stderr, "switchyard bench passthrough:", err)
+		return 1
+	}
+	return 0
+}
+
 func benchOverhead(ctx context.Context, command string, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("overhead", flag.ContinueOnError)
 	var wf workloadFlags
@@ -244,7 +268,7 @@ func benchOverhead(ctx context.Context, command string, args []string, stdout, s
 	fleet := fs.String("fleet", "bench/fleets/single.yaml", "simulator fleet file; its first backend is measured")
 	workload := fs.String("workload", "bench/workloads/overhead.yaml", "workload YAML file")
 	strategy := fs.String("strategy", "round_robin", "the gateway's routing strategy")
-	proxies := fs.String("proxies", "nginx,haproxy", "reference proxies to measure when installed (comma-separated; empty for none)")
+	proxies := fs.String("proxies", "nginx,haproxy", "reference proxies to measure when installed (comma-separated: nginx, haproxy, fasthttp; empty for none)")
 	out := fs.String("out", "", "directory for report.json, the plots and the child logs (default bench/out/overhead)")
 	cpu := fs.Bool("cpu", false, "issue 16's CPU protocol instead: proxies pinned to one core, a mock backend and the load on the other, alternating rounds (uses -rate, -warmup, -duration, -proxies, -strategy)")
 	rounds := fs.Int("rounds", 3, "with -cpu: rounds per proxy (medians are reported)")
