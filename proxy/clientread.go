@@ -2,9 +2,9 @@ package proxy
 
 import (
 	"io"
-	"os"
 	"sync"
 	"syscall"
+	"unsafe"
 )
 
 // A client connection holds no read buffer while it waits: neither between keep-alive requests nor while its
@@ -30,21 +30,17 @@ var clientReadBufs = sync.Pool{New: func() any { return new([clientReadBuffer]by
 // clientRead is a client connection's read-ahead state. It is used only by the connection's reader (fasthttp's
 // server goroutine for it), never concurrently.
 type clientRead struct {
-	raw   syscall.RawConn
 	fill  func(fd uintptr) bool // c.fillAhead, bound once per connection so that a read allocates nothing
 	buf   *[clientReadBuffer]byte
 	r, w  int // buf[r:w] was read from the socket and not yet returned
 	n     int // the last fill's result
-	errno error
+	errno syscall.Errno
 }
 
-// initRead prepares c's read-ahead; a connection whose socket cannot be reached raw reads as a plain socket.
+// initRead prepares c's socket for raw reads and writes (rawio.go); a connection whose socket cannot be reached
+// raw reads and writes as a plain socket, without read-ahead.
 func (c *lingerConn) initRead() {
-	raw, err := c.TCPConn.SyscallConn()
-	if err != nil {
-		return
-	}
-	c.rd.raw = raw
+	c.sock.init(c.TCPConn)
 	c.rd.fill = c.fillAhead
 }
 
@@ -61,11 +57,15 @@ func (c *lingerConn) Read(p []byte) (int, error) {
 		}
 		return n, nil
 	}
-	if len(p) != 1 || rd.raw == nil {
+	if !c.sock.ready {
 		return c.TCPConn.Read(p)
 	}
-	rd.n, rd.errno = 0, nil
-	if err := rd.raw.Read(rd.fill); err != nil {
+	if len(p) != 1 {
+		return c.sock.Read(p)
+	}
+	// The 1-byte read: wait for readability with no buffer held, then read what arrived into a pooled one.
+	rd.n, rd.errno = 0, 0
+	if err := c.sock.rc.Read(rd.fill); err != nil {
 		if rd.buf != nil { // cannot happen: fillAhead keeps a buffer only when it reports done
 			clientReadBufs.Put(rd.buf)
 			rd.buf = nil
@@ -73,8 +73,8 @@ func (c *lingerConn) Read(p []byte) (int, error) {
 		return 0, err // the deadline passed or the connection was closed
 	}
 	switch {
-	case rd.errno != nil:
-		return 0, os.NewSyscallError("read", rd.errno)
+	case rd.errno != 0:
+		return 0, c.sock.opError("read", rd.errno)
 	case rd.n == 0:
 		return 0, io.EOF
 	}
@@ -94,22 +94,31 @@ func (c *lingerConn) fillAhead(fd uintptr) bool {
 	rd := &c.rd
 	buf := clientReadBufs.Get().(*[clientReadBuffer]byte)
 	for {
-		n, err := syscall.Read(int(fd), buf[:])
+		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)))
 		switch {
-		case err == syscall.EINTR:
+		case e == syscall.EINTR:
 			continue
-		case err == syscall.EAGAIN:
+		case e == syscall.EAGAIN:
 			clientReadBufs.Put(buf)
 			return false
-		case err != nil:
+		case e != 0:
 			clientReadBufs.Put(buf)
-			rd.errno = err
+			rd.errno = e
 			return true
 		case n == 0:
 			clientReadBufs.Put(buf)
 			return true
 		}
-		rd.buf, rd.n = buf, n
+		rd.buf, rd.n = buf, int(n)
+		raceAcquire(fd) // rawio.go
 		return true
 	}
+}
+
+// Write writes p to the socket with raw system calls (rawio.go).
+func (c *lingerConn) Write(p []byte) (int, error) {
+	if !c.sock.ready {
+		return c.TCPConn.Write(p)
+	}
+	return c.sock.Write(p)
 }

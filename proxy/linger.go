@@ -46,7 +46,8 @@ func (l lingerListener) Accept() (net.Conn, error) {
 type lingerConn struct {
 	*net.TCPConn
 	closed atomic.Bool
-	rd     clientRead
+	rd     clientRead // clientread.go
+	sock   rawSocket  // rawio.go
 }
 
 // Close shuts the write side down and discards what the client still sends, on a goroutine of its own that

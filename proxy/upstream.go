@@ -61,6 +61,23 @@ type upConn struct {
 	reg    *upstreams
 	key    connKey
 	closed atomic.Bool
+	sock   rawSocket // reads and writes as raw system calls (rawio.go), when the connection is TCP
+}
+
+// Read reads the connection: from the socket raw when it can.
+func (c *upConn) Read(p []byte) (int, error) {
+	if c.sock.ready {
+		return c.sock.Read(p)
+	}
+	return c.Conn.Read(p)
+}
+
+// Write writes the connection: to the socket raw when it can.
+func (c *upConn) Write(p []byte) (int, error) {
+	if c.sock.ready {
+		return c.sock.Write(p)
+	}
+	return c.Conn.Write(p)
 }
 
 func (c *upConn) Close() error {
@@ -123,6 +140,9 @@ func (u *upstreams) get(cfg *routing.BackendConfig, connectTimeout time.Duration
 				return nil, err
 			}
 			uc := &upConn{Conn: c, reg: u}
+			if tc, ok := c.(*net.TCPConn); ok {
+				uc.sock.init(tc)
+			}
 			if uc.key, err = keyOf(c.LocalAddr(), c.RemoteAddr()); err == nil {
 				u.conns.Store(uc.key, uc)
 			}

@@ -2,4 +2,5 @@
 
 package proxy
 
+// raceEnabled: this is a race-detector build (rawio.go).
 const raceEnabled = false

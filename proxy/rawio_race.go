@@ -1,0 +1,6 @@
+//go:build race
+
+package proxy
+
+// raceEnabled: this is a race-detector build (rawio.go).
+const raceEnabled = true
