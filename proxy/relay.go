@@ -178,7 +178,11 @@ func (ex *exchange) nextEvent() (openai.Event, error) {
 		ex.replaying = false
 	}
 	a := ex.cur
-	a.idleDeadline()
+	if !a.events.Ready() {
+		// Only a read waits: an event already buffered (engines often send several in one segment) needs no
+		// new deadline, which spares a clock read and a timer update per event.
+		a.idleDeadline()
+	}
 	ev, err := a.events.Next()
 	if err != nil {
 		if err == io.EOF {
