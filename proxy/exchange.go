@@ -153,6 +153,8 @@ type relayed struct {
 	ci            openai.ChunkInfo
 	tpot          prometheus.Observer
 	itl           prometheus.Observer
+	sr            *children // the metric children of srEnd for this request's labels (children.go), once needed
+	srEnd         *endpoint // whose children sr are
 }
 
 // reset empties r for the next request, keeping its reader and buffers.
@@ -974,9 +976,13 @@ func (ex *exchange) settle(a *attempt, o admission.Outcome) {
 	ex.wd.untrack(a)
 	ex.traceAttemptEnd(a, o.Err)
 	if a.endAccounting(&o) {
-		asked, served := ex.models()
-		ex.s.m.ClientDuration.WithLabelValues(ex.operation(), providerOf(a.target.Backend), asked, served,
-			attemptErrorType(o.Err)).Observe(ex.s.clock.Now().Sub(a.started).Seconds())
+		d := ex.s.clock.Now().Sub(a.started).Seconds()
+		if et := attemptErrorType(o.Err); et != "" || a.end == nil {
+			asked, served := ex.models()
+			ex.s.m.ClientDuration.WithLabelValues(ex.operation(), providerOf(a.target.Backend), asked, served, et).Observe(d)
+		} else {
+			ex.childrenOf(a).clientDuration.Observe(d)
+		}
 	}
 }
 

@@ -13,9 +13,11 @@ import (
 
 // endpoint is one backend with its protections. It is shared by every model the backend serves.
 type endpoint struct {
-	b      *routing.Backend
-	guards admission.Endpoint // breaker, concurrency cap, outlier detector: what a Permit acquires
-	ends   *streamEnds        // switchyard_stream_ends_total's children for this backend (streamend.go)
+	b       *routing.Backend
+	guards  admission.Endpoint // breaker, concurrency cap, outlier detector: what a Permit acquires
+	ends    *streamEnds        // switchyard_stream_ends_total's children for this backend (streamend.go)
+	backend backendChildren    // the per-backend histograms' children (children.go)
+	kids    childSet           // the GenAI series of its successful requests (children.go)
 }
 
 // modelRec is one model of a snapshot with what its backends share. ends[i] guards m.Targets[i].
@@ -54,7 +56,8 @@ func (s *Server) resolve(snap *Snapshot) *resolved {
 			return e
 		}
 		e := &endpoint{b: b, guards: admission.Endpoint{Breaker: s.brk.get(b), Cap: s.caps.Get(b.Name()),
-			Outlier: s.outliers.Get(b.Name())}, ends: newStreamEnds(s.m.StreamEnds, b.Name())}
+			Outlier: s.outliers.Get(b.Name())}, ends: newStreamEnds(s.m.StreamEnds, b.Name()),
+			backend: newBackendChildren(s.m, b.Name())}
 		ends[b] = e
 		return e
 	}

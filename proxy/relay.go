@@ -327,15 +327,23 @@ func (ex *exchange) countTokens() {
 	now := time.Now()
 	if ex.firstAt.IsZero() {
 		ex.firstAt = now
-		op, provider, backend := ex.operation(), metrics.ProviderGateway, "none"
-		if a := ex.cur; a != nil {
-			provider, backend = providerOf(a.target.Backend), a.name
-			ex.s.m.BackendTTFT.WithLabelValues(backend).Observe(now.Sub(a.started).Seconds())
-			ex.itl = ex.s.m.BackendITL.WithLabelValues(backend)
+		if a := ex.cur; a != nil && a.end != nil {
+			a.end.backend.ttft.Observe(now.Sub(a.started).Seconds())
+			ex.itl = a.end.backend.itl
+			sr := ex.childrenOf(a)
+			sr.ttft.Observe(now.Sub(ex.arrival).Seconds())
+			ex.tpot = sr.tpot
+		} else {
+			op, provider := ex.operation(), metrics.ProviderGateway
+			if a != nil {
+				provider = providerOf(a.target.Backend)
+				ex.s.m.BackendTTFT.WithLabelValues(a.name).Observe(now.Sub(a.started).Seconds())
+				ex.itl = ex.s.m.BackendITL.WithLabelValues(a.name)
+			}
+			asked, served := ex.models()
+			ex.s.m.TTFT.WithLabelValues(op, provider, asked, served).Observe(now.Sub(ex.arrival).Seconds())
+			ex.tpot = ex.s.m.TPOT.WithLabelValues(op, provider, asked, served)
 		}
-		asked, served := ex.models()
-		ex.s.m.TTFT.WithLabelValues(op, provider, asked, served).Observe(now.Sub(ex.arrival).Seconds())
-		ex.tpot = ex.s.m.TPOT.WithLabelValues(op, provider, asked, served)
 	} else if ex.tpot != nil {
 		gap := now.Sub(ex.lastTokenAt).Seconds()
 		ex.tpot.Observe(gap)
@@ -422,18 +430,39 @@ func (ex *exchange) record(code int, backend string) {
 		model = ex.model.Name
 	}
 	m := ex.s.m
-	m.Requests.WithLabelValues(model, backend, codeLabel(code)).Inc()
-	op, provider, asked := ex.operation(), ex.provider(backend), ""
+	op, asked := ex.operation(), ""
 	if ex.asked != nil {
 		asked = ex.asked.Name
 	}
+	var sr *children // the answering backend's series, when the request's labels are theirs (children.go)
+	if s := ex.sr; s != nil && ex.srEnd.b.Name() == backend && s.op == op && s.asked == asked && s.served == model {
+		sr = s
+	}
+	provider := ""
+	if sr == nil || code != 200 {
+		provider = ex.provider(backend)
+	}
+	if sr != nil && code == 200 {
+		sr.requestsOK.Inc()
+	} else {
+		m.Requests.WithLabelValues(model, backend, codeLabel(code)).Inc()
+	}
 	now := time.Now()
-	m.Duration.WithLabelValues(op, provider, asked, model, metrics.ErrorType(code)).Observe(now.Sub(ex.arrival).Seconds())
+	if et := metrics.ErrorType(code); sr != nil && et == "" {
+		sr.duration.Observe(now.Sub(ex.arrival).Seconds())
+	} else {
+		m.Duration.WithLabelValues(op, provider, asked, model, et).Observe(now.Sub(ex.arrival).Seconds())
+	}
 	ex.settleCost()                           // cost.go
 	ex.s.rings.record(ex, code, backend, now) // decisions.go: the status page's charts and decisions
 	if ex.hasUsage && model != "" {
-		m.Tokens.WithLabelValues(op, provider, asked, model, "input").Observe(float64(ex.usage.PromptTokens))
-		m.Tokens.WithLabelValues(op, provider, asked, model, "output").Observe(float64(ex.usage.CompletionTokens))
+		if sr != nil {
+			sr.tokensIn.Observe(float64(ex.usage.PromptTokens))
+			sr.tokensOut.Observe(float64(ex.usage.CompletionTokens))
+		} else {
+			m.Tokens.WithLabelValues(op, provider, asked, model, "input").Observe(float64(ex.usage.PromptTokens))
+			m.Tokens.WithLabelValues(op, provider, asked, model, "output").Observe(float64(ex.usage.CompletionTokens))
+		}
 	}
 	if ex.limited {
 		used := int64(ex.usage.PromptTokens + ex.usage.CompletionTokens)
