@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -160,6 +161,52 @@ func FuzzAppendWithoutNullUsage(f *testing.F) {
 		}
 		if !reflect.DeepEqual(before, after) {
 			t.Fatalf("%q -> %q", data, out)
+		}
+	})
+}
+
+// FuzzAddInspectAgreesWithInspectChunk: the assembler's inspection (AddInspect, the non-streaming relay's single
+// scan) reports what InspectChunk reports, field for field, for any chunk, and rejects what InspectChunk rejects.
+// The seeds are FuzzInspectChunk's corpus and cases chosen for the rules that differ from merging: duplicate
+// members (the last "choices", "usage" and "error" win), several deltas in one choice, escaped keys.
+func FuzzAddInspectAgreesWithInspectChunk(f *testing.F) {
+	for _, s := range []string{
+		`{"choices":[{"index":0,"delta":{"content":"Hi","tool_calls":[{"index":0}]},"finish_reason":"stop"}],"usage":null}`,
+		`{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3,"prompt_tokens_details":{"cached_tokens":1}}}`,
+		`{"error":{"message":"x","code":500}}`, `[DONE]`, ` [DONE] `, `{"choices":[{"text":"a"}]}`, `null`, `[1]`,
+		`{"choices":[{"delta":{"content":"a"}}],"choices":[]}`, `{"choices":[],"choices":[{"delta":{"refusal":"no"}}]}`,
+		`{"usage":{"total_tokens":1},"usage":null}`, `{"error":{"message":"x"},"error":null}`,
+		`{"choices":[{"delta":{"content":""},"delta":{"reasoning":"r"},"finish_reason":null,"finish_reason":"length"}]}`,
+		`{"ch\u006fices":[{"d\u0065lta":{"c\u006fntent":"x"}},{"index":1,"text":""},7]}`,
+		`{"choices":[{"index":0,"delta":{"tool_calls":[ ]}},{"index":1,"delta":{"tool_calls":[{}]}}]}`,
+		`{"choices":[{"index":99999,"delta":{"content":"x"}}]}`, `{"choices":[{"delta":{"content":"x"}}]`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var want, got ChunkInfo
+		werr := InspectChunk(data, &want)
+		var a Assembler
+		a.Reset(Chat)
+		gerr := a.AddInspect(data, &got)
+		var se *SyntaxError
+		if werr != nil {
+			if gerr == nil {
+				t.Fatalf("%q: InspectChunk %v, AddInspect accepted it", data, werr)
+			}
+			return
+		}
+		var serr *StreamError
+		switch {
+		case gerr == nil, errors.As(gerr, &serr), errors.Is(gerr, ErrTooLarge):
+			// scanned to the end: every field must agree
+		case errors.As(gerr, &se):
+			t.Fatalf("%q: InspectChunk accepted it, AddInspect %v", data, gerr)
+		default:
+			return // the assembler's own refusal (a choice index out of range) stops its scan early
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q:\nAddInspect   %+v\nInspectChunk %+v", data, got, want)
 		}
 	})
 }
