@@ -216,7 +216,16 @@ func (ex *exchange) step(emit func([]byte) error) (done bool, err error) {
 		return true, nil
 	}
 	ex.ci = openai.ChunkInfo{}
-	if err := openai.InspectEvent(ex.endpoint, data, &ex.ci); err != nil {
+	// A chat or completions answer for a client that does not stream is inspected by the assembler as it is
+	// merged, in one scan of the chunk (openai.Assembler.AddInspect); the merge's own verdict waits below.
+	merged := emit == nil && (ex.endpoint == openai.Chat || ex.endpoint == openai.Completions)
+	var addErr error
+	if merged {
+		addErr = ex.asm.AddInspect(data, &ex.ci)
+		if addErr != nil && isSyntaxError(addErr) {
+			return false, &upstreamError{kind: kindStream, backend: a.name, err: addErr, cause: endUpstreamInvalid}
+		}
+	} else if err := openai.InspectEvent(ex.endpoint, data, &ex.ci); err != nil {
 		return false, &upstreamError{kind: kindStream, backend: a.name, err: err, cause: endUpstreamInvalid}
 	}
 	if ex.ci.HasUsage {
@@ -254,7 +263,11 @@ func (ex *exchange) step(emit func([]byte) error) (done bool, err error) {
 		if ex.endpoint == openai.Responses {
 			return false, nil // only the terminal event's response object is kept
 		}
-		if err := ex.asm.Add(data); err != nil {
+		err := addErr
+		if !merged {
+			err = ex.asm.Add(data)
+		}
+		if err != nil {
 			if errors.Is(err, openai.ErrTooLarge) {
 				return false, a.overLimit(limitAnswer, kindStream)
 			}
@@ -277,6 +290,13 @@ func (ex *exchange) step(emit func([]byte) error) (done bool, err error) {
 		raw, data = ex.scratch, ex.scratch[len("data: "):len(ex.scratch)-len("\n\n")]
 	}
 	return false, emit(ex.renamed(raw, data))
+}
+
+// isSyntaxError reports a chunk that is not well-formed JSON (an *openai.SyntaxError). A function of its own, so
+// that the target of errors.As is allocated only for an error.
+func isSyntaxError(err error) bool {
+	var se *openai.SyntaxError
+	return errors.As(err, &se)
 }
 
 // renamed returns an event with the upstream model name changed back to the public one, when they differ.
