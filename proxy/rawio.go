@@ -16,7 +16,7 @@ import (
 // to another thread. A gateway at a moderate load goes idle between most requests, so each request paid about
 // one futex wake-up and one or two sleeps of that thread, each a context switch, for system calls that never
 // block: on one pinned core that cost more than the gateway's own work per request
-// (bench/results/2026-12-05-overhead-cpu.md).
+// (bench/results/2026-12-02-overhead-cpu.md).
 //
 // Why it is safe: every socket of a net.Conn is non-blocking, so read(2) and write(2) return at once, with
 // EAGAIN when the socket is not ready; then syscall.RawConn waits for readiness on the netpoller, under the
