@@ -9,7 +9,8 @@ import (
 )
 
 // The gateway reads and writes its sockets (client connections, linger.go; upstream connections, upstream.go)
-// with raw system calls under the netpoller, not through net.Conn's Read and Write. The difference is the Go
+// with raw system calls under the netpoller, not through net.Conn's Read and Write
+// (docs/design.md, "System calls on the request path"). The difference is the Go
 // scheduler's bookkeeping around a system call (entersyscall/exitsyscall), and what it sets off: the first
 // system call after the process went idle wakes the runtime's monitor thread (sysmon) from its deep sleep, which
 // then polls every 20 µs until the process is idle again, and a P found in a system call at such a poll is handed
