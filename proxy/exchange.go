@@ -550,7 +550,7 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 	}
 	ex.note.dispatched(ex, a) // decisions.go: the status page's table of recent decisions
 	if ex.attempts == 1 {
-		ex.s.m.Overhead.Observe(ex.s.clock.Now().Sub(ex.arrival).Seconds())
+		ex.s.m.Overhead.Observe(a.started.Sub(ex.arrival).Seconds()) // arrival to dispatch
 	}
 	ex.wd.track(a)
 	ex.traceAttempt(a) // trace.go: the attempt's span, and its traceparent upstream
