@@ -10,9 +10,10 @@ func (a *Attempt) Abandon() {
 		return
 	}
 	first := a.first
-	waited := a.b.clock.Now().Sub(a.start).Seconds()
+	now := a.b.clock.Now()
+	waited := now.Sub(a.start).Seconds()
 	a.End(false)
 	if !first && waited > 2*a.predicted() {
-		a.b.observeTTFT(a, waited)
+		a.b.observeTTFT(a, waited, now)
 	}
 }

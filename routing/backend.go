@@ -629,7 +629,7 @@ func (a *Attempt) FirstToken() {
 		a.pendingTTFT = true
 		a.seen = b.lat.detectTTFT(a.uncached, a.queued, a.runAt0, a.engineTTFT(a.ttft))
 	} else {
-		b.observeTTFT(a, a.ttft)
+		b.observeTTFT(a, a.ttft, now)
 	}
 	if a.hashes != nil {
 		a.owner.Confirm(a.hashes, now)
@@ -642,14 +642,15 @@ func (a *Attempt) FirstToken() {
 // larger than a fast answer cannot make it vanish.
 func (a *Attempt) engineTTFT(ttft float64) float64 { return max(ttft-a.rtt-a.seatWait, ttft/10) }
 
-func (b *Backend) observeTTFT(a *Attempt, ttft float64) {
+// observeTTFT trains b's TTFT model on ttft, an observation of a made at now (b's clock).
+func (b *Backend) observeTTFT(a *Attempt, ttft float64, now time.Time) {
 	var s *seen
 	if a.pendingTTFT {
 		s = &a.seen
 	}
 	b.lat.fitTTFT(a.uncached, a.queued, a.runAt0, a.engineTTFT(ttft), s)
 	b.ttftCount.Add(1)
-	b.lastTTFT.Store(b.clock.Now().UnixNano())
+	b.lastTTFT.Store(now.UnixNano())
 	if m := b.obs.Load(); m != nil && m.ttftError != nil {
 		if pred := a.predicted(); pred > 0 {
 			m.ttftError.Observe(math.Abs(ttft-pred) / pred)
@@ -693,7 +694,7 @@ func (a *Attempt) ObserveUsage(u Usage) {
 	a.completionTok = u.CompletionTokens
 	if !u.HasCached {
 		if a.pendingTTFT {
-			a.b.observeTTFT(a, a.ttft)
+			a.b.observeTTFT(a, a.ttft, a.usageAt)
 			a.pendingTTFT = false
 		}
 		return
@@ -717,7 +718,7 @@ func (a *Attempt) ObserveUsage(u Usage) {
 		}
 	}
 	if a.pendingTTFT {
-		b.observeTTFT(a, a.ttft)
+		b.observeTTFT(a, a.ttft, a.usageAt)
 		a.pendingTTFT = false
 	}
 	if a.hashes == nil {
@@ -748,6 +749,7 @@ func (a *Attempt) End(backendFailed bool) {
 	}
 	a.ended = true
 	b := a.b
+	now := b.clock.Now()
 	if a.first {
 		b.decoding.Add(-1)
 	} else {
@@ -759,7 +761,7 @@ func (a *Attempt) End(backendFailed bool) {
 		b.failures.Add(1)
 	}
 	if a.pendingTTFT { // no usage came: train on the estimate
-		b.observeTTFT(a, a.ttft)
+		b.observeTTFT(a, a.ttft, now)
 		a.pendingTTFT = false
 	}
 	if !a.first {
@@ -767,8 +769,8 @@ func (a *Attempt) End(backendFailed bool) {
 			a.owner.Drop(a.hashes)
 		}
 		if backendFailed {
-			if waited := b.clock.Now().Sub(a.start).Seconds(); waited > 2*a.predicted() {
-				b.observeTTFT(a, waited)
+			if waited := now.Sub(a.start).Seconds(); waited > 2*a.predicted() {
+				b.observeTTFT(a, waited, now)
 			}
 		}
 		return
@@ -776,7 +778,7 @@ func (a *Attempt) End(backendFailed bool) {
 	if !backendFailed {
 		// The seat was held from the start of the prefill (the engine's part of the TTFT, past any wait for a
 		// seat) to the end of the stream.
-		hold := b.clock.Now().Sub(a.firstAt).Seconds() + a.engineTTFT(a.ttft)
+		hold := now.Sub(a.firstAt).Seconds() + a.engineTTFT(a.ttft)
 		b.hold.add(hold)
 		if b.fleetHold != nil {
 			b.fleetHold.add(hold)
@@ -787,7 +789,7 @@ func (a *Attempt) End(backendFailed bool) {
 	}
 	elapsed := a.usageAt.Sub(a.firstAt).Seconds()
 	running := (a.runAtFirst + float64(b.decoding.Load()) + 1) / 2
-	if e := b.engine.Load(); e.Fresh(b.clock.Now(), time.Duration(b.staleAfter.Load())) {
+	if e := b.engine.Load(); e.Fresh(now, time.Duration(b.staleAfter.Load())) {
 		running = max(running, e.Running)
 	}
 	b.lat.observeITL(running, elapsed/float64(a.completionTok-1))

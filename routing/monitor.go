@@ -488,13 +488,13 @@ func (s *scraper) idleProbe(ctx context.Context, cl *http.Client) {
 	resp, err := cl.Do(req)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
-			b.observeTTFT(&a, time.Since(start).Seconds())
+			b.observeTTFT(&a, time.Since(start).Seconds(), b.clock.Now())
 		}
 		return
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
 	if resp.StatusCode == http.StatusOK {
-		b.observeTTFT(&a, time.Since(start).Seconds())
+		b.observeTTFT(&a, time.Since(start).Seconds(), b.clock.Now())
 	}
 }
