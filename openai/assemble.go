@@ -426,23 +426,12 @@ func (a *Assembler) addChoice(sc *scanner, v, pos int) (int, error) {
 }
 
 // deltaOutput reports whether the value at b[v], a choice's delta that scanChoice validated, carries generated
-// output by InspectChunk's rule (ChunkInfo.Content).
+// output by InspectChunk's rule (scanDelta).
 func deltaOutput(sc *scanner, v int) bool {
-	b := sc.b
-	if b[v] != '{' {
-		return false
-	}
 	out := false
-	members(sc, v, 4, func(key []byte, v int) (int, error) {
-		end, err := sc.skip(v, 4)
-		switch string(key) {
-		case "content", "reasoning_content", "reasoning", "refusal":
-			out = out || (b[v] == '"' && end-v > 2)
-		case "tool_calls":
-			out = out || (err == nil && b[v] == '[' && b[sc.ws(v+1)] != ']')
-		}
-		return end, err
-	})
+	if sc.b[v] == '{' {
+		scanDelta(sc, v, &out)
+	}
 	return out
 }
 

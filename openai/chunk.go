@@ -204,16 +204,7 @@ func inspectChoices(sc *scanner, v int, ci *ChunkInfo, empty *bool) (int, error)
 			switch string(key) {
 			case "delta":
 				if b[v] == '{' {
-					return members(sc, v, 4, func(key []byte, v int) (int, error) {
-						end, err := sc.skip(v, 4)
-						switch string(key) {
-						case "content", "reasoning_content", "reasoning", "refusal":
-							out = out || (b[v] == '"' && end-v > 2)
-						case "tool_calls":
-							out = out || (err == nil && b[v] == '[' && b[sc.ws(v+1)] != ']')
-						}
-						return end, err
-					})
+					return scanDelta(sc, v, &out)
 				}
 			case "text":
 				end, err := sc.skip(v, 3)
@@ -231,6 +222,22 @@ func inspectChoices(sc *scanner, v int, ci *ChunkInfo, empty *bool) (int, error)
 		if out {
 			ci.Tokens++
 			ci.Content = true
+		}
+		return end, err
+	})
+}
+
+// scanDelta reads the delta object at b[v] (a choice's, depth 4) and returns the index after it, setting *out
+// when one of its members carries generated output (ChunkInfo.Content's rule).
+func scanDelta(sc *scanner, v int, out *bool) (int, error) {
+	b := sc.b
+	return members(sc, v, 4, func(key []byte, v int) (int, error) {
+		end, err := sc.skip(v, 4)
+		switch string(key) {
+		case "content", "reasoning_content", "reasoning", "refusal":
+			*out = *out || (b[v] == '"' && end-v > 2)
+		case "tool_calls":
+			*out = *out || (err == nil && b[v] == '[' && b[sc.ws(v+1)] != ']')
 		}
 		return end, err
 	})
