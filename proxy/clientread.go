@@ -4,7 +4,6 @@ import (
 	"io"
 	"sync"
 	"syscall"
-	"unsafe"
 )
 
 // A client connection holds no read buffer while it waits: neither between keep-alive requests nor while its
@@ -88,31 +87,21 @@ func (c *lingerConn) Read(p []byte) (int, error) {
 	return 1, nil
 }
 
-// fillAhead is the syscall.RawConn.Read callback: it reads what the socket holds into a pooled buffer, and
-// reports false (wait for readability) with the buffer given back when there is nothing yet.
+// fillAhead is the syscall.RawConn.Read callback: it reads what the socket holds into a pooled buffer (one raw
+// read, rawio.go), and reports false (wait for readability) with the buffer given back when there is nothing yet.
 func (c *lingerConn) fillAhead(fd uintptr) bool {
-	rd := &c.rd
+	rd, op := &c.rd, &c.sock.rd
 	buf := clientReadBufs.Get().(*[clientReadBuffer]byte)
-	for {
-		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)))
-		switch {
-		case e == syscall.EINTR:
-			continue
-		case e == syscall.EAGAIN:
-			clientReadBufs.Put(buf)
-			return false
-		case e != 0:
-			clientReadBufs.Put(buf)
-			rd.errno = e
-			return true
-		case n == 0:
-			clientReadBufs.Put(buf)
-			return true
-		}
-		rd.buf, rd.n = buf, int(n)
-		raceAcquire(fd) // rawio.go
-		return true
+	op.p, op.n, op.errno = buf[:], 0, 0
+	done := op.read(fd)
+	op.p = nil
+	if !done || op.errno != 0 || op.n == 0 { // nothing yet, an error, or the end of the stream
+		clientReadBufs.Put(buf)
+		rd.errno = op.errno
+		return done
 	}
+	rd.buf, rd.n = buf, op.n
+	return true
 }
 
 // Write writes p to the socket with raw system calls (rawio.go).
