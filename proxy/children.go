@@ -33,6 +33,18 @@ type childSet struct {
 	list atomic.Pointer[[]*children]
 }
 
+// find returns the children for (op, asked, served) in the published list, or nil.
+func (c *childSet) find(op, asked, served string) *children {
+	if l := c.list.Load(); l != nil {
+		for _, s := range *l {
+			if s.op == op && s.asked == asked && s.served == served {
+				return s
+			}
+		}
+	}
+	return nil
+}
+
 // maxChildren bounds the children sets an endpoint keeps. Every key is made of names in the policy (operations are a
 // fixed set, models are the policy's), so a real policy stays far below it; past it they are built per
 // request rather than kept.
@@ -49,23 +61,17 @@ func newBackendChildren(m *metrics.Gateway, backend string) backendChildren {
 
 // childrenFor returns e's children for (op, asked, served).
 func (e *endpoint) childrenFor(m *metrics.Gateway, op, asked, served string) *children {
-	if l := e.kids.list.Load(); l != nil {
-		for _, s := range *l {
-			if s.op == op && s.asked == asked && s.served == served {
-				return s
-			}
-		}
+	if s := e.kids.find(op, asked, served); s != nil {
+		return s
 	}
 	e.kids.mu.Lock()
 	defer e.kids.mu.Unlock()
+	if s := e.kids.find(op, asked, served); s != nil { // another request built it meanwhile
+		return s
+	}
 	var old []*children
 	if l := e.kids.list.Load(); l != nil {
 		old = *l
-		for _, s := range old { // another request may have built it meanwhile
-			if s.op == op && s.asked == asked && s.served == served {
-				return s
-			}
-		}
 	}
 	backend, provider := e.b.Name(), providerOf(e.b)
 	s := &children{op: op, asked: asked, served: served,
