@@ -3,7 +3,6 @@ package proxy
 import (
 	"io"
 	"sync"
-	"syscall"
 )
 
 // A client connection holds no read buffer while it waits: neither between keep-alive requests nor while its
@@ -29,11 +28,9 @@ var clientReadBufs = sync.Pool{New: func() any { return new([clientReadBuffer]by
 // clientRead is a client connection's read-ahead state. It is used only by the connection's reader (fasthttp's
 // server goroutine for it), never concurrently.
 type clientRead struct {
-	fill  func(fd uintptr) bool // c.fillAhead, bound once per connection so that a read allocates nothing
-	buf   *[clientReadBuffer]byte
-	r, w  int // buf[r:w] was read from the socket and not yet returned
-	n     int // the last fill's result
-	errno syscall.Errno
+	fill func(fd uintptr) bool // c.fillAhead, bound once per connection so that a read allocates nothing
+	buf  *[clientReadBuffer]byte
+	r, w int // buf[r:w] was read from the socket and not yet returned
 }
 
 // initRead prepares c's socket for raw reads and writes (rawio.go); a connection whose socket cannot be reached
@@ -56,14 +53,13 @@ func (c *lingerConn) Read(p []byte) (int, error) {
 		}
 		return n, nil
 	}
-	if !c.sock.ready {
+	if !c.sock.ready() {
 		return c.TCPConn.Read(p)
 	}
 	if len(p) != 1 {
 		return c.sock.Read(p)
 	}
 	// The 1-byte read: wait for readability with no buffer held, then read what arrived into a pooled one.
-	rd.n, rd.errno = 0, 0
 	if err := c.sock.rc.Read(rd.fill); err != nil {
 		if rd.buf != nil { // cannot happen: fillAhead keeps a buffer only when it reports done
 			clientReadBufs.Put(rd.buf)
@@ -71,18 +67,18 @@ func (c *lingerConn) Read(p []byte) (int, error) {
 		}
 		return 0, err // the deadline passed or the connection was closed
 	}
-	switch {
-	case rd.errno != 0:
-		return 0, c.sock.opError("read", rd.errno)
-	case rd.n == 0:
+	switch op := &c.sock.rd; { // the last fill's result
+	case op.errno != 0:
+		return 0, c.sock.opError("read", op.errno)
+	case op.n == 0:
 		return 0, io.EOF
-	}
-	p[0] = rd.buf[0]
-	if rd.n == 1 {
+	case op.n == 1:
+		p[0] = rd.buf[0]
 		clientReadBufs.Put(rd.buf)
 		rd.buf = nil
-	} else {
-		rd.r, rd.w = 1, rd.n
+	default:
+		p[0] = rd.buf[0]
+		rd.r, rd.w = 1, op.n
 	}
 	return 1, nil
 }
@@ -97,16 +93,15 @@ func (c *lingerConn) fillAhead(fd uintptr) bool {
 	op.p = nil
 	if !done || op.errno != 0 || op.n == 0 { // nothing yet, an error, or the end of the stream
 		clientReadBufs.Put(buf)
-		rd.errno = op.errno
 		return done
 	}
-	rd.buf, rd.n = buf, op.n
+	rd.buf = buf
 	return true
 }
 
 // Write writes p to the socket with raw system calls (rawio.go).
 func (c *lingerConn) Write(p []byte) (int, error) {
-	if !c.sock.ready {
+	if !c.sock.ready() {
 		return c.TCPConn.Write(p)
 	}
 	return c.sock.Write(p)

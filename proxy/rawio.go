@@ -34,14 +34,16 @@ import (
 // rawSocket does one TCP connection's reads and writes as raw system calls. Reads and writes may run
 // concurrently with each other (their state is separate), but not with themselves, as for any net.Conn user.
 type rawSocket struct {
-	rc    syscall.RawConn
-	conn  *net.TCPConn // for the addresses in errors
-	rd    rawOp
-	wr    rawOp
-	rfn   func(fd uintptr) bool // rd.read bound once, so that a read allocates nothing
-	wfn   func(fd uintptr) bool // wr.write bound once
-	ready bool
+	rc   syscall.RawConn
+	conn *net.TCPConn // for the addresses in errors
+	rd   rawOp
+	wr   rawOp
+	rfn  func(fd uintptr) bool // rd.read bound once, so that a read allocates nothing
+	wfn  func(fd uintptr) bool // wr.write bound once
 }
+
+// ready reports whether init reached the socket raw; if not, the caller uses its connection itself.
+func (s *rawSocket) ready() bool { return s.rc != nil }
 
 // rawOp is one direction's operation in progress: the buffer, the bytes done and the system call's error.
 type rawOp struct {
@@ -60,7 +62,7 @@ func (s *rawSocket) init(c *net.TCPConn) {
 	if err != nil {
 		return
 	}
-	s.rc, s.conn, s.ready = rc, c, true
+	s.rc, s.conn = rc, c
 	s.rfn, s.wfn = s.rd.read, s.wr.write
 }
 

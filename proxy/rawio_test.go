@@ -34,7 +34,7 @@ func rawPair(t *testing.T) (near *rawSocket, nearConn *net.TCPConn, far net.Conn
 	t.Cleanup(func() { nearConn.Close() })
 	near = new(rawSocket)
 	near.init(nearConn)
-	if !near.ready {
+	if !near.ready() {
 		t.Fatal("a TCP connection is not ready for raw I/O")
 	}
 	_ = nearConn.SetDeadline(time.Now().Add(20 * time.Second)) // bounds every wait below

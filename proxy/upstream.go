@@ -66,7 +66,7 @@ type upConn struct {
 
 // Read reads the connection: from the socket raw when it can.
 func (c *upConn) Read(p []byte) (int, error) {
-	if c.sock.ready {
+	if c.sock.ready() {
 		return c.sock.Read(p)
 	}
 	return c.Conn.Read(p)
@@ -74,7 +74,7 @@ func (c *upConn) Read(p []byte) (int, error) {
 
 // Write writes the connection: to the socket raw when it can.
 func (c *upConn) Write(p []byte) (int, error) {
-	if c.sock.ready {
+	if c.sock.ready() {
 		return c.sock.Write(p)
 	}
 	return c.Conn.Write(p)
