@@ -211,10 +211,11 @@ func (a *Assembler) Add(data []byte) error {
 }
 
 // AddInspect is Add that also fills ci as InspectChunk(data, ci) would, in the same scan: a client that does not
-// stream needs both the chunk's facts (first token, usage, errors) and the merged answer, and scanning is the largest
-// share of the gateway's own CPU per such request (bench/results/2026-12-02-overhead-cpu.md). Only the usage object and each
-// choice's delta, a few dozen bytes, are scanned a second time. ci's byte slices alias data, as InspectChunk's.
-// On an error ci holds what the scan read before it; a chunk InspectChunk rejects, AddInspect rejects too.
+// stream needs both the chunk's facts (first token, usage, errors) and the merged answer, and scanning is the
+// largest share of the gateway's own CPU per such request (bench/results/2026-12-02-overhead-cpu.md). Only the
+// usage object and each choice's delta, a few dozen bytes, are scanned a second time. ci's byte slices alias data,
+// as InspectChunk's. On an error ci holds what the scan read before it; a chunk InspectChunk rejects, AddInspect
+// rejects too.
 func (a *Assembler) AddInspect(data []byte, ci *ChunkInfo) error {
 	*ci = ChunkInfo{}
 	a.ci, a.noChoices = ci, false
