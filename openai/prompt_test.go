@@ -163,6 +163,7 @@ func referenceQuirk(e Endpoint, body []byte) bool {
 	}
 	names := []string{"messages", "tools", "role", "content", "tool_calls", "text", "prompt", "input"}
 	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber() // a number float64 cannot hold (1e700) is valid JSON, which the reference skips, not an error
 	type frame struct {
 		obj     bool
 		wantKey bool
