@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -300,6 +301,11 @@ func runColumn(ctx context.Context, e *Env, sc *Scenario, col Column, plan *Plan
 	if err != nil {
 		return nil, err
 	}
+	if e.WorkDir != "" {
+		if err := writeSamples(filepath.Join(e.WorkDir, tag+"-requests.jsonl"), res); err != nil {
+			return nil, err
+		}
+	}
 	r := Summary(res, target, w.SLO)
 	r.Cost = costOf(res, backends, w.Bursts)
 	r.PrefixHitRate, r.EngineRequests = probe.Finish(ctx)
@@ -356,6 +362,60 @@ func WriteArtifacts(dir, title string, rep *Report) error {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
 			return fmt.Errorf("bench: report: %w", err)
 		}
+	}
+	return nil
+}
+
+// sampleLine is one request of a column's run as written to TAG-requests.jsonl: the plan item that says what it
+// asked and the sample that says what it got, for reading a cell's tail request by request.
+type sampleLine struct {
+	Index        int     `json:"i"`
+	AtMs         float64 `json:"at_ms"`
+	Warmup       bool    `json:"warmup,omitempty"`
+	Kind         string  `json:"kind"`
+	Session      int     `json:"session"`
+	Turn         int     `json:"turn"`
+	Group        int     `json:"group"`
+	PromptTokens int     `json:"prompt_tokens"`
+	Status       int     `json:"status"`
+	Err          string  `json:"err,omitempty"`
+	Backend      string  `json:"backend,omitempty"`
+	TTFTMs       float64 `json:"ttft_ms"`
+	E2EMs        float64 `json:"e2e_ms"`
+	LateMs       float64 `json:"late_ms"`
+	CachedTokens int     `json:"cached_tokens"`
+	OutputTokens int     `json:"output_tokens"`
+}
+
+// writeSamples writes one JSON line per planned request of res to path.
+func writeSamples(path string, res *Result) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("bench: samples: %w", err)
+	}
+	bw := bufio.NewWriter(f)
+	enc := json.NewEncoder(bw)
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	for i, s := range res.Samples {
+		if i >= len(res.Plan.Items) {
+			break
+		}
+		it := &res.Plan.Items[i]
+		l := sampleLine{Index: it.Index, AtMs: ms(it.At), Warmup: it.Warmup, Kind: it.Kind, Session: it.Session,
+			Turn: it.Turn, Group: it.Group, PromptTokens: it.PromptTokens, Status: s.Status, Err: s.Err,
+			Backend: s.Backend, TTFTMs: ms(s.TTFT), E2EMs: ms(s.E2E), LateMs: ms(s.Late),
+			CachedTokens: s.CachedTokens, OutputTokens: s.OutputTokens}
+		if err := enc.Encode(&l); err != nil {
+			f.Close()
+			return fmt.Errorf("bench: samples: %w", err)
+		}
+	}
+	if err := bw.Flush(); err != nil {
+		f.Close()
+		return fmt.Errorf("bench: samples: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("bench: samples: %w", err)
 	}
 	return nil
 }

@@ -2,8 +2,10 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -229,6 +231,29 @@ events:
 	}
 	if rr.Backends["sim-x"] < 15 || rr.Backends["sim-y"] < 15 || rr.CPU == nil {
 		t.Errorf("through the gateway: backends %v, cpu %+v", rr.Backends, rr.CPU)
+	}
+	// Each column's requests, one JSON line each, agree with its report.
+	files, _ := filepath.Glob(filepath.Join(dir, "*-round_robin-requests.jsonl"))
+	if len(files) != 1 {
+		t.Fatalf("request lines of the round_robin column: %q", files)
+	}
+	data, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	perBackend := map[string]int{}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	for _, l := range lines {
+		var x sampleLine
+		if err := json.Unmarshal([]byte(l), &x); err != nil {
+			t.Fatalf("%q: %v", l, err)
+		}
+		if !x.Warmup && x.Status == 200 && x.TTFTMs > 0 && x.Group >= 0 && x.PromptTokens > 0 {
+			perBackend[x.Backend]++
+		}
+	}
+	if !maps.Equal(perBackend, rr.Backends) {
+		t.Errorf("request lines count %v per backend, the report %v (%d lines)", perBackend, rr.Backends, len(lines))
 	}
 	if !strings.Contains(broken.Error, "not yet") {
 		t.Errorf("a gateway that exits should be reported with its output, got %q", broken.Error)
