@@ -138,7 +138,8 @@ const maxTies = 8
 //	         it: replicas agree on it) unless another candidate's cost plus its TTFT's measured error is below
 //	         the owner's cost less its own (keepOwner); otherwise, among candidates within
 //	         best*(1+TieRelative)+TieAbsolute: for a prefix no candidate holds, the rendezvous-hash winner of the
-//	         first block (every replica agrees); for a prefix some of them hold, the rendezvous winner among
+//	         first block among those whose prefix index is least full, judged at their optimistic cost in the
+//	         cheapest's region (pickCold); for a prefix some of them hold, the rendezvous winner among
 //	         those holding the most of it; when none within the band holds it, a softmax sample among the
 //	         TieMax cheapest.
 //
@@ -195,6 +196,7 @@ func countLookup(lookups, hits prometheus.Counter, longest int) {
 type cand struct {
 	i      int     // index in targets
 	tier   uint8   // 0 eligible, 1 eligible overflow, 2 misses an objective, 3 saturated (see evaluate)
+	region uint8   // steps down the failover order (0: the gateway's region), as RegionMargin counts them
 	blocks int     // leading prefix blocks held
 	hit    int     // cached tokens predicted
 	cost   float64 // seconds
@@ -249,7 +251,7 @@ func (s *Adaptive) Pick(r *Request, targets []Target) (Target, error) {
 	band := minCost*(1+s.p.TieRelative) + s.p.TieAbsolute.Seconds()
 	var chosen cand
 	if cold {
-		chosen = pickRendezvous(cs, band, 0, coldKey(r), targets)
+		chosen = pickCold(cs, band, coldKey(r), targets)
 	} else if c, kept := keepOwner(cs, coldKey(r), targets); kept {
 		chosen = c
 	} else if c, owned := pickOwner(cs, band, coldKey(r), targets); owned {
@@ -288,7 +290,8 @@ func (s *Adaptive) evaluate(r *Request, b *Backend, now time.Time, prompt, block
 	}
 	rtt := b.rtt()
 	cost := rtt + l.seatWait + ttft + s.p.Interference*l.running*b.lat.prefillPerToken()*u
-	if k := s.order.tier(cfg.Region); k > 0 {
+	k := s.order.tier(cfg.Region)
+	if k > 0 {
 		cost += float64(k) * s.p.RegionMargin.Seconds()
 	}
 	switch r.Objective {
@@ -297,7 +300,8 @@ func (s *Adaptive) evaluate(r *Request, b *Backend, now time.Time, prompt, block
 	case ObjectiveCost:
 		cost += r.SecondsPerDollar * cfg.Price.estimate(prompt, hit, r.outputTokens())
 	}
-	c := cand{blocks: blocks, hit: hit, cost: cost, pred: ttft, spread: b.lat.ttftSpread.load(), ttft: rtt + l.seatWait + p90}
+	c := cand{blocks: blocks, hit: hit, cost: cost, pred: ttft, spread: b.lat.ttftSpread.load(), ttft: rtt + l.seatWait + p90,
+		region: uint8(min(k, math.MaxUint8))}
 	itlSLO := r.ITLSLO
 	switch {
 	case s.sat.at(b, cfg, l):
@@ -354,6 +358,66 @@ func pickRendezvous(cs []cand, band float64, minBlocks int, key uint64, targets 
 	return best
 }
 
+// pickCold places a prefix no candidate holds: among the candidates the models cannot tell from the cheapest
+// (in its region, an optimistic cost within band: cand.optimistic; in another, the cost itself, so that
+// RegionMargin stays a margin), those whose prefix index is least full (blocks believed held over capacity), and
+// among them the rendezvous winner for key.
+//
+// The rendezvous winner among the cheapest alone let prefixes land together. With four system prompts over eight
+// idle backends, two or more share a backend more often than not (1 - 8·7·6·5/8⁴ = 59%); and a backend that had
+// answered a request or two was predicted faster than the untouched ones, whose models were still the prior,
+// by more than the band, so the next new prefix went to it too. The traffic each prefix attracts later (a
+// conversation's turns, which stay with the backend holding their history) stayed piled there while other
+// backends sat idle, and the conversations that left paid their whole history's prefill (multi-turn on eight
+// backends: p99 1.22-1.57x cache_aware's, whose first placement is least loaded). A backend that holds nothing
+// yet is where a new prefix costs nobody a cache entry or a share of load, and once every index is full the
+// rule is the rendezvous alone again. Replicas agree as far as their indexes do (hints.go shares what each routes).
+func pickCold(cs []cand, band float64, key uint64, targets []Target) cand {
+	cheapest := cs[0]
+	for _, c := range cs[1:] {
+		if c.cost < cheapest.cost {
+			cheapest = c
+		}
+	}
+	near := func(c cand) bool {
+		if c.region == cheapest.region {
+			return c.optimistic() <= band
+		}
+		return c.cost <= band // RegionMargin: another region wins on its cost, not on what the models do not know
+	}
+	least := math.Inf(1)
+	for _, c := range cs {
+		if near(c) {
+			least = min(least, occupancy(targets[c.i].Backend))
+		}
+	}
+	var best cand
+	var bestScore uint64
+	found := false
+	for _, c := range cs {
+		if !near(c) || occupancy(targets[c.i].Backend) > least {
+			continue
+		}
+		if sc := rendezvous(key, targets[c.i].Backend); !found || sc > bestScore {
+			best, bestScore, found = c, sc, true
+		}
+	}
+	return best
+}
+
+// occupancy is how full b's share of the prefix index is, 0 to 1; 0 without an index.
+func occupancy(b *Backend) float64 {
+	o := b.prefixOwner()
+	if o == nil {
+		return 0
+	}
+	return float64(o.Len()) / float64(max(o.Capacity(), 1))
+}
+
+// optimistic is c's cost less what its TTFT model does not know: its predicted TTFT divided by its p90 factor
+// instead of the mean (keepOwner weighs the owner so).
+func (c cand) optimistic() float64 { return c.cost - c.pred*(1-1/c.spread) }
+
 // pickOwner returns the owner of a warm prefix among the candidates within band: of those holding the longest
 // prefix, the rendezvous winner for key. It reports false when no candidate within band holds any of it (the
 // owners' queues cost more than the prefill saved). Sampling among near-tied owners instead, as the strategy once
@@ -395,7 +459,7 @@ func keepOwner(cs []cand, key uint64, targets []Target) (cand, bool) {
 		return cand{}, false
 	}
 	o := pickRendezvous(cs, math.Inf(1), most, key, targets)
-	lo := o.cost - o.pred*(1-1/o.spread)
+	lo := o.optimistic()
 	for _, c := range cs {
 		if c.i != o.i && c.cost+c.pred*(c.spread-1) < lo {
 			return cand{}, false

@@ -785,3 +785,33 @@ func TestAdaptiveOwnerKeepsItsPrefix(t *testing.T) {
 		})
 	}
 }
+
+// TestAdaptiveSpreadsNewPrefixes: new prefixes go to backends that hold none yet, even when one backend has
+// answered a few requests and its model, no longer the prior, predicts it faster than the untouched replicas.
+// Four system prompts over eight replicas used to land two or more on one backend, which then carried their
+// conversations while others sat idle.
+func TestAdaptiveSpreadsNewPrefixes(t *testing.T) {
+	f := newFleet(t, local(8)...)
+	f.train("b0", simLaw, 3)
+	s := adaptive(t, f, "us-east")
+	used := map[string]int{}
+	for g := range 4 {
+		prompt := text(uint64(100+g), 2000)
+		r := &Request{Model: "m", Prompt: prompt}
+		tg, err := s.Pick(r, f.targets)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := tg.Backend.Name()
+		used[name]++
+		f.hold(name, prompt) // as the dispatch does (Begin inserts the prompt's blocks)
+		r.Reset()
+		// The prefix, once placed, stays with its owner.
+		if got := f.picks(s, prompt, 5); got[name] != 5 {
+			t.Fatalf("prefix %d placed on %s, then picked %v", g, name, got)
+		}
+	}
+	if len(used) != 4 {
+		t.Fatalf("four new prefixes went to %v, want four backends", used)
+	}
+}
