@@ -138,8 +138,8 @@ const maxTies = 8
 //	         it: replicas agree on it) unless another candidate's cost plus its TTFT's measured error is below
 //	         the owner's cost less its own (keepOwner); otherwise, among candidates within
 //	         best*(1+TieRelative)+TieAbsolute: for a prefix no candidate holds, the rendezvous-hash winner of the
-//	         first block among those whose prefix index is least full, judged at their optimistic cost in the
-//	         cheapest's region (pickCold); for a prefix some of them hold, the rendezvous winner among
+//	         first block among those whose prefix index is least full, a backend whose model is still mostly
+//	         the prior judged at its optimistic cost (pickCold); for a prefix some of them hold, the rendezvous winner among
 //	         those holding the most of it; when none within the band holds it, a softmax sample among the
 //	         TieMax cheapest.
 //
@@ -197,6 +197,7 @@ type cand struct {
 	i      int     // index in targets
 	tier   uint8   // 0 eligible, 1 eligible overflow, 2 misses an objective, 3 saturated (see evaluate)
 	region uint8   // steps down the failover order (0: the gateway's region), as RegionMargin counts them
+	novice bool    // the backend's TTFT model has fitted fewer than noviceObs observations (latency.novice)
 	blocks int     // leading prefix blocks held
 	hit    int     // cached tokens predicted
 	cost   float64 // seconds
@@ -301,7 +302,7 @@ func (s *Adaptive) evaluate(r *Request, b *Backend, now time.Time, prompt, block
 		cost += r.SecondsPerDollar * cfg.Price.estimate(prompt, hit, r.outputTokens())
 	}
 	c := cand{blocks: blocks, hit: hit, cost: cost, pred: ttft, spread: b.lat.ttftSpread.load(), ttft: rtt + l.seatWait + p90,
-		region: uint8(min(k, math.MaxUint8))}
+		region: uint8(min(k, math.MaxUint8)), novice: b.lat.novice()}
 	itlSLO := r.ITLSLO
 	switch {
 	case s.sat.at(b, cfg, l):
@@ -358,10 +359,15 @@ func pickRendezvous(cs []cand, band float64, minBlocks int, key uint64, targets 
 	return best
 }
 
-// pickCold places a prefix no candidate holds: among the candidates the models cannot tell from the cheapest
-// (in its region, an optimistic cost within band: cand.optimistic; in another, the cost itself, so that
-// RegionMargin stays a margin), those whose prefix index is least full (blocks believed held over capacity), and
-// among them the rendezvous winner for key.
+// pickCold places a prefix no candidate holds: among the candidates within band, those whose prefix index is
+// least full (blocks believed held over capacity), and among them the rendezvous winner for key. A backend whose
+// TTFT model is still mostly the prior (cand.novice) is within band when its optimistic cost is
+// (cand.optimistic), if it is in the cheapest's region: its prediction is not yet a measurement, and another
+// region still wins only on its cost, so that RegionMargin stays a margin.
+//
+// Only novices: the optimistic cost discounts a third of a prediction at the prior's spread, queue included, so
+// for every backend it would let a loaded one into the band, and a slow backend that had been sent less, whose
+// index was the emptiest for that reason, would win new prompts for it.
 //
 // The rendezvous winner among the cheapest alone let prefixes land together. With four system prompts over eight
 // idle backends, two or more share a backend more often than not (1 - 8·7·6·5/8⁴ = 59%); and a backend that had
@@ -380,10 +386,10 @@ func pickCold(cs []cand, band float64, key uint64, targets []Target) cand {
 		}
 	}
 	near := func(c cand) bool {
-		if c.region == cheapest.region {
+		if c.novice && c.region == cheapest.region {
 			return c.optimistic() <= band
 		}
-		return c.cost <= band // RegionMargin: another region wins on its cost, not on what the models do not know
+		return c.cost <= band
 	}
 	least := math.Inf(1)
 	for _, c := range cs {

@@ -815,3 +815,33 @@ func TestAdaptiveSpreadsNewPrefixes(t *testing.T) {
 		t.Fatalf("four new prefixes went to %v, want four backends", used)
 	}
 }
+
+// TestAdaptiveColdSlowBackendStaysOut: the optimistic cost that lets an untouched backend take a new prefix does
+// not let an observed one in. A slow, noisy backend that has been sent less than its peer, and so holds less of
+// the prefix index, still loses cold prompts it is predicted to serve 1.5x slower.
+func TestAdaptiveColdSlowBackendStaysOut(t *testing.T) {
+	f := newFleet(t, local(2)...)
+	f.train("b0", simLaw, 200)
+	b1 := f.b("b1")
+	rng := rand.New(rand.NewPCG(5, 5))
+	for range 400 {
+		u, q, r := features(rng)
+		b1.lat.observeTTFT(u, q, r, noisy(rng, simLaw.scaled(1.5).at(u, q, r), 0.3))
+	}
+	if s := b1.lat.ttftSpread.load(); s < 1.3 {
+		t.Fatalf("b1's p90 factor %.2f: the test needs a noisy model", s)
+	}
+	for i := range 40 {
+		f.hold("b0", text(uint64(1000+i), 4000)) // b0's index holds more than b1's (empty)
+	}
+	s := adaptive(t, f, "us-east")
+	got := map[string]int{}
+	for i := range 50 {
+		for k, v := range f.picks(s, text(uint64(5000+i), 8000), 1) {
+			got[k] += v
+		}
+	}
+	if got["b1"] != 0 {
+		t.Fatalf("cold prompts went %v; b1 is predicted 1.5x slower and observed, want none there", got)
+	}
+}
