@@ -173,7 +173,9 @@ func column(reports []*RunReport, name string) *RunReport {
 
 // judgeRouting: p99/best is the subject's p99 TTFT over the lowest baseline p99 of the run; p99/NAME over
 // each baseline's; hit/oracle the subject's prefix hit rate over the oracle's; hit the subject's hit rate,
-// whose max-min over the runs is the spread. Baselines are the columns other than the subject and the oracle.
+// whose max-min over the runs is the spread; stay the share of its conversations' follow-up turns answered by
+// the previous turn's backend (RunReport.SessionStay; a figure without a check: the 95% is for turns
+// alternating between gateway replicas, which a matrix column does not run yet). Baselines are the columns other than the subject and the oracle.
 func judgeRouting(c Checks, runs [][]*RunReport, mixed, shared bool) Judgement {
 	j := newJudge(len(runs))
 	var baselines []string
@@ -188,11 +190,14 @@ func judgeRouting(c Checks, runs [][]*RunReport, mixed, shared bool) Judgement {
 	for _, b := range baselines {
 		j.declare("p99/" + b)
 	}
-	j.declare("hit", "hit/oracle")
+	j.declare("hit", "hit/oracle", "stay")
 	for i, reps := range runs {
 		s := column(reps, c.Subject)
 		if s == nil {
 			continue
+		}
+		if s.SessionStay != nil {
+			j.set(i, "stay", *s.SessionStay)
 		}
 		best, all := math.Inf(1), true
 		for _, name := range baselines {

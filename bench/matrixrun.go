@@ -69,6 +69,7 @@ type ColumnFigures struct {
 	OutputTPS     float64                 `json:"output_tokens_per_s"`
 	SLOAttainment float64                 `json:"slo_attainment"`
 	PrefixHitRate *float64                `json:"prefix_hit_rate,omitempty"`
+	SessionStay   *float64                `json:"session_stay,omitempty"`
 	Backends      map[string]int          `json:"backends,omitempty"`
 	Priorities    map[string]*ClassReport `json:"priorities,omitempty"`
 	Bursts        []BurstReport           `json:"bursts,omitempty"`
@@ -79,7 +80,7 @@ type ColumnFigures struct {
 func columnFigures(r *RunReport) ColumnFigures {
 	return ColumnFigures{Name: r.Name, Error: r.Error, Requests: r.Requests, OK: r.OK, TTFT: r.TTFT,
 		OutputTPS: r.OutputTPS, SLOAttainment: r.SLOAttainment, PrefixHitRate: r.PrefixHitRate,
-		Backends: r.Backends, Priorities: r.Priorities, Bursts: r.Bursts, SendLateP99: r.SendLate.P99, Pick: r.Pick}
+		SessionStay: r.SessionStay, Backends: r.Backends, Priorities: r.Priorities, Bursts: r.Bursts, SendLateP99: r.SendLate.P99, Pick: r.Pick}
 }
 
 // cellDir is a cell's directory under out: its name with "/" as "_".

@@ -101,6 +101,10 @@ type RunReport struct {
 	Pick *Quantiles `json:"pick_ms,omitempty"`
 	// PrefixHitRate is the simulators' prefix cache hits/queries over the run (with the warm-up), when scraped.
 	PrefixHitRate *float64 `json:"prefix_hit_rate,omitempty"`
+	// SessionStay is the share of the measured follow-up turns of multi-turn sessions that the backend of the
+	// conversation's previous turn answered (both answered 200 with a backend named): how well routing keeps a
+	// conversation with the cache that holds its history. Nil without such turns.
+	SessionStay *float64 `json:"session_stay,omitempty"`
 	// CachedTokens is the sum of usage.prompt_tokens_details.cached_tokens the answers reported.
 	CachedTokens int      `json:"cached_tokens"`
 	Pings        int      `json:"pings"`
@@ -199,7 +203,7 @@ func Summary(res *Result, target string, slo SLO) *RunReport {
 	var ttft, itl, e2e, late, wait, pick []float64
 	classTTFT := map[string][]float64{}
 	bursts := newBurstTally(w)
-	var good, tokens int
+	var good, tokens, turns, stayed int
 	lastEnd := w.Span()
 	for i := range res.Samples {
 		s := &res.Samples[i]
@@ -243,6 +247,14 @@ func Summary(res *Result, target string, slo SLO) *RunReport {
 		}
 		if s.Backend != "" {
 			r.Backends[s.Backend]++
+			if it.Kind == KindSession && it.After >= 0 && it.After < len(res.Samples) && s.Status == 200 {
+				if prev := &res.Samples[it.After]; prev.Status == 200 && prev.Backend != "" {
+					turns++
+					if prev.Backend == s.Backend {
+						stayed++
+					}
+				}
+			}
 		}
 		r.Pings += s.Pings
 		bursts.add(it, s, slo)
@@ -288,6 +300,10 @@ func Summary(res *Result, target string, slo SLO) *RunReport {
 	r.GoodputRPS = float64(good) / r.WindowS
 	if r.Requests > 0 {
 		r.SLOAttainment = float64(good) / float64(r.Requests)
+	}
+	if turns > 0 {
+		stay := float64(stayed) / float64(turns)
+		r.SessionStay = &stay
 	}
 	for p, xs := range classTTFT {
 		r.Priorities[p].TTFT = Summarize(xs)
@@ -546,6 +562,9 @@ func PrintRun(out io.Writer, r *RunReport) {
 		c := r.Priorities[p]
 		fmt.Fprintf(out, "priority %-10s requests %d ok %d shed %d good %d  TTFT p50 %s p99 %s ms\n", p, c.Requests,
 			c.OK, c.Shed, c.Good, f3(c.TTFT.P50), f3(c.TTFT.P99))
+	}
+	if r.SessionStay != nil {
+		fmt.Fprintf(out, "follow-up turns on their conversation's backend %.1f%%\n", 100**r.SessionStay)
 	}
 	if r.PrefixHitRate != nil {
 		fmt.Fprintf(out, "prefix cache hit rate %.1f%%\n", 100**r.PrefixHitRate)

@@ -213,3 +213,48 @@ func TestBurstOutputByArrival(t *testing.T) {
 		t.Errorf("OutputTPS %v, want %v", got, want)
 	}
 }
+
+// TestSessionStay: the share of follow-up turns answered by the backend of their conversation's previous turn,
+// over the turns whose previous turn was answered; a failed turn counts in neither.
+func TestSessionStay(t *testing.T) {
+	w := testWorkload(t, "arrival: {process: fixed, rate: 20}\nwarmup: 100ms\nduration: 2s\nprompt: {dist: fixed, value: 10}\noutput: {dist: fixed, value: 4}\nsessions: {share: 1, users: 2, turns: {dist: uniform, min: 4, max: 4}}\n")
+	p, err := NewPlan(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := &Result{Name: "s", Plan: p, Samples: make([]Sample, len(p.Items))}
+	want := [2]int{} // stayed, turns
+	for i, it := range p.Items {
+		s := Sample{Index: i, Sent: true, Stream: true, Status: 200, SendAt: it.At, TTFT: time.Millisecond,
+			E2E: 2 * time.Millisecond, Backend: "b0"}
+		if it.Turn == 2 {
+			s.Backend = "b1" // every third turn moves, the fourth moves back
+		}
+		if it.Index%7 == 6 {
+			s = Sample{Index: i, Sent: true, Status: 503, Err: ErrStatus, SendAt: it.At}
+		}
+		res.Samples[i] = s
+	}
+	for i, it := range p.Items {
+		if it.Warmup || it.Kind != KindSession || it.After < 0 || res.Samples[i].Status != 200 || res.Samples[it.After].Status != 200 {
+			continue
+		}
+		want[1]++
+		if res.Samples[i].Backend == res.Samples[it.After].Backend {
+			want[0]++
+		}
+	}
+	if want[1] < 10 || want[0] == want[1] || want[0] == 0 {
+		t.Fatalf("the plan gives %d of %d follow-up turns staying: not a test", want[0], want[1])
+	}
+	r := Summary(res, "http://x", SLO{})
+	if r.SessionStay == nil {
+		t.Fatalf("no session stay, want %d/%d", want[0], want[1])
+	}
+	if *r.SessionStay != float64(want[0])/float64(want[1]) {
+		t.Fatalf("session stay %.3f, want %d/%d", *r.SessionStay, want[0], want[1])
+	}
+	if r := Summary(fakeResult(t, "x", 10), "http://x", SLO{}); r.SessionStay != nil {
+		t.Errorf("no sessions, stay %v", *r.SessionStay)
+	}
+}
