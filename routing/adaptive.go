@@ -138,7 +138,7 @@ const maxTies = 8
 //	         it: replicas agree on it) unless another candidate's cost plus its TTFT's measured error is below
 //	         the owner's cost less its own (keepOwner); otherwise, among candidates within
 //	         best*(1+TieRelative)+TieAbsolute: for a prefix no candidate holds, the rendezvous-hash winner of the
-//	         first block among those with the fewest requests in flight, a backend whose model is still mostly
+//	         first block among those whose prefix index is least full, a backend whose model is still mostly
 //	         the prior judged at its optimistic cost (pickCold); for a prefix some of them hold, the rendezvous winner among
 //	         those holding the most of it; when none within the band holds it, a softmax sample among the
 //	         TieMax cheapest.
@@ -359,11 +359,15 @@ func pickRendezvous(cs []cand, band float64, minBlocks int, key uint64, targets 
 	return best
 }
 
-// pickCold places a prefix no candidate holds: among the candidates within band, those with the fewest requests
-// in flight (this replica's and, from load hints, the others'), and among them the rendezvous winner for key. A
-// backend whose TTFT model is still mostly the prior (cand.novice) is within band when its optimistic cost is
+// pickCold places a prefix no candidate holds: among the candidates within band, those whose prefix index is
+// least full (blocks believed held over capacity), and among them the rendezvous winner for key. A backend whose
+// TTFT model is still mostly the prior (cand.novice) is within band when its optimistic cost is
 // (cand.optimistic), if it is in the cheapest's region: its prediction is not yet a measurement, and another
 // region still wins only on its cost, so that RegionMargin stays a margin.
+//
+// Only novices: the optimistic cost discounts a third of a prediction at the prior's spread, queue included, so
+// for every backend it would let a loaded one into the band, and a slow backend that had been sent less, whose
+// index was the emptiest for that reason, would win new prompts for it.
 //
 // The rendezvous winner among the cheapest alone let prefixes land together. With four system prompts over eight
 // idle backends, two or more share a backend more often than not (1 - 8·7·6·5/8⁴ = 59%); and a backend that had
@@ -371,14 +375,9 @@ func pickRendezvous(cs []cand, band float64, minBlocks int, key uint64, targets 
 // by more than the band, so the next new prefix went to it too. The traffic each prefix attracts later (a
 // conversation's turns, which stay with the backend holding their history) stayed piled there while other
 // backends sat idle, and the conversations that left paid their whole history's prefill (multi-turn on eight
-// backends: p99 1.22-1.57x cache_aware's, whose first placement is least loaded). The requests in flight are
-// what a new prefix's first request sees of the traffic each backend already carries; when they tie (an idle
-// fleet), the rendezvous spreads prompts and replicas agree.
-//
-// Neither the emptiest prefix index nor an optimistic cost for every backend: both favour a backend that has
-// been sent less because it is slow or stalls (its index is the emptiest for that reason, and the optimistic cost
-// discounts a third of a prediction at the prior's spread, queue included). In the hedging scenario the
-// emptiest index sent the stalling backend 42 and 24 requests where the rendezvous had sent it 5 and 2.
+// backends: p99 1.22-1.57x cache_aware's, whose first placement is least loaded). A backend that holds nothing
+// yet is where a new prefix costs nobody a cache entry or a share of load, and once every index is full the
+// rule is the rendezvous alone again. Replicas agree as far as their indexes do (hints.go shares what each routes).
 func pickCold(cs []cand, band float64, key uint64, targets []Target) cand {
 	cheapest := cs[0]
 	for _, c := range cs[1:] {
@@ -392,17 +391,17 @@ func pickCold(cs []cand, band float64, key uint64, targets []Target) cand {
 		}
 		return c.cost <= band
 	}
-	least := int64(math.MaxInt64)
+	least := math.Inf(1)
 	for _, c := range cs {
 		if near(c) {
-			least = min(least, targets[c.i].Backend.Inflight())
+			least = min(least, occupancy(targets[c.i].Backend))
 		}
 	}
 	var best cand
 	var bestScore uint64
 	found := false
 	for _, c := range cs {
-		if !near(c) || targets[c.i].Backend.Inflight() > least {
+		if !near(c) || occupancy(targets[c.i].Backend) > least {
 			continue
 		}
 		if sc := rendezvous(key, targets[c.i].Backend); !found || sc > bestScore {
@@ -410,6 +409,15 @@ func pickCold(cs []cand, band float64, key uint64, targets []Target) cand {
 		}
 	}
 	return best
+}
+
+// occupancy is how full b's share of the prefix index is, 0 to 1; 0 without an index.
+func occupancy(b *Backend) float64 {
+	o := b.prefixOwner()
+	if o == nil {
+		return 0
+	}
+	return float64(o.Len()) / float64(max(o.Capacity(), 1))
 }
 
 // optimistic is c's cost less what its TTFT model does not know: its predicted TTFT divided by its p90 factor

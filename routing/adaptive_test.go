@@ -804,7 +804,6 @@ func TestAdaptiveSpreadsNewPrefixes(t *testing.T) {
 		}
 		name := tg.Backend.Name()
 		used[name]++
-		tg.Backend.Begin(0)  // its first request is still streaming when the next new prefix comes
 		f.hold(name, prompt) // as the dispatch does (Begin inserts the prompt's blocks)
 		r.Reset()
 		// The prefix, once placed, stays with its owner.
@@ -818,8 +817,8 @@ func TestAdaptiveSpreadsNewPrefixes(t *testing.T) {
 }
 
 // TestAdaptiveColdSlowBackendStaysOut: the optimistic cost that lets an untouched backend take a new prefix does
-// not let an observed one in. A slow, noisy backend with fewer requests in flight than its peer still loses cold
-// prompts it is predicted to serve 1.5x slower.
+// not let an observed one in. A slow, noisy backend that has been sent less than its peer, and so holds less of
+// the prefix index, still loses cold prompts it is predicted to serve 1.5x slower.
 func TestAdaptiveColdSlowBackendStaysOut(t *testing.T) {
 	f := newFleet(t, local(2)...)
 	f.train("b0", simLaw, 200)
@@ -832,8 +831,8 @@ func TestAdaptiveColdSlowBackendStaysOut(t *testing.T) {
 	if s := b1.lat.ttftSpread.load(); s < 1.3 {
 		t.Fatalf("b1's p90 factor %.2f: the test needs a noisy model", s)
 	}
-	for range 3 {
-		f.b("b0").Begin(0) // b0 carries more requests than b1, which has none in flight
+	for i := range 40 {
+		f.hold("b0", text(uint64(1000+i), 4000)) // b0's index holds more than b1's (empty)
 	}
 	s := adaptive(t, f, "us-east")
 	got := map[string]int{}
