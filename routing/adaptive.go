@@ -138,8 +138,8 @@ const maxTies = 8
 //	         it: replicas agree on it) unless another candidate's cost plus its TTFT's measured error is below
 //	         the owner's cost less its own (keepOwner); otherwise, among candidates within
 //	         best*(1+TieRelative)+TieAbsolute: for a prefix no candidate holds, the rendezvous-hash winner of the
-//	         first block among those whose prefix index is least full, a backend whose model is still mostly
-//	         the prior judged at its optimistic cost (pickCold); for a prefix some of them hold, the rendezvous winner among
+//	         first block, a backend whose model is still mostly the prior judged at its optimistic cost
+//	         (pickCold); for a prefix some of them hold, the rendezvous winner among
 //	         those holding the most of it; when none within the band holds it, a softmax sample among the
 //	         TieMax cheapest.
 //
@@ -359,25 +359,21 @@ func pickRendezvous(cs []cand, band float64, minBlocks int, key uint64, targets 
 	return best
 }
 
-// pickCold places a prefix no candidate holds: among the candidates within band, those whose prefix index is
-// least full (blocks believed held over capacity), and among them the rendezvous winner for key. A backend whose
-// TTFT model is still mostly the prior (cand.novice) is within band when its optimistic cost is
+// pickCold places a prefix no candidate holds: the rendezvous winner for key among the candidates within band, where
+// a backend whose TTFT model is still mostly the prior (cand.novice) is within band when its optimistic cost is
 // (cand.optimistic), if it is in the cheapest's region: its prediction is not yet a measurement, and another
 // region still wins only on its cost, so that RegionMargin stays a margin.
 //
-// Only novices: the optimistic cost discounts a third of a prediction at the prior's spread, queue included, so
-// for every backend it would let a loaded one into the band, and a slow backend that had been sent less, whose
-// index was the emptiest for that reason, would win new prompts for it.
-//
-// The rendezvous winner among the cheapest alone let prefixes land together. With four system prompts over eight
-// idle backends, two or more share a backend more often than not (1 - 8·7·6·5/8⁴ = 59%); and a backend that had
-// answered a request or two was predicted faster than the untouched ones, whose models were still the prior,
-// by more than the band, so the next new prefix went to it too. The traffic each prefix attracts later (a
-// conversation's turns, which stay with the backend holding their history) stayed piled there while other
-// backends sat idle, and the conversations that left paid their whole history's prefill (multi-turn on eight
-// backends: p99 1.22-1.57x cache_aware's, whose first placement is least loaded). A backend that holds nothing
-// yet is where a new prefix costs nobody a cache entry or a share of load, and once every index is full the
-// rule is the rendezvous alone again. Replicas agree as far as their indexes do (hints.go shares what each routes).
+// Without the optimism, a backend that had answered a request or two (its model no longer the prior, which is
+// slower than most engines) was predicted faster than the untouched ones by more than the band, so every new
+// prefix went to it: four system prompts over eight replicas landed two on one backend, the conversations behind
+// them queued there while four backends sat idle, and those that left paid their whole history's prefill
+// (multi-turn on eight backends: p99 1.22-1.57x cache_aware's). Only novices: for every backend the optimistic
+// cost, a third of a prediction at the prior's spread, queue included, would let a loaded or slow one into the
+// band. Preferring the emptiest prefix index among the near-tied spread the prompts too, but it placed every
+// prompt without a shared prefix by it, and a backend sent less because it stalls held the emptiest index (the
+// hedging scenario's stalling backend got 42 requests instead of 5, adaptive's p99.9 5 s); placing by requests in
+// flight sent its p99 to 5 s (bench/results/routing-2026-12-02-matrix.md, run 5).
 func pickCold(cs []cand, band float64, key uint64, targets []Target) cand {
 	cheapest := cs[0]
 	for _, c := range cs[1:] {
@@ -391,17 +387,11 @@ func pickCold(cs []cand, band float64, key uint64, targets []Target) cand {
 		}
 		return c.cost <= band
 	}
-	least := math.Inf(1)
-	for _, c := range cs {
-		if near(c) {
-			least = min(least, occupancy(targets[c.i].Backend))
-		}
-	}
 	var best cand
 	var bestScore uint64
 	found := false
 	for _, c := range cs {
-		if !near(c) || occupancy(targets[c.i].Backend) > least {
+		if !near(c) {
 			continue
 		}
 		if sc := rendezvous(key, targets[c.i].Backend); !found || sc > bestScore {
@@ -409,15 +399,6 @@ func pickCold(cs []cand, band float64, key uint64, targets []Target) cand {
 		}
 	}
 	return best
-}
-
-// occupancy is how full b's share of the prefix index is, 0 to 1; 0 without an index.
-func occupancy(b *Backend) float64 {
-	o := b.prefixOwner()
-	if o == nil {
-		return 0
-	}
-	return float64(o.Len()) / float64(max(o.Capacity(), 1))
 }
 
 // optimistic is c's cost less what its TTFT model does not know: its predicted TTFT divided by its p90 factor
