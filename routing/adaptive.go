@@ -138,8 +138,7 @@ const maxTies = 8
 //	         it: replicas agree on it) unless another candidate's cost plus its TTFT's measured error is below
 //	         the owner's cost less its own (keepOwner); otherwise, among candidates within
 //	         best*(1+TieRelative)+TieAbsolute: for a prefix no candidate holds, the rendezvous-hash winner of the
-//	         first block, a backend whose model is still mostly the prior judged at its optimistic cost
-//	         (pickCold); for a prefix some of them hold, the rendezvous winner among
+//	         first block (every replica agrees); for a prefix some of them hold, the rendezvous winner among
 //	         those holding the most of it; when none within the band holds it, a softmax sample among the
 //	         TieMax cheapest.
 //
@@ -196,8 +195,6 @@ func countLookup(lookups, hits prometheus.Counter, longest int) {
 type cand struct {
 	i      int     // index in targets
 	tier   uint8   // 0 eligible, 1 eligible overflow, 2 misses an objective, 3 saturated (see evaluate)
-	region uint8   // steps down the failover order (0: the gateway's region), as RegionMargin counts them
-	novice bool    // the backend's TTFT model has fitted fewer than noviceObs observations (latency.novice)
 	blocks int     // leading prefix blocks held
 	hit    int     // cached tokens predicted
 	cost   float64 // seconds
@@ -252,7 +249,7 @@ func (s *Adaptive) Pick(r *Request, targets []Target) (Target, error) {
 	band := minCost*(1+s.p.TieRelative) + s.p.TieAbsolute.Seconds()
 	var chosen cand
 	if cold {
-		chosen = pickCold(cs, band, coldKey(r), targets)
+		chosen = pickRendezvous(cs, band, 0, coldKey(r), targets)
 	} else if c, kept := keepOwner(cs, coldKey(r), targets); kept {
 		chosen = c
 	} else if c, owned := pickOwner(cs, band, coldKey(r), targets); owned {
@@ -291,8 +288,7 @@ func (s *Adaptive) evaluate(r *Request, b *Backend, now time.Time, prompt, block
 	}
 	rtt := b.rtt()
 	cost := rtt + l.seatWait + ttft + s.p.Interference*l.running*b.lat.prefillPerToken()*u
-	k := s.order.tier(cfg.Region)
-	if k > 0 {
+	if k := s.order.tier(cfg.Region); k > 0 {
 		cost += float64(k) * s.p.RegionMargin.Seconds()
 	}
 	switch r.Objective {
@@ -301,8 +297,7 @@ func (s *Adaptive) evaluate(r *Request, b *Backend, now time.Time, prompt, block
 	case ObjectiveCost:
 		cost += r.SecondsPerDollar * cfg.Price.estimate(prompt, hit, r.outputTokens())
 	}
-	c := cand{blocks: blocks, hit: hit, cost: cost, pred: ttft, spread: b.lat.ttftSpread.load(), ttft: rtt + l.seatWait + p90,
-		region: uint8(min(k, math.MaxUint8)), novice: b.lat.novice()}
+	c := cand{blocks: blocks, hit: hit, cost: cost, pred: ttft, spread: b.lat.ttftSpread.load(), ttft: rtt + l.seatWait + p90}
 	itlSLO := r.ITLSLO
 	switch {
 	case s.sat.at(b, cfg, l):
@@ -359,52 +354,6 @@ func pickRendezvous(cs []cand, band float64, minBlocks int, key uint64, targets 
 	return best
 }
 
-// pickCold places a prefix no candidate holds: the rendezvous winner for key among the candidates within band, where
-// a backend whose TTFT model is still mostly the prior (cand.novice) is within band when its optimistic cost is
-// (cand.optimistic), if it is in the cheapest's region: its prediction is not yet a measurement, and another
-// region still wins only on its cost, so that RegionMargin stays a margin.
-//
-// Without the optimism, a backend that had answered a request or two (its model no longer the prior, which is
-// slower than most engines) was predicted faster than the untouched ones by more than the band, so every new
-// prefix went to it: four system prompts over eight replicas landed two on one backend, the conversations behind
-// them queued there while four backends sat idle, and those that left paid their whole history's prefill
-// (multi-turn on eight backends: p99 1.22-1.57x cache_aware's). Only novices: for every backend the optimistic
-// cost, a third of a prediction at the prior's spread, queue included, would let a loaded or slow one into the
-// band. Preferring the emptiest prefix index among the near-tied spread the prompts too, but it placed every
-// prompt without a shared prefix by it, and a backend sent less because it stalls held the emptiest index (the
-// hedging scenario's stalling backend got 42 requests instead of 5, adaptive's p99.9 5 s); placing by requests in
-// flight sent its p99 to 5 s (bench/results/routing-2026-12-02-matrix.md, run 5).
-func pickCold(cs []cand, band float64, key uint64, targets []Target) cand {
-	cheapest := cs[0]
-	for _, c := range cs[1:] {
-		if c.cost < cheapest.cost {
-			cheapest = c
-		}
-	}
-	near := func(c cand) bool {
-		if c.novice && c.region == cheapest.region {
-			return c.optimistic() <= band
-		}
-		return c.cost <= band
-	}
-	var best cand
-	var bestScore uint64
-	found := false
-	for _, c := range cs {
-		if !near(c) {
-			continue
-		}
-		if sc := rendezvous(key, targets[c.i].Backend); !found || sc > bestScore {
-			best, bestScore, found = c, sc, true
-		}
-	}
-	return best
-}
-
-// optimistic is c's cost less what its TTFT model does not know: its predicted TTFT divided by its p90 factor
-// instead of the mean (keepOwner weighs the owner so).
-func (c cand) optimistic() float64 { return c.cost - c.pred*(1-1/c.spread) }
-
 // pickOwner returns the owner of a warm prefix among the candidates within band: of those holding the longest
 // prefix, the rendezvous winner for key. It reports false when no candidate within band holds any of it (the
 // owners' queues cost more than the prefill saved). Sampling among near-tied owners instead, as the strategy once
@@ -446,7 +395,7 @@ func keepOwner(cs []cand, key uint64, targets []Target) (cand, bool) {
 		return cand{}, false
 	}
 	o := pickRendezvous(cs, math.Inf(1), most, key, targets)
-	lo := o.optimistic()
+	lo := o.cost - o.pred*(1-1/o.spread)
 	for _, c := range cs {
 		if c.i != o.i && c.cost+c.pred*(c.spread-1) < lo {
 			return cand{}, false

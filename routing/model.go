@@ -4,7 +4,6 @@ import (
 	"math"
 	"slices"
 	"sync"
-	"sync/atomic"
 )
 
 // The online latency models of one backend (routing.md section 4.3), learned from every request it serves:
@@ -289,15 +288,7 @@ type latency struct {
 	pubITL     [2]afloat
 	ttftSpread afloat // exp(z90*sigma)
 	itlSpread  afloat
-	ttftSeen   atomic.Int64 // nTTFT, readable without mu
 }
-
-// noviceObs is how many TTFT observations a backend's model needs before its prediction counts as a
-// measurement of that backend: the model's number of coefficients, below which its fit is mostly the prior.
-const noviceObs = 4
-
-// novice reports whether l's TTFT model has fitted fewer than noviceObs observations. Lock-free.
-func (l *latency) novice() bool { return l.ttftSeen.Load() < noviceObs }
 
 func (l *latency) init() {
 	l.ttft = newRLS(&ttftPrior)
@@ -340,7 +331,6 @@ func (l *latency) fitTTFT(uncached, queued, running, y float64, s *seen) float64
 	pred := observe(&l.ttft, &l.ttftE, &x, y, s != nil)
 	l.ttftW.add(max(y, minPrediction) / pred)
 	l.nTTFT++
-	l.ttftSeen.Store(int64(l.nTTFT))
 	l.publish()
 	return pred
 }
