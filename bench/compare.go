@@ -405,16 +405,17 @@ func writeSamples(path string, res *Result) error {
 			Turn: it.Turn, Group: it.Group, PromptTokens: it.PromptTokens, Status: s.Status, Err: s.Err,
 			Backend: s.Backend, TTFTMs: ms(s.TTFT), E2EMs: ms(s.E2E), LateMs: ms(s.Late),
 			CachedTokens: s.CachedTokens, OutputTokens: s.OutputTokens}
-		if err := enc.Encode(&l); err != nil {
-			f.Close()
-			return fmt.Errorf("bench: samples: %w", err)
+		if err = enc.Encode(&l); err != nil {
+			break
 		}
 	}
-	if err := bw.Flush(); err != nil {
-		f.Close()
-		return fmt.Errorf("bench: samples: %w", err)
+	if err == nil {
+		err = bw.Flush()
 	}
-	if err := f.Close(); err != nil {
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return fmt.Errorf("bench: samples: %w", err)
 	}
 	return nil

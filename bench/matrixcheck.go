@@ -175,7 +175,8 @@ func column(reports []*RunReport, name string) *RunReport {
 // each baseline's; hit/oracle the subject's prefix hit rate over the oracle's; hit the subject's hit rate,
 // whose max-min over the runs is the spread; stay the share of its conversations' follow-up turns answered by
 // the previous turn's backend (RunReport.SessionStay; a figure without a check: the 95% is for turns
-// alternating between gateway replicas, which a matrix column does not run yet). Baselines are the columns other than the subject and the oracle.
+// alternating between gateway replicas, which a matrix column does not run yet). Baselines are the columns
+// other than the subject and the oracle.
 func judgeRouting(c Checks, runs [][]*RunReport, mixed, shared bool) Judgement {
 	j := newJudge(len(runs))
 	var baselines []string

@@ -80,7 +80,8 @@ type ColumnFigures struct {
 func columnFigures(r *RunReport) ColumnFigures {
 	return ColumnFigures{Name: r.Name, Error: r.Error, Requests: r.Requests, OK: r.OK, TTFT: r.TTFT,
 		OutputTPS: r.OutputTPS, SLOAttainment: r.SLOAttainment, PrefixHitRate: r.PrefixHitRate,
-		SessionStay: r.SessionStay, Backends: r.Backends, Priorities: r.Priorities, Bursts: r.Bursts, SendLateP99: r.SendLate.P99, Pick: r.Pick}
+		SessionStay: r.SessionStay, Backends: r.Backends, Priorities: r.Priorities, Bursts: r.Bursts,
+		SendLateP99: r.SendLate.P99, Pick: r.Pick}
 }
 
 // cellDir is a cell's directory under out: its name with "/" as "_".
