@@ -395,7 +395,6 @@ func writeSamples(path string, res *Result) error {
 	}
 	bw := bufio.NewWriter(f)
 	enc := json.NewEncoder(bw)
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	for i, s := range res.Samples {
 		if i >= len(res.Plan.Items) {
 			break

@@ -72,13 +72,13 @@ func (c *lingerConn) Read(p []byte) (int, error) {
 		return 0, c.sock.opError("read", op.errno)
 	case op.n == 0:
 		return 0, io.EOF
-	case op.n == 1:
-		p[0] = rd.buf[0]
+	}
+	p[0] = rd.buf[0]
+	if n := c.sock.rd.n; n == 1 {
 		clientReadBufs.Put(rd.buf)
 		rd.buf = nil
-	default:
-		p[0] = rd.buf[0]
-		rd.r, rd.w = 1, op.n
+	} else {
+		rd.r, rd.w = 1, n
 	}
 	return 1, nil
 }
