@@ -137,8 +137,10 @@ const maxTies = 8
 //	pick:    for a prefix some candidate holds, its owner (the rendezvous winner among those holding the most of
 //	         it: replicas agree on it) unless another candidate's cost plus its TTFT's measured error is below
 //	         the owner's cost less its own (keepOwner); otherwise, among candidates within
-//	         best*(1+TieRelative)+TieAbsolute: for a prefix no candidate holds, the rendezvous-hash winner of the
-//	         first block (every replica agrees); for a prefix some of them hold, the rendezvous winner among
+//	         best*(1+TieRelative)+TieAbsolute: for a prefix no candidate holds, of the two rendezvous-hash
+//	         winners of the first block, the one with less traffic for prefixes it holds, then fewer requests,
+//	         then the cheaper (pickCold; the band widened there by what the models do not know yet); for a
+//	         prefix some of them hold, the rendezvous winner among
 //	         those holding the most of it; when none within the band holds it, a softmax sample among the
 //	         TieMax cheapest.
 //
@@ -200,6 +202,8 @@ type cand struct {
 	cost   float64 // seconds
 	pred   float64 // the predicted engine TTFT in cost (mean, or p90 with UseP90), seconds
 	spread float64 // the backend's p90/mean TTFT factor, exp(z90*sigma) from its recent prediction errors
+	known  float64 // the p90 factor of its mean TTFT's own error (knownFactor): what the model does not know yet
+	region int     // its step down the failover order (0 in the gateway's region)
 	ttft   float64 // p90 TTFT, RTT included, seconds
 	load   float64 // strategy-specific load
 }
@@ -249,7 +253,7 @@ func (s *Adaptive) Pick(r *Request, targets []Target) (Target, error) {
 	band := minCost*(1+s.p.TieRelative) + s.p.TieAbsolute.Seconds()
 	var chosen cand
 	if cold {
-		chosen = pickRendezvous(cs, band, 0, coldKey(r), targets)
+		chosen = pickCold(cs, band, coldKey(r), targets)
 	} else if c, kept := keepOwner(cs, coldKey(r), targets); kept {
 		chosen = c
 	} else if c, owned := pickOwner(cs, band, coldKey(r), targets); owned {
@@ -288,7 +292,8 @@ func (s *Adaptive) evaluate(r *Request, b *Backend, now time.Time, prompt, block
 	}
 	rtt := b.rtt()
 	cost := rtt + l.seatWait + ttft + s.p.Interference*l.running*b.lat.prefillPerToken()*u
-	if k := s.order.tier(cfg.Region); k > 0 {
+	k := s.order.tier(cfg.Region)
+	if k > 0 {
 		cost += float64(k) * s.p.RegionMargin.Seconds()
 	}
 	switch r.Objective {
@@ -297,7 +302,8 @@ func (s *Adaptive) evaluate(r *Request, b *Backend, now time.Time, prompt, block
 	case ObjectiveCost:
 		cost += r.SecondsPerDollar * cfg.Price.estimate(prompt, hit, r.outputTokens())
 	}
-	c := cand{blocks: blocks, hit: hit, cost: cost, pred: ttft, spread: b.lat.ttftSpread.load(), ttft: rtt + l.seatWait + p90}
+	c := cand{blocks: blocks, hit: hit, cost: cost, pred: ttft, spread: b.lat.ttftSpread.load(),
+		known: b.lat.ttftKnown.load(), region: k, ttft: rtt + l.seatWait + p90}
 	itlSLO := r.ITLSLO
 	switch {
 	case s.sat.at(b, cfg, l):
@@ -352,6 +358,68 @@ func pickRendezvous(cs []cand, band float64, minBlocks int, key uint64, targets 
 		}
 	}
 	return best
+}
+
+// pickCold places a prompt no candidate holds. Of the candidates that the models cannot tell apart from the
+// cheapest (those within band, and in the cheapest one's region also those whose optimistic cost, their TTFT
+// divided by the p90 factor of its mean's own error (knownFactor), is within band), it takes the two with the
+// highest rendezvous scores for key; of those two, the one serving fewer requests that came to it for a prefix it
+// holds (Backend.warm) wins, then the one with fewer requests in flight, then the cheaper.
+//
+// Two choices, not the rendezvous winner alone: with one choice, two of a fleet's few hot system prompts shared
+// a backend as often as the hash put them together (two of four on eight backends: 59% of the time), and that
+// backend's queue later pushed long conversations off it at the full cost of their history's prefill, while
+// other backends held no prompt at all (multi-turn conversations on 8 backends: p99 TTFT 1.22-1.80x
+// cache_aware's, routing/README.md). A backend that owns a hot prefix is busy with that prefix's traffic from
+// now on, which its present cost does not show on an engine that does not slow down until its seats are full,
+// so a new prompt goes to the other of its two; prompts that share nothing leave warm at zero everywhere and are
+// spread by load, as two random choices do, without herding every replica's new prompts onto the one cheapest
+// backend. The two are a pair the hash fixes for the prompt, so replicas that see the pair alike agree on it, and
+// a conversation's next turn finds the backend its first one went to from the prefix hints (hints.go), not from
+// this choice. A backend the models avoid for its cost is in no pair: the pair is drawn from the band only.
+//
+// Membership by optimistic cost: judged on the mean cost alone, a backend no request had reached yet lost every
+// new prompt to the backends already observed whenever the prior was off (priorCal calibrates it, but from the
+// first observations on). The band itself stays the mean costs' (an optimistic minimum would narrow it on one
+// replica and not on another); only membership widens, by what each model says it does not know yet, so it
+// narrows as they learn, and only in the cheapest candidate's region: the region margin is the policy's, not an
+// uncertain prediction. The spread of the errors alone (as keepOwner uses it) is not that: a backend that stalls
+// now and then has a wide one, and given the doubt it took a quarter of the cold prompts of
+// bench/scenarios/protect-hedging.yaml (p99 TTFT 5.0 s, round robin's).
+func pickCold(cs []cand, band float64, key uint64, targets []Target) cand {
+	var first, second cand
+	var firstScore, secondScore uint64
+	n := 0
+	home := cs[0] // the cheapest candidate: its region's candidates are judged by their optimistic cost
+	for _, c := range cs[1:] {
+		if c.cost < home.cost {
+			home = c
+		}
+	}
+	for _, c := range cs {
+		if c.cost > band && (c.region != home.region || c.cost-c.pred*(1-1/c.known) > band) {
+			continue
+		}
+		sc := rendezvous(key, targets[c.i].Backend)
+		switch {
+		case n == 0 || sc > firstScore:
+			second, secondScore = first, firstScore
+			first, firstScore = c, sc
+		case n == 1 || sc > secondScore:
+			second, secondScore = c, sc
+		}
+		n++
+	}
+	if n < 2 {
+		return first
+	}
+	bf, bs := targets[first.i].Backend, targets[second.i].Backend
+	wf, ws := bf.warm.Load(), bs.warm.Load()
+	nf, ns := bf.Inflight(), bs.Inflight()
+	if ws < wf || ws == wf && (ns < nf || ns == nf && second.cost < first.cost) {
+		return second
+	}
+	return first
 }
 
 // pickOwner returns the owner of a warm prefix among the candidates within band: of those holding the longest

@@ -139,6 +139,7 @@ type Backend struct {
 	prefillTok atomic.Int64 // uncached prompt tokens of the requests in prefilling (the prefill work queued there)
 	peerDrain  atomic.Int64 // UnixNano when the other replicas' dispatches announced by their hints are done (drain.go)
 	decoding   atomic.Int64 // requests streaming tokens
+	warm       atomic.Int64 // requests in flight that were dispatched to a prefix believed held here (pickCold)
 	healthy    atomic.Bool
 	requests   atomic.Uint64 // requests dispatched in total
 	failures   atomic.Uint64 // attempts that failed because of the backend
@@ -505,6 +506,7 @@ type Attempt struct {
 	owner                    *cache.Owner
 	completionTok            int
 	gotUsage                 bool
+	warm                     bool // counted in b.warm
 }
 
 // Begin records a request with promptTokens of prefill work dispatched to b. It knows nothing of the prompt's
@@ -546,6 +548,10 @@ func (b *Backend) Dispatch(r *Request) Attempt {
 	a.uncached = float64(uncachedTokens(a.promptTok, a.hitTok))
 	a.predTTFT = b.lat.ttftMean(a.uncached, a.queued, a.runAt0)
 	b.begin(&a, int64(a.uncached))
+	if a.hitTok > 0 {
+		a.warm = true
+		b.warm.Add(1)
+	}
 	b.newTokAvg.ewma(a.uncached, 0.1)
 	if a.promptTok > 0 {
 		b.predRate.ewma(float64(a.hitTok)/float64(a.promptTok), hitRateAlpha)
@@ -757,6 +763,9 @@ func (a *Attempt) End(backendFailed bool) {
 		b.prefillTok.Add(-a.prefillTok)
 	}
 	b.inflight.Add(-1)
+	if a.warm {
+		b.warm.Add(-1)
+	}
 	if backendFailed {
 		b.failures.Add(1)
 	}

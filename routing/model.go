@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 // The online latency models of one backend (routing.md section 4.3), learned from every request it serves:
@@ -279,6 +280,9 @@ func (w *errWindow) quantiles() [3]float64 {
 // coefficients from two consecutive updates mixed, which are both valid estimates).
 type latency struct {
 	mu          sync.Mutex
+	cal         *priorCal // the fleet's calibration of the TTFT prior (the Registry's; nil outside one)
+	started     bool      // the TTFT model left the prior: calibrated (start) before its first observation
+	startedA    atomic.Bool
 	ttft, itl   rls
 	ttftE, itlE errStat
 	nTTFT, nITL int
@@ -287,6 +291,7 @@ type latency struct {
 	pubTTFT    [4]afloat
 	pubITL     [2]afloat
 	ttftSpread afloat // exp(z90*sigma)
+	ttftKnown  afloat // exp(z90*sigma/sqrt(n+1)): the p90 factor of the mean's own error (knownFactor)
 	itlSpread  afloat
 }
 
@@ -306,8 +311,23 @@ func (l *latency) publish() {
 		l.pubITL[i].store(l.itl.theta[i])
 	}
 	l.ttftSpread.store(math.Exp(z90 * min(math.Sqrt(l.ttftE.v), maxSigma)))
+	l.ttftKnown.store(knownFactor(l.ttftE.v, l.nTTFT))
 	l.itlSpread.store(math.Exp(z90 * min(math.Sqrt(l.itlE.v), maxSigma)))
 }
+
+// knownFactor is the p90 factor of a model's mean TTFT as an estimate of the backend's true mean: the errors'
+// spread (sigma, as in the p90 factor) over the square root of the observations behind the mean, n plus one for
+// the prior, at most the 1/(1-rlsLambda) = 200 that the forgetting keeps. It is what the model does not yet know
+// about the backend, where the spread is also what the backend itself varies: 1.47 before any observation
+// (the prior's sigma), 1.21 after three, 1.04 after a hundred, whatever the engine. A backend that stalls now
+// and then has a wide spread but a well-known mean, so it does not get the benefit of the doubt that a backend
+// no request has reached yet does (pickCold).
+func knownFactor(v float64, n int) float64 {
+	return math.Exp(z90 * min(math.Sqrt(v), maxSigma) / math.Sqrt(float64(min(n, rlsMemory)+1)))
+}
+
+// rlsMemory is about how many recent observations a model's mean rests on: 1/(1-rlsLambda).
+const rlsMemory = 200
 
 func ttftX(uncached, queued, running float64) [4]float64 {
 	return [4]float64{1, uncached / tokScale, queued / tokScale, running / runScale}
@@ -325,6 +345,10 @@ func (l *latency) fitTTFT(uncached, queued, running, y float64, s *seen) float64
 	x := ttftX(uncached, queued, running)
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.start()
+	if l.cal != nil {
+		l.cal.observe(y, &x)
+	}
 	if s != nil {
 		y *= regimeOf(&l.ttftE, *s)
 	}
@@ -342,6 +366,7 @@ func (l *latency) detectTTFT(uncached, queued, running, y float64) seen {
 	x := ttftX(uncached, queued, running)
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.start()
 	pred := max(l.ttft.predict(&x), minPrediction)
 	le := min(max(math.Log(max(y, minPrediction)/pred), -3), 3)
 	detect(&l.ttft, &l.ttftE, le)
@@ -360,14 +385,72 @@ func (l *latency) observeITL(running, y float64) {
 	l.publish()
 }
 
-// ttftMean predicts the engine's TTFT (seconds, RTT excluded). Lock-free.
+// ttftMean predicts the engine's TTFT (seconds, RTT excluded): before the model's first observation, the prior
+// as the fleet's calibration scales it (priorCal). Lock-free.
 func (l *latency) ttftMean(uncached, queued, running float64) float64 {
 	x := ttftX(uncached, queued, running)
 	s := 0.0
 	for i := range x {
 		s += l.pubTTFT[i].load() * x[i]
 	}
+	if !l.startedA.Load() {
+		s *= l.cal.factor()
+	}
 	return max(s, minPrediction)
+}
+
+// start moves the TTFT model from the prior to the prior as the fleet's calibration scales it, once, before the
+// model sees its first observation (the detector's or the fit's), so that the observation refines what the
+// fleet knows of engines like it rather than the fixed prior. l.mu must be held.
+func (l *latency) start() {
+	if l.started {
+		return
+	}
+	l.started = true
+	if k := l.cal.factor(); k != 1 {
+		l.ttft.rescale(k)
+		l.ttftE.level += math.Log(k)
+	}
+	l.publish()
+	l.startedA.Store(true)
+}
+
+// priorCal calibrates the TTFT prior to the fleet it routes to. The prior (ttftPrior) is a guess, the
+// simulator's defaults and one 8B-on-H100 profile; engines on other hardware, models and physics are faster or
+// slower by a factor that every backend of one fleet mostly shares. Until a backend's own model has seen an
+// observation, the prior predicts it, and where the engines were twice as fast as the prior, every backend no
+// request had reached yet was predicted twice as slow as those already observed, so the first few backends took
+// every new prompt (multi-turn conversations: two of four system prompts on one of eight backends, four holding
+// none; routing/README.md). The calibration is the mean log ratio of every TTFT observed on the fleet to what the
+// prior predicts for it (over the last rlsMemory observations once there are that many; each clamped as the
+// models clamp errors), and it scales the prior of a backend not yet observed, and the start of its model. It is
+// measured, so it holds on any engine; a fleet that mixes engines gets their mean, which each backend's own
+// observations then correct as they do today. Safe for concurrent use; nil calibrates nothing.
+type priorCal struct {
+	mu   sync.Mutex
+	n    int
+	logK afloat
+}
+
+// observe folds in one observed engine TTFT y (seconds) at features x.
+func (c *priorCal) observe(y float64, x *[4]float64) {
+	p := 0.0
+	for i := range ttftPrior.n {
+		p += ttftPrior.theta[i] * x[i]
+	}
+	le := min(max(math.Log(max(y, minPrediction)/max(p, minPrediction)), -3), 3)
+	c.mu.Lock()
+	c.n = min(c.n+1, rlsMemory)
+	c.logK.store(c.logK.load() + (le-c.logK.load())/float64(c.n))
+	c.mu.Unlock()
+}
+
+// factor is the calibration as a factor on the prior's prediction, within the bounds of a regime change.
+func (c *priorCal) factor() float64 {
+	if c == nil {
+		return 1
+	}
+	return min(max(math.Exp(c.logK.load()), 1/regimeMaxStep), regimeMaxStep)
 }
 
 // prefillRate returns the predicted seconds of prefill per uncached token (b / 1000).

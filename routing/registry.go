@@ -26,6 +26,7 @@ type Registry struct {
 	hints hintCell // the Peers publishing this registry's confirmed prefixes, if any (hints.go)
 	hold  holdTime // seat hold time over every backend: a backend's own until its first answer ends
 	peers seatPeers
+	prior priorCal // the TTFT prior calibrated to this fleet (model.go)
 }
 
 type registryKey struct{ name, url string }
@@ -110,6 +111,7 @@ func (r *Registry) newBackend(c *BackendConfig) *Backend {
 	b.hints = &r.hints
 	b.fleetHold = &r.hold
 	b.peers = &r.peers
+	b.lat.cal = &r.prior
 	if o, err := r.index.NewOwner(c.Name, 0); err == nil { // beyond cache.MaxOwners, no prefix affinity
 		b.owner.Store(o)
 		b.applyCapacity()
