@@ -35,7 +35,8 @@ import (
 // The spread sigma is the EWMA (weight 0.05) of the squared log error of the prediction made before each
 // observation, each term winsorised at 4 sigma; the p90 is mean*exp(1.2816*min(sigma, 0.8)) (routing.md: the llm-d predictor's p90 objective at no cost).
 // Priors (the simulator's defaults, and llm-d-inference-sim's 8B-on-H100 profile) make a new backend usable at
-// once with sigma 0.3, which costs it a 1.47x p90 factor until it has been observed.
+// once with sigma 0.3, which costs it a 1.47x p90 factor until it has been observed; in a Registry the TTFT
+// prior is first scaled to what the fleet's engines were observed to do (priorCal).
 
 const (
 	tokScale = 1000.0 // tokens per unit of the token features
