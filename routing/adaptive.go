@@ -253,7 +253,7 @@ func (s *Adaptive) Pick(r *Request, targets []Target) (Target, error) {
 	band := minCost*(1+s.p.TieRelative) + s.p.TieAbsolute.Seconds()
 	var chosen cand
 	if cold {
-		chosen = pickCold(cs, band, coldKey(r), targets)
+		chosen = pickCold(cs, band, s.p.TieRelative, s.p.TieAbsolute.Seconds(), coldKey(r), targets)
 	} else if c, kept := keepOwner(cs, coldKey(r), targets); kept {
 		chosen = c
 	} else if c, owned := pickOwner(cs, band, coldKey(r), targets); owned {
@@ -364,7 +364,8 @@ func pickRendezvous(cs []cand, band float64, minBlocks int, key uint64, targets 
 // cheapest (those within band, and in the cheapest one's region also those whose optimistic cost, their TTFT
 // divided by the p90 factor of its mean's own error (knownFactor), is within band), it takes the two with the
 // highest rendezvous scores for key; of those two, the one serving fewer requests that came to it for a prefix it
-// holds (Backend.warm) wins, then the one with fewer requests in flight, then the cheaper.
+// holds (Backend.warm) wins, then, when their costs are near-tied (TieRelative, TieAbsolute), the one with fewer
+// requests in flight, then the cheaper.
 //
 // Two choices, not the rendezvous winner alone: with one choice, two of a fleet's few hot system prompts shared
 // a backend as often as the hash put them together (two of four on eight backends: 59% of the time), and that
@@ -386,7 +387,7 @@ func pickRendezvous(cs []cand, band float64, minBlocks int, key uint64, targets 
 // uncertain prediction. The spread of the errors alone (as keepOwner uses it) is not that: a backend that stalls
 // now and then has a wide one, and given the doubt it took a quarter of the cold prompts of
 // bench/scenarios/protect-hedging.yaml (p99 TTFT 5.0 s, round robin's).
-func pickCold(cs []cand, band float64, key uint64, targets []Target) cand {
+func pickCold(cs []cand, band, tieRel, tieAbs float64, key uint64, targets []Target) cand {
 	var first, second cand
 	var firstScore, secondScore uint64
 	n := 0
@@ -414,9 +415,23 @@ func pickCold(cs []cand, band float64, key uint64, targets []Target) cand {
 		return first
 	}
 	bf, bs := targets[first.i].Backend, targets[second.i].Backend
-	wf, ws := bf.warm.Load(), bs.warm.Load()
-	nf, ns := bf.Inflight(), bs.Inflight()
-	if ws < wf || ws == wf && (ns < nf || ns == nf && second.cost < first.cost) {
+	if wf, ws := bf.warm.Load(), bs.warm.Load(); wf != ws {
+		if ws < wf {
+			return second
+		}
+		return first
+	}
+	// Requests in flight decide only between costs the near-tie rule cannot tell apart: a count says nothing of
+	// what the requests cost, and a backend busy with one long prefill is dearer than one decoding two answers.
+	if math.Abs(first.cost-second.cost) <= tieRel*min(first.cost, second.cost)+tieAbs {
+		if nf, ns := bf.Inflight(), bs.Inflight(); nf != ns {
+			if ns < nf {
+				return second
+			}
+			return first
+		}
+	}
+	if second.cost < first.cost {
 		return second
 	}
 	return first

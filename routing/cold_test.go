@@ -91,7 +91,7 @@ func TestPickCold(t *testing.T) {
 	}
 	band := 0.100*1.1 + 0.010
 	name := func(i int) string { return f.targets[i].Backend.Name() }
-	pick := func(cs []cand) string { return name(pickCold(cs, band, key, f.targets).i) }
+	pick := func(cs []cand) string { return name(pickCold(cs, band, 0.1, 0.010, key, f.targets).i) }
 
 	t.Run("all alike: the rendezvous winner", func(t *testing.T) {
 		if got := pick(base()); got != name(first) {
@@ -124,6 +124,15 @@ func TestPickCold(t *testing.T) {
 			t.Fatalf("picked %s, want %s", got, name(second))
 		}
 	})
+	t.Run("fewer in flight, but dearer beyond a near-tie", func(t *testing.T) {
+		cs := base()
+		cs[first].cost = 0.060 // cheaper by 40 ms: the count does not decide
+		a := f.targets[first].Backend.Begin(100)
+		defer a.End(false)
+		if got := pick(cs); got != name(first) {
+			t.Fatalf("picked %s, want the cheaper %s", got, name(first))
+		}
+	})
 	t.Run("out of the band: not in the pair", func(t *testing.T) {
 		cs := base()
 		cs[first].cost = 0.300
@@ -132,11 +141,13 @@ func TestPickCold(t *testing.T) {
 		}
 	})
 	t.Run("out of the band by its mean, not by what its model knows", func(t *testing.T) {
-		// The first is a backend no request has reached (the prior's doubt: 140 ms less 38), the second is busy.
+		// The first is a backend no request has reached (the prior's doubt: 125 ms less 38), the second is busy
+		// and near-tied with it.
 		a := f.targets[second].Backend.Begin(100)
 		defer a.End(false)
 		cs := base()
-		cs[first].cost, cs[first].pred, cs[first].known = 0.140, 0.120, math.Exp(z90*priorSigma)
+		cs[second].cost = 0.115
+		cs[first].cost, cs[first].pred, cs[first].known = 0.125, 0.120, math.Exp(z90*priorSigma)
 		if got := pick(cs); got != name(first) {
 			t.Fatalf("picked %s, want the unobserved %s", got, name(first))
 		}
