@@ -415,26 +415,31 @@ func pickCold(cs []cand, band, tieRel, tieAbs float64, key uint64, targets []Tar
 		return first
 	}
 	bf, bs := targets[first.i].Backend, targets[second.i].Backend
-	if wf, ws := bf.warm.Load(), bs.warm.Load(); wf != ws {
-		if ws < wf {
-			return second
-		}
-		return first
+	if c, ok := fewer(first, second, bf.warm.Load(), bs.warm.Load()); ok {
+		return c
 	}
 	// Requests in flight decide only between costs the near-tie rule cannot tell apart: a count says nothing of
 	// what the requests cost, and a backend busy with one long prefill is dearer than one decoding two answers.
 	if math.Abs(first.cost-second.cost) <= tieRel*min(first.cost, second.cost)+tieAbs {
-		if nf, ns := bf.Inflight(), bs.Inflight(); nf != ns {
-			if ns < nf {
-				return second
-			}
-			return first
+		if c, ok := fewer(first, second, bf.Inflight(), bs.Inflight()); ok {
+			return c
 		}
 	}
 	if second.cost < first.cost {
 		return second
 	}
 	return first
+}
+
+// fewer returns whichever of a and b has the smaller count (na, nb), or false when they are equal.
+func fewer(a, b cand, na, nb int64) (cand, bool) {
+	switch {
+	case na < nb:
+		return a, true
+	case nb < na:
+		return b, true
+	}
+	return cand{}, false
 }
 
 // pickOwner returns the owner of a warm prefix among the candidates within band: of those holding the longest

@@ -92,18 +92,20 @@ func TestPickCold(t *testing.T) {
 	band := 0.100*1.1 + 0.010
 	name := func(i int) string { return f.targets[i].Backend.Name() }
 	pick := func(cs []cand) string { return name(pickCold(cs, band, 0.1, 0.010, key, f.targets).i) }
+	expect := func(t *testing.T, cs []cand, want int) {
+		t.Helper()
+		if got := pick(cs); got != name(want) {
+			t.Fatalf("picked %s, want %s", got, name(want))
+		}
+	}
 
 	t.Run("all alike: the rendezvous winner", func(t *testing.T) {
-		if got := pick(base()); got != name(first) {
-			t.Fatalf("picked %s, want %s", got, name(first))
-		}
+		expect(t, base(), first)
 	})
 	t.Run("the second is cheaper", func(t *testing.T) {
 		cs := base()
 		cs[second].cost = 0.095
-		if got := pick(cs); got != name(second) {
-			t.Fatalf("picked %s, want %s", got, name(second))
-		}
+		expect(t, cs, second)
 	})
 	t.Run("the first serves a hot prefix", func(t *testing.T) {
 		cs := base()
@@ -111,18 +113,14 @@ func TestPickCold(t *testing.T) {
 		b := f.targets[first].Backend
 		b.warm.Add(2)
 		defer b.warm.Add(-2)
-		if got := pick(cs); got != name(second) {
-			t.Fatalf("picked %s, want %s", got, name(second))
-		}
+		expect(t, cs, second)
 	})
 	t.Run("fewer requests in flight", func(t *testing.T) {
 		cs := base()
 		b := f.targets[first].Backend
 		a := b.Begin(100)
 		defer a.End(false)
-		if got := pick(cs); got != name(second) {
-			t.Fatalf("picked %s, want %s", got, name(second))
-		}
+		expect(t, cs, second)
 	})
 	t.Run("fewer in flight, but dearer beyond a near-tie", func(t *testing.T) {
 		cs := base()
@@ -136,9 +134,7 @@ func TestPickCold(t *testing.T) {
 	t.Run("out of the band: not in the pair", func(t *testing.T) {
 		cs := base()
 		cs[first].cost = 0.300
-		if got := pick(cs); got != name(second) {
-			t.Fatalf("picked %s, want %s", got, name(second))
-		}
+		expect(t, cs, second)
 	})
 	t.Run("out of the band by its mean, not by what its model knows", func(t *testing.T) {
 		// The first is a backend no request has reached (the prior's doubt: 125 ms less 38), the second is busy

@@ -207,6 +207,12 @@ func regimeOf(st *errStat, s seen) float64 {
 	return math.Exp(k)
 }
 
+// logErr is the log error of observation y against prediction pred, both floored at minPrediction and the
+// result clamped to [-3, 3], as every model here takes it.
+func logErr(y, pred float64) float64 {
+	return min(max(math.Log(max(y, minPrediction)/max(pred, minPrediction)), -3), 3)
+}
+
 // median3 returns the median of three values.
 func median3(a, b, c float64) float64 { return max(min(a, b), min(max(a, b), c)) }
 
@@ -215,7 +221,7 @@ func median3(a, b, c float64) float64 { return max(min(a, b), min(max(a, b), c))
 func observe(m *rls, st *errStat, x *[4]float64, y float64, detected bool) float64 {
 	pred := max(m.predict(x), minPrediction)
 	y = max(y, minPrediction)
-	le := min(max(math.Log(y/pred), -3), 3)
+	le := logErr(y, pred)
 	sigma := math.Sqrt(st.v)
 	// Winsorised at 4 sigma: one outlier must not inflate the spread that bounds the next one's weight.
 	st.v += spreadAlpha * (min(le*le, 16*max(st.v, 0.01)) - st.v)
@@ -281,9 +287,8 @@ func (w *errWindow) quantiles() [3]float64 {
 // coefficients from two consecutive updates mixed, which are both valid estimates).
 type latency struct {
 	mu          sync.Mutex
-	cal         *priorCal // the fleet's calibration of the TTFT prior (the Registry's; nil outside one)
-	started     bool      // the TTFT model left the prior: calibrated (start) before its first observation
-	startedA    atomic.Bool
+	cal         *priorCal   // the fleet's calibration of the TTFT prior (the Registry's; nil outside one)
+	started     atomic.Bool // the TTFT model left the prior: calibrated (start) before its first observation
 	ttft, itl   rls
 	ttftE, itlE errStat
 	nTTFT, nITL int
@@ -368,8 +373,7 @@ func (l *latency) detectTTFT(uncached, queued, running, y float64) seen {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.start()
-	pred := max(l.ttft.predict(&x), minPrediction)
-	le := min(max(math.Log(max(y, minPrediction)/pred), -3), 3)
+	le := logErr(y, l.ttft.predict(&x))
 	detect(&l.ttft, &l.ttftE, le)
 	l.publish()
 	return seen{level: l.ttftE.level, le: le}
@@ -394,7 +398,7 @@ func (l *latency) ttftMean(uncached, queued, running float64) float64 {
 	for i := range x {
 		s += l.pubTTFT[i].load() * x[i]
 	}
-	if !l.startedA.Load() {
+	if !l.started.Load() {
 		s *= l.cal.factor()
 	}
 	return max(s, minPrediction)
@@ -404,16 +408,15 @@ func (l *latency) ttftMean(uncached, queued, running float64) float64 {
 // model sees its first observation (the detector's or the fit's), so that the observation refines what the
 // fleet knows of engines like it rather than the fixed prior. l.mu must be held.
 func (l *latency) start() {
-	if l.started {
+	if l.started.Load() {
 		return
 	}
-	l.started = true
 	if k := l.cal.factor(); k != 1 {
 		l.ttft.rescale(k)
 		l.ttftE.level += math.Log(k)
 	}
 	l.publish()
-	l.startedA.Store(true)
+	l.started.Store(true)
 }
 
 // priorCal calibrates the TTFT prior to the fleet it routes to. The prior (ttftPrior) is a guess, the
@@ -435,11 +438,8 @@ type priorCal struct {
 
 // observe folds in one observed engine TTFT y (seconds) at features x.
 func (c *priorCal) observe(y float64, x *[4]float64) {
-	p := 0.0
-	for i := range ttftPrior.n {
-		p += ttftPrior.theta[i] * x[i]
-	}
-	le := min(max(math.Log(max(y, minPrediction)/max(p, minPrediction)), -3), 3)
+	prior := rls{spec: &ttftPrior, theta: ttftPrior.theta}
+	le := logErr(y, prior.predict(x))
 	c.mu.Lock()
 	c.n = min(c.n+1, rlsMemory)
 	c.logK.store(c.logK.load() + (le-c.logK.load())/float64(c.n))
