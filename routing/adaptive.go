@@ -398,7 +398,7 @@ func pickCold(cs []cand, band, tieRel, tieAbs float64, key uint64, targets []Tar
 		}
 	}
 	for _, c := range cs {
-		if c.cost > band && (c.region != home.region || c.cost-c.pred*(1-1/c.known) > band) {
+		if c.cost > band && (c.region != home.region || c.optimistic(c.known) > band) {
 			continue
 		}
 		sc := rendezvous(key, targets[c.i].Backend)
@@ -430,6 +430,10 @@ func pickCold(cs []cand, band, tieRel, tieAbs float64, key uint64, targets []Tar
 	}
 	return first
 }
+
+// optimistic is c's cost with its predicted TTFT divided by the factor f (a p90 factor): the cost if the model
+// erred that far on the slow side.
+func (c cand) optimistic(f float64) float64 { return c.cost - c.pred*(1-1/f) }
 
 // fewer returns whichever of a and b has the smaller count (na, nb), or false when they are equal.
 func fewer(a, b cand, na, nb int64) (cand, bool) {
@@ -483,7 +487,7 @@ func keepOwner(cs []cand, key uint64, targets []Target) (cand, bool) {
 		return cand{}, false
 	}
 	o := pickRendezvous(cs, math.Inf(1), most, key, targets)
-	lo := o.cost - o.pred*(1-1/o.spread)
+	lo := o.optimistic(o.spread)
 	for _, c := range cs {
 		if c.i != o.i && c.cost+c.pred*(c.spread-1) < lo {
 			return cand{}, false

@@ -332,8 +332,8 @@ func knownFactor(v float64, n int) float64 {
 	return math.Exp(z90 * min(math.Sqrt(v), maxSigma) / math.Sqrt(float64(min(n, rlsMemory)+1)))
 }
 
-// rlsMemory is about how many recent observations a model's mean rests on: 1/(1-rlsLambda).
-const rlsMemory = 200
+// rlsMemory is about how many recent observations a model's mean rests on: 1/(1-rlsLambda), 200.
+const rlsMemory = 1 / (1 - rlsLambda)
 
 func ttftX(uncached, queued, running float64) [4]float64 {
 	return [4]float64{1, uncached / tokScale, queued / tokScale, running / runScale}
