@@ -351,6 +351,36 @@ func (o *Owner) Insert(hashes []uint64, now time.Time) { o.add(hashes, slotSpec,
 // prompt. It turns speculative entries into confirmed ones and adds those missing.
 func (o *Owner) Confirm(hashes []uint64, now time.Time) { o.add(hashes, slotConfirmed, now.UnixNano()) }
 
+// Confirmed returns how many leading hashes of hashes o holds confirmed (a first token came for them), as
+// opposed to speculatively (dispatched, the prefill perhaps still running). Confirmation covers a request's whole
+// prompt, so the confirmed entries of a prefix are its leading ones and the speculative ones extend it: the
+// boundary is found by bisection, one map lookup when the whole prefix is confirmed and about log2(len) otherwise.
+// Pass the prefix o holds (Lookup's count); a hash o does not hold counts as unconfirmed.
+func (o *Owner) Confirmed(hashes []uint64) int {
+	if len(hashes) == 0 {
+		return 0
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	confirmed := func(h uint64) bool {
+		i, ok := o.pos[h]
+		return ok && o.slots[i].state == slotConfirmed
+	}
+	if confirmed(hashes[len(hashes)-1]) {
+		return len(hashes)
+	}
+	lo, hi := 0, len(hashes)-1 // hashes[:lo] are taken as confirmed, hashes[hi] is not
+	for lo < hi {
+		m := (lo + hi) / 2
+		if confirmed(hashes[m]) {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return lo
+}
+
 // Drop removes the speculative entries among hashes: the request failed before its first token there, so the
 // engine may never have prefilled it. Confirmed entries stay.
 func (o *Owner) Drop(hashes []uint64) {

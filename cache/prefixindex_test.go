@@ -137,6 +137,37 @@ func TestDropRemovesOnlySpeculative(t *testing.T) {
 	}
 }
 
+func TestConfirmedCountsTheLeadingConfirmedEntries(t *testing.T) {
+	ix := NewIndex(Options{})
+	os := owners(t, ix, 1, 0)
+	hs := AppendHashes(nil, 1, prompt(7, 64*40), 0)
+	o := os[0]
+	if got := o.Confirmed(hs); got != 0 {
+		t.Fatalf("nothing held: %d confirmed", got)
+	}
+	o.Insert(hs[:25], t0)
+	if got := o.Confirmed(hs[:25]); got != 0 {
+		t.Fatalf("all speculative: %d confirmed", got)
+	}
+	for _, n := range []int{1, 2, 7, 13, 24, 25} {
+		o.Confirm(hs[:n], t0)
+		if got := o.Confirmed(hs[:25]); got != n {
+			t.Fatalf("%d of 25 confirmed: got %d", n, got)
+		}
+	}
+	if got := o.Confirmed(hs); got != 25 {
+		t.Fatalf("25 confirmed, 15 not held: got %d", got)
+	}
+	o.Insert(hs, t0) // the first 25 stay confirmed; 15 more, speculative
+	if got := o.Confirmed(hs); got != 25 {
+		t.Fatalf("25 confirmed, 15 speculative: got %d", got)
+	}
+	o.Confirm(hs, t0)
+	if got := o.Confirmed(hs); got != 40 {
+		t.Fatalf("all confirmed: got %d", got)
+	}
+}
+
 func TestSpeculativeEntriesExpireUnlessConfirmed(t *testing.T) {
 	ix := NewIndex(Options{SpecTTL: 2 * time.Second})
 	os := owners(t, ix, 2, 0)

@@ -161,6 +161,8 @@ type Backend struct {
 	peers     *seatPeers                // the Registry's peer groups (nil outside one): seats from peers
 	group     atomic.Pointer[seatGroup] // b's peer group, set at its first scrape
 	hitScale  afloat                    // EWMA of (cached tokens the engine reported / cached tokens predicted), in [0, 1]
+	spec      specShare                 // share of a prefix still being prefilled here that a request sent now finds cached (specHit)
+	fleetSpec *specShare                // the same over every backend of b's Registry (nil outside one): b's until its own
 	hitRate   afloat                    // EWMA of cached/prompt tokens, from the engine's usage when reported
 	predRate  afloat                    // EWMA of predicted cached/prompt tokens, when the engine never reports usage
 	usageSeen atomic.Bool
@@ -504,6 +506,7 @@ type Attempt struct {
 	seen                     seen    // what the regime detector made of ttft while pendingTTFT
 	hashes                   []uint64
 	owner                    *cache.Owner
+	confTok, specTok         int // the prefix believed held, confirmed and still being prefilled, in tokens (hitTok counts specShare of specTok)
 	completionTok            int
 	gotUsage                 bool
 	warm                     bool // counted in b.warm
@@ -543,12 +546,16 @@ func (b *Backend) Dispatch(r *Request) Attempt {
 			a.owner.Index().Lookup(a.hashes, []*cache.Owner{a.owner}, c[:])
 			blocks = c[0]
 		}
-		a.hitTok = hitTokens(blocks, a.promptTok, 1)
+		conf := blocks
+		if blocks > 0 {
+			conf = a.owner.Confirmed(a.hashes[:blocks])
+		}
+		a.hitTok, a.confTok, a.specTok = b.specHit(blocks, conf, a.promptTok, 1)
 	}
 	a.uncached = float64(uncachedTokens(a.promptTok, a.hitTok))
 	a.predTTFT = b.lat.ttftMean(a.uncached, a.queued, a.runAt0)
 	b.begin(&a, int64(a.uncached))
-	if a.hitTok > 0 {
+	if a.confTok+a.specTok > 0 {
 		a.warm = true
 		b.warm.Add(1)
 	}
@@ -580,6 +587,70 @@ func (b *Backend) begin(a *Attempt, prefillTok int64) {
 func hitTokens(blocks, promptTok int, scale float64) int {
 	h := int(float64(blocks*blockTokens) * scale)
 	return max(min(h, promptTok-1), 0)
+}
+
+// specPrior is specShare before any observation: even odds. Whether a request finds cached the prefix that an
+// earlier one is still prefilling on the same engine depends on where the engine's step was when each arrived
+// (one that joins the same step as the first finds nothing, vLLM and SGLang register blocks only once computed; one
+// that arrives during the first's prefill waits for it and finds it all), which the gateway cannot see; the
+// engine's cached_tokens then say which it was (ObserveUsage). Either way it is safe: counted as half a hit, a
+// second request of a new prefix goes to another backend only when that one prefills it in about the time the
+// first takes, which is what the wait on the owner costs when the engine does share.
+const specPrior = 0.5
+
+// specMemory is how many observations specShare averages over once it has that many: the share follows the
+// arrival spacing and step length of the current load within a couple of bursts of new prefixes.
+const specMemory = 20
+
+// specShare is the share of a prefix still being prefilled that a request sent to the same engine finds cached:
+// specPrior before any observation, then the running mean of the observations with the prior weighing as one,
+// then an EWMA over specMemory. The zero value is ready to use. Lock-free.
+type specShare struct {
+	v afloat
+	n atomic.Int64
+}
+
+func (s *specShare) add(x float64) {
+	n := s.n.Add(1)
+	if n == 1 {
+		s.v.store((specPrior + x) / 2)
+		return
+	}
+	s.v.ewma(x, max(1/float64(n+1), 1/float64(specMemory)))
+}
+
+func (s *specShare) load() float64 {
+	if s.n.Load() == 0 {
+		return specPrior
+	}
+	return s.v.load()
+}
+
+// specShareNow is b's specShare, or its fleet's until b has an observation of its own.
+func (b *Backend) specShareNow() float64 {
+	if b.spec.n.Load() > 0 || b.fleetSpec == nil {
+		return b.spec.load()
+	}
+	return b.fleetSpec.load()
+}
+
+// specHit converts the prefix b is believed to hold (blocks leading blocks, of which conf are confirmed by a
+// first token) to the cached tokens expected (hit), scaled as hitTokens does: the confirmed tokens (confTok) and
+// specShare of the ones an earlier request is still prefilling (specTok).
+func (b *Backend) specHit(blocks, conf, promptTok int, scale float64) (hit, confTok, specTok int) {
+	confTok = hitTokens(conf, promptTok, scale)
+	specTok = hitTokens(blocks, promptTok, scale) - confTok
+	return confTok + int(b.specShareNow()*float64(specTok)), confTok, specTok
+}
+
+// observeSpec folds into b's and its fleet's specShare the share of specTok speculative tokens the engine
+// reported cached, beyond the confTok confirmed ones.
+func (b *Backend) observeSpec(cached, confTok, specTok int) {
+	x := min(max(float64(cached-confTok)/float64(specTok), 0), 1)
+	b.spec.add(x)
+	if b.fleetSpec != nil {
+		b.fleetSpec.add(x)
+	}
 }
 
 // uncachedTokens is the prefill work left: at least one block's worth (or the whole prompt if shorter).
@@ -730,16 +801,21 @@ func (a *Attempt) ObserveUsage(u Usage) {
 	if a.hashes == nil {
 		return
 	}
-	switch pred := a.hitTok; {
-	case pred-u.CachedTokens > blockTokens: // the engine lost blocks we thought it held
+	if a.specTok > 0 {
+		b.observeSpec(u.CachedTokens, a.confTok, a.specTok)
+	}
+	// The index's capacity is judged on the confirmed prefix alone below and the whole one above: a prefix still
+	// being prefilled that the engine did not share is a matter of timing (specShare), not of blocks lost.
+	switch lo, hi := a.confTok, a.confTok+a.specTok; {
+	case lo-u.CachedTokens > blockTokens: // the engine lost blocks we thought it held
 		b.alpha.store(max(b.alpha.load()*0.95, minAlpha))
-		b.hitScale.ewma(float64(u.CachedTokens)/float64(pred), 0.1)
+		b.hitScale.ewma(float64(u.CachedTokens)/float64(lo), 0.1)
 		b.applyCapacity()
-	case u.CachedTokens-pred > blockTokens: // it kept more than we thought
+	case u.CachedTokens-hi > blockTokens: // it kept more than we thought
 		b.alpha.store(min(b.alpha.load()+0.01, 1))
 		b.hitScale.ewma(1, 0.1)
 		b.applyCapacity()
-	case pred > 0:
+	case hi > 0:
 		b.hitScale.ewma(1, 0.1)
 	}
 }

@@ -35,13 +35,19 @@ func TestDispatchInsertsSpeculativelyAndFirstTokenConfirms(t *testing.T) {
 	if req, tok := tg.Backend.Prefilling(); req != 1 || tok != 1024 {
 		t.Fatalf("prefilling %d/%d, want 1/1024", req, tok)
 	}
-	// A second request with the same prompt, dispatched there before the first answers, is charged only the
-	// last block of prefill (engines always compute the last token).
+	// A second request with the same prompt, dispatched there before the first answers, is charged the prompt
+	// less specPrior of the hit it would have once the first is prefilled (engines always compute the last
+	// token): whether the engine lets it share a prefill still running is not known yet.
 	r2 := &Request{Model: "m", Prompt: p}
 	r2.hashes(cache.DefaultMaxBlocks)
 	a2 := tg.Backend.Dispatch(r2)
-	if _, tok := tg.Backend.Prefilling(); tok != 1024+16 {
-		t.Fatalf("queued prefill %d, want 1040", tok)
+	spec := 1023
+	hit := int(specPrior * float64(spec))
+	if want := 1024 + 1024 - hit; a2.hitTok != hit || tg.Backend.prefillTok.Load() != int64(want) {
+		t.Fatalf("queued prefill %d (hit %d), want %d (hit %d)", tg.Backend.prefillTok.Load(), a2.hitTok, want, hit)
+	}
+	if a2.confTok != 0 || a2.specTok != 1023 {
+		t.Fatalf("confirmed %d, speculative %d tokens: want 0 and 1023", a2.confTok, a2.specTok)
 	}
 	f.clk.Advance(100 * time.Millisecond)
 	a.FirstToken()

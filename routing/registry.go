@@ -23,8 +23,9 @@ type Registry struct {
 	clock Clock
 	index *cache.Index
 	m     *metrics.Gateway
-	hints hintCell // the Peers publishing this registry's confirmed prefixes, if any (hints.go)
-	hold  holdTime // seat hold time over every backend: a backend's own until its first answer ends
+	hints hintCell  // the Peers publishing this registry's confirmed prefixes, if any (hints.go)
+	hold  holdTime  // seat hold time over every backend: a backend's own until its first answer ends
+	spec  specShare // the share of a prefix being prefilled that a request finds cached, over every backend
 	peers seatPeers
 	prior priorCal // the TTFT prior calibrated to this fleet (model.go)
 }
@@ -110,6 +111,7 @@ func (r *Registry) newBackend(c *BackendConfig) *Backend {
 	b := newBackend(c, r.clock)
 	b.hints = &r.hints
 	b.fleetHold = &r.hold
+	b.fleetSpec = &r.spec
 	b.peers = &r.peers
 	b.lat.cal = &r.prior
 	if o, err := r.index.NewOwner(c.Name, 0); err == nil { // beyond cache.MaxOwners, no prefix affinity

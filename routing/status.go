@@ -73,6 +73,11 @@ type BackendStatus struct {
 	// HitScale is the calibrated share of the predicted prefix hits the engine really had (1: the index is
 	// right; below, it overestimates what the engine holds).
 	HitScale float64 `json:"hit_scale"`
+	// SpecShare is the share of a prefix still being prefilled on the backend (dispatched, no first token yet)
+	// that a request sent there finds cached, learned from the engine's cached_tokens (the fleet's until the
+	// backend has its own; 0.5 before any), and SpecObserved the observations behind the backend's own.
+	SpecShare    float64 `json:"spec_share"`
+	SpecObserved int64   `json:"spec_observed"`
 	// SeatHoldMs is how long a request holds one of the engine's seats, smoothed over its last requests (its
 	// prefill alone, then its decode; the fleet's before any ended there, 0 before any ended anywhere), and SeatWaitMs the wait for a seat a request sent now
 	// would have: 0 while a seat is free or the seats are unknown (the proxy's `seats` says where they came from).
@@ -138,5 +143,6 @@ func (b *Backend) Status() BackendStatus {
 	s.Stale = spec.Scrapes() && !l.fresh
 	s.TTFTModel, s.ITLModel = b.lat.status()
 	s.QueuedTokens, s.HitScale = l.queuedTok, b.hitScale.load()
+	s.SpecShare, s.SpecObserved = b.specShareNow(), b.spec.n.Load()
 	return s
 }
