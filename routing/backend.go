@@ -593,9 +593,11 @@ func hitTokens(blocks, promptTok int, scale float64) int {
 // earlier one is still prefilling on the same engine depends on where the engine's step was when each arrived
 // (one that joins the same step as the first finds nothing, vLLM and SGLang register blocks only once computed; one
 // that arrives during the first's prefill waits for it and finds it all), which the gateway cannot see; the
-// engine's cached_tokens then say which it was (ObserveUsage). Either way it is safe: counted as half a hit, a
-// second request of a new prefix goes to another backend only when that one prefills it in about the time the
-// first takes, which is what the wait on the owner costs when the engine does share.
+// engine's cached_tokens then say which it was (ObserveUsage). Either way the prior is safe: such a request is
+// placed by the cold rule (pickCold), where half a hit makes the backend the first went to about as dear as one
+// that prefills the prompt alone, which is what waiting for the first's prefill costs on an engine that shares; so
+// the most it loses there is one more prefill of the prefix on another backend, and an engine that does not share
+// no longer gets two prefills in one step.
 const specPrior = 0.5
 
 // specMemory is how many observations specShare averages over once it has that many: the share follows the
@@ -604,7 +606,8 @@ const specMemory = 20
 
 // specShare is the share of a prefix still being prefilled that a request sent to the same engine finds cached:
 // specPrior before any observation, then the running mean of the observations with the prior weighing as one,
-// then an EWMA over specMemory. The zero value is ready to use. Lock-free.
+// then an EWMA over specMemory. The zero value is ready to use. Lock-free: concurrent updates may each miss the
+// other's, as afloat.ewma says.
 type specShare struct {
 	v afloat
 	n atomic.Int64
