@@ -261,11 +261,12 @@ func (s *Adaptive) Pick(r *Request, targets []Target) (Target, error) {
 			cold = cold && c.conf == 0
 		}
 	}
-	band := minCost*(1+s.p.TieRelative) + s.p.TieAbsolute.Seconds()
+	tie := nearTie{s.p.TieRelative, s.p.TieAbsolute.Seconds()}
+	band := tie.limit(minCost)
 	var chosen cand
 	if cold {
-		chosen = pickCold(cs, band, s.p.TieRelative, s.p.TieAbsolute.Seconds(), coldKey(r), targets)
-	} else if c, kept := keepOwner(cs, s.p.TieRelative, s.p.TieAbsolute.Seconds(), coldKey(r), targets); kept {
+		chosen = pickCold(cs, band, tie, coldKey(r), targets)
+	} else if c, kept := keepOwner(cs, tie, coldKey(r), targets); kept {
 		chosen = c
 	} else if c, owned := pickOwner(cs, band, coldKey(r), targets); owned {
 		chosen = c
@@ -399,7 +400,7 @@ func pickRendezvous(cs []cand, band float64, minBlocks int, key uint64, targets 
 // uncertain prediction. The spread of the errors alone (as keepOwner uses it) is not that: a backend that stalls
 // now and then has a wide one, and given the doubt it took a quarter of the cold prompts of
 // bench/scenarios/protect-hedging.yaml (p99 TTFT 5.0 s, round robin's).
-func pickCold(cs []cand, band, tieRel, tieAbs float64, key uint64, targets []Target) cand {
+func pickCold(cs []cand, band float64, tie nearTie, key uint64, targets []Target) cand {
 	var first, second cand
 	var firstScore, secondScore uint64
 	n := 0
@@ -432,7 +433,7 @@ func pickCold(cs []cand, band, tieRel, tieAbs float64, key uint64, targets []Tar
 	}
 	// Requests in flight decide only between costs the near-tie rule cannot tell apart: a count says nothing of
 	// what the requests cost, and a backend busy with one long prefill is dearer than one decoding two answers.
-	if math.Abs(first.cost-second.cost) <= tieRel*min(first.cost, second.cost)+tieAbs {
+	if max(first.cost, second.cost) <= tie.limit(min(first.cost, second.cost)) {
 		if c, ok := fewer(first, second, bf.Inflight(), bs.Inflight()); ok {
 			return c
 		}
@@ -442,6 +443,13 @@ func pickCold(cs []cand, band, tieRel, tieAbs float64, key uint64, targets []Tar
 	}
 	return first
 }
+
+// nearTie is the near-tie rule (AdaptiveParams.TieRelative and TieAbsolute, in seconds): a cost within limit(x)
+// cannot be told apart from x.
+type nearTie struct{ rel, abs float64 }
+
+// limit is the dearest cost near-tied with x.
+func (t nearTie) limit(x float64) float64 { return x*(1+t.rel) + t.abs }
 
 // optimistic is c's cost with its predicted TTFT divided by the factor f (a p90 factor): the cost if the model
 // erred that far on the slow side.
@@ -497,7 +505,7 @@ func pickOwner(cs []cand, band float64, key uint64, targets []Target) (cand, boo
 // against every holder, the rendezvous owner of a hot prefix kept it while four other backends held it too and
 // cost 20-30% less, until it ran 68 requests on an engine of 64 seats (burst-short on eight engines, p99 TTFT
 // 1.2-1.55x round robin's).
-func keepOwner(cs []cand, tieRel, tieAbs float64, key uint64, targets []Target) (cand, bool) {
+func keepOwner(cs []cand, tie nearTie, key uint64, targets []Target) (cand, bool) {
 	most := 0
 	for _, c := range cs {
 		most = max(most, c.blocks)
@@ -514,7 +522,7 @@ func keepOwner(cs []cand, tieRel, tieAbs float64, key uint64, targets []Target) 
 			if c.cost+c.pred*(c.spread-1) < lo {
 				return cand{}, false
 			}
-		case o.cost > c.cost*(1+tieRel)+tieAbs:
+		case o.cost > tie.limit(c.cost):
 			return cand{}, false
 		}
 	}

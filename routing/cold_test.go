@@ -91,7 +91,7 @@ func TestPickCold(t *testing.T) {
 	}
 	band := 0.100*1.1 + 0.010
 	name := func(i int) string { return f.targets[i].Backend.Name() }
-	pick := func(cs []cand) string { return name(pickCold(cs, band, 0.1, 0.010, key, f.targets).i) }
+	pick := func(cs []cand) string { return name(pickCold(cs, band, nearTie{0.1, 0.010}, key, f.targets).i) }
 	expect := func(t *testing.T, cs []cand, want int) {
 		t.Helper()
 		if got := pick(cs); got != name(want) {

@@ -33,7 +33,7 @@ func TestKeepOwnerMarginOnlyAgainstLesserHolders(t *testing.T) {
 		{"an equal holder 27% cheaper", []cand{mk(o, 10, 0.150), mk(other, 10, 0.110), mk(x, 0, 0.200)}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, kept := keepOwner(tc.cs, 0.1, 0.010, key, f.targets)
+			c, kept := keepOwner(tc.cs, nearTie{0.1, 0.010}, key, f.targets)
 			if kept != tc.kept {
 				t.Fatalf("kept %v, want %v", kept, tc.kept)
 			}
