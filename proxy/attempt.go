@@ -42,9 +42,8 @@ type attempt struct {
 	up      *upstream
 	req     fasthttp.Request
 	resp    fasthttp.Response
-	conn    *upConn // guarded by wd.mu
+	conn    *upConn // the connection of the attempt's request and response; guarded by wd.mu
 	events  *openai.EventReader
-	whole   bytes.Reader // the body, when fasthttp read it whole before send returned
 	ci      openai.ChunkInfo
 	started time.Time     // set by prepare, on the handler goroutine, right before the send
 	predP90 time.Duration // routing's p90 TTFT prediction at dispatch, RTT included
@@ -92,7 +91,6 @@ func (a *attempt) free() {
 	a.req.Reset()
 	a.resp.Reset()
 	a.events.Reset(nil)
-	a.whole.Reset(nil)
 	a.wd, a.s = nil, nil
 	a.target = routing.Target{}
 	a.end, a.atTotal = nil, false
@@ -136,13 +134,24 @@ func (a *attempt) send(streamed, intact bool) error {
 	if firstByte <= 0 {
 		firstByte = a.to.Total
 	}
-	var err error
+	var deadline time.Time
 	if firstByte > 0 {
-		err = a.up.hc.DoDeadline(&a.req, &a.resp, a.started.Add(firstByte))
-	} else {
-		err = a.up.hc.Do(&a.req, &a.resp)
+		deadline = a.started.Add(firstByte)
 	}
+	c, err := a.up.acquire(a.started, deadline)
 	if err != nil {
+		if why := a.aborted(); why != nil {
+			return why
+		}
+		kind := kindConnect
+		if errors.Is(err, os.ErrDeadlineExceeded) && !deadline.IsZero() && !time.Now().Before(deadline) {
+			kind = kindFirstByte
+		}
+		return &upstreamError{kind: kind, backend: a.name, err: err}
+	}
+	_ = c.SetDeadline(deadline)
+	a.wd.setConn(a, c) // from here an abort interrupts the wait for the headers too
+	if err := c.roundTrip(&a.req, &a.resp); err != nil {
 		if why := a.aborted(); why != nil {
 			return why
 		}
@@ -152,11 +161,11 @@ func (a *attempt) send(streamed, intact bool) error {
 		}
 		kind := kindConnect
 		if errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, os.ErrDeadlineExceeded) {
-			kind = kindFirstByte
+			kind = kindFirstByte // fasthttp's header reader says ErrTimeout for the deadline
 		}
 		return &upstreamError{kind: kind, backend: a.name, err: err}
 	}
-	a.wd.setConn(a, a.s.ups.conn(&a.resp))
+	_ = c.SetWriteDeadline(time.Time{})
 	if code := a.resp.StatusCode(); code != fasthttp.StatusOK && !(intact && code >= 200 && code < 300) {
 		return a.statusError(code, intact)
 	}
@@ -165,14 +174,7 @@ func (a *attempt) send(streamed, intact bool) error {
 			return &upstreamError{kind: kindProtocol, backend: a.name,
 				err: errors.New("streamed request answered with content type " + string(ct))}
 		}
-		if rs := a.resp.BodyStream(); rs != nil {
-			a.events.Reset(rs)
-		} else {
-			// fasthttp hands a body it has already read whole (a short one with a Content-Length, or none at
-			// all) as bytes, not as a stream.
-			a.whole.Reset(a.resp.Body())
-			a.events.Reset(&a.whole)
-		}
+		a.events.Reset(c)
 		a.sse = true
 	}
 	return nil
@@ -181,15 +183,10 @@ func (a *attempt) send(streamed, intact bool) error {
 // statusError reads (a bounded part of) an upstream error body; with keep, the error holds a copy of it and its
 // content type, to go back to the client as they are.
 func (a *attempt) statusError(code int, keep bool) error {
-	var body []byte
-	if rs := a.resp.BodyStream(); rs != nil {
-		buf := bytes.NewBuffer(a.body[:0])
-		_, _ = io.Copy(buf, io.LimitReader(rs, maxErrorBody))
-		body = buf.Bytes()
-		a.body = body[:0]
-	} else {
-		body = a.resp.Body()
-	}
+	buf := bytes.NewBuffer(a.body[:0])
+	_, _ = io.Copy(buf, io.LimitReader(a.conn, maxErrorBody))
+	body := buf.Bytes()
+	a.body = body[:0]
 	msg, typ := openai.ParseUpstreamError(body)
 	ue := &upstreamError{kind: kindStatus, backend: a.name, status: code, message: msg, typ: typ}
 	if keep {
@@ -245,14 +242,9 @@ func (a *attempt) readFirst(e openai.Endpoint) error {
 
 // readWhole reads a non-streamed answer (embeddings) into a.body.
 func (a *attempt) readWhole() error {
-	rs := a.resp.BodyStream()
-	if rs == nil {
-		a.body = append(a.body[:0], a.resp.Body()...)
-		return nil
-	}
 	buf := bytes.NewBuffer(a.body[:0])
 	limit := a.s.opts.MaxResponseBytes
-	if _, err := io.Copy(buf, io.LimitReader(rs, int64(limit)+1)); err != nil {
+	if _, err := io.Copy(buf, io.LimitReader(a.conn, int64(limit)+1)); err != nil {
 		return a.streamError(err)
 	}
 	if buf.Len() > limit {
@@ -360,19 +352,21 @@ func (a *attempt) firstDeadline() {
 	}
 }
 
-// closeStream releases the response body stream. A stream read to [DONE] is read on to the end of the HTTP
-// body (bounded by a short deadline) so that fasthttp pools the connection; any other is closed unread, which
-// closes the connection, which is how an engine learns to abort the generation. A whole answer (readWhole) was
+// closeStream ends the attempt's use of its connection. A stream read to [DONE] is read on to the end of the
+// HTTP body (bounded by a short deadline) so that the connection goes back to its pool; any other is closed
+// with its body unread, which is how an engine learns to abort the generation. A whole answer (readWhole) was
 // read to its end already: only an SSE stream is read on, since the event reader has no other source.
 func (a *attempt) closeStream(ok bool) {
-	if ok && a.sse && a.complete && a.aborted() == nil && a.resp.BodyStream() != nil {
-		if c := a.conn; c != nil {
-			_ = c.SetReadDeadline(time.Now().Add(time.Second))
-		}
+	c := a.conn
+	if c == nil {
+		return
+	}
+	if ok && a.sse && a.complete && a.aborted() == nil && c.body != bodyDone {
+		_ = c.SetReadDeadline(time.Now().Add(time.Second))
 		if _, err := a.events.Next(); err != io.EOF {
-			a.resp.SetConnectionClose()
+			c.broken = true
 		}
 	}
 	a.wd.setConn(a, nil)
-	_ = a.resp.CloseBodyStream()
+	c.release()
 }

@@ -175,3 +175,21 @@ func raceRelease(fd uintptr) {
 		_, _ = syscall.Write(int(fd), nil)
 	}
 }
+
+// stale reports whether a connection that sat idle in a pool can no longer carry a request: the peer closed it
+// (a read would return EOF), reset it, or sent bytes nobody asked for. One recv(2) with MSG_PEEK that does not
+// wait and takes nothing from the socket.
+func (s *rawSocket) stale() bool {
+	var b [1]byte
+	var e syscall.Errno
+	err := s.rc.Read(func(fd uintptr) bool {
+		for {
+			_, _, e = syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
+				syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+			if e != syscall.EINTR {
+				return true
+			}
+		}
+	})
+	return err != nil || e != syscall.EAGAIN // only "nothing to read yet" is a live, idle connection
+}

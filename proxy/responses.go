@@ -180,13 +180,14 @@ func (s *Server) holdsResponse(ctx context.Context, b *routing.Backend, path []b
 	req.Header.SetMethod(fasthttp.MethodGet)
 	_ = up.prepareRequest(req, cfg, path, "", nil) // upstream.go: the backend's headers, query and credentials
 	deadline, _ := ctx.Deadline()
-	if err := up.hc.DoDeadline(req, resp, deadline); err != nil {
+	c, err := up.acquire(time.Now(), deadline)
+	if err != nil {
 		return false
 	}
-	if rs := resp.BodyStream(); rs != nil {
-		_ = resp.CloseBodyStream() // only the status matters
-	}
-	return resp.StatusCode() == fasthttp.StatusOK
+	_ = c.SetDeadline(deadline)
+	err = c.roundTrip(req, resp)
+	c.release() // only the status matters: a body left unread closes the connection
+	return err == nil && resp.StatusCode() == fasthttp.StatusOK
 }
 
 func backendNamed(snap *Snapshot, name string) *routing.Backend {
