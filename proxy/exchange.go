@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -81,6 +82,7 @@ type clientRequest struct {
 	upBody []byte         // body as sent upstream
 	upFor  string         // the upstream model name upBody was built for ("" = not built)
 	priBuf []byte         // upBody with the engine's priority field (withPriority)
+	spare  []*[]byte      // empty holders of reqBufs (shedRequest), room for the four buffers above
 }
 
 // reset empties r for the next request, keeping its buffers unless the body made them larger than 1 MiB (one
@@ -90,8 +92,74 @@ func (r *clientRequest) reset() {
 	if cap(body) > 1<<20 {
 		body, upBody, priBuf = nil, nil, nil
 	}
+	spare := r.spare
+	if spare == nil {
+		spare = make([]*[]byte, 0, 4)
+	}
 	*r = clientRequest{path: r.path[:0], reqID: r.reqID[:0], body: body, ctype: r.ctype[:0], query: r.query[:0],
-		sum: r.sum, gen: r.gen, upBody: upBody, priBuf: priBuf}
+		sum: r.sum, gen: r.gen, upBody: upBody, priBuf: priBuf, spare: spare}
+}
+
+// The byte buffers of a request (the client's body, the body sent upstream with and without the priority
+// field, the canonical prompt) are each as large as its prompt. A streamed answer does not read them once it is
+// committed, and a stream spends nearly all its life waiting for tokens, so at the commit they go to reqBufs,
+// shared by every exchange, rather than stay with the pooled exchange (shedRequest): an open stream holds none
+// of its prompt (docs/design.md, "Pooling"). A buffer travels in a holder (a *[]byte, which a sync.Pool stores
+// without allocating); an exchange keeps the holders it emptied (spare) for the buffers it gives back, so that
+// neither direction allocates once the pools are warm.
+var reqBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+// maxReqBuf is the largest buffer reqBufs keeps, as clientRequest.reset keeps none larger.
+const maxReqBuf = 1 << 20
+
+// reqBuf returns b emptied, or, when b went to reqBufs, an empty buffer from it.
+func (r *clientRequest) reqBuf(b []byte) []byte {
+	if b != nil {
+		return b[:0]
+	}
+	h := reqBufs.Get().(*[]byte)
+	b = (*h)[:0]
+	*h = nil
+	if len(r.spare) < cap(r.spare) {
+		r.spare = append(r.spare, h)
+	}
+	return b
+}
+
+// putReqBuf gives b to reqBufs.
+func (r *clientRequest) putReqBuf(b []byte) {
+	if cap(b) == 0 || cap(b) > maxReqBuf {
+		return
+	}
+	var h *[]byte
+	if n := len(r.spare); n > 0 {
+		h, r.spare = r.spare[n-1], r.spare[:n-1]
+	} else {
+		h = new([]byte)
+	}
+	*h = b[:0]
+	reqBufs.Put(h)
+}
+
+// shedRequest gives the request's buffers to reqBufs once its streamed answer is committed. Nothing reads them
+// after that: a committed stream is never retried, the response cache's key was made at the lookup, and the
+// summary's scalar fields stay; its slices that alias the body (the model, the previous response's id) are
+// cleared. The winning attempt's upstream request lets go of its body too. The routing request's prompt and prefix
+// hashes go when the attempt had its first token, their last use (routing.Request.ReleaseHashes).
+func (ex *exchange) shedRequest() {
+	ex.putReqBuf(ex.body)
+	ex.putReqBuf(ex.upBody)
+	ex.putReqBuf(ex.priBuf)
+	ex.putReqBuf(ex.sum.Prompt)
+	ex.body, ex.upBody, ex.priBuf, ex.upFor = nil, nil, nil, ""
+	ex.sum.Prompt, ex.sum.Model, ex.sum.PreviousResponseID, ex.gen.Model = nil, nil, nil, nil
+	ex.rreq.Prompt = nil
+	if a := ex.cur; a != nil {
+		a.req.ResetBody()
+		if a.gotFirst {
+			ex.rreq.ReleaseHashes()
+		}
+	}
 }
 
 // routed is the part of an exchange that holds the request's admission (model, key, class, quota) and its
@@ -562,6 +630,7 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 // that the gateway always streams from upstream and always learns the usage. Pass-through bodies change only
 // in their model.
 func (ex *exchange) buildUpstreamBody(upstreamModel string) {
+	ex.upBody = ex.reqBuf(ex.upBody)
 	var model []byte
 	if upstreamModel != "" && upstreamModel != string(ex.sum.Model) {
 		model = []byte(upstreamModel)
@@ -593,7 +662,7 @@ func (ex *exchange) withPriority(spec *routing.EngineSpec) []byte {
 	if !ok || ex.endpoint != openai.Chat && ex.endpoint != openai.Completions {
 		return ex.upBody
 	}
-	ex.priBuf = openai.AppendPriority(ex.priBuf[:0], ex.upBody, p)
+	ex.priBuf = openai.AppendPriority(ex.reqBuf(ex.priBuf), ex.upBody, p)
 	return ex.priBuf
 }
 
@@ -884,6 +953,7 @@ func (ex *exchange) abandon(a *attempt, learn bool) {
 	if learn && ex.s.orphans.add(a) {
 		ex.wd.untrack(a) // the exchange's aborts no longer reach it; its own deadline and shutdown do
 		ex.traceAttemptEnd(a, errHedgeLost)
+		a.acct.KeepHashes() // its first token or end comes after the request gave its hashes back
 		if a.state.CompareAndSwap(raceRunning, raceOrphaned) {
 			return // its goroutine ends and frees it
 		}
@@ -999,6 +1069,7 @@ func (e shedError) Unwrap() error { return e.err }
 // and stream flag for the routes it passes through.
 func (ex *exchange) parse() error {
 	rt := ex.rt
+	ex.sum.Prompt = ex.reqBuf(ex.sum.Prompt)
 	if rt.api != 0 {
 		return ex.sum.Parse(rt.api, ex.body)
 	}

@@ -491,7 +491,7 @@ func (s *Server) serveExchange(ctx *fasthttp.RequestCtx, ex *exchange, rt *route
 	ctx.Response.Header.SetBytesV(headerRequestID, ex.reqID)
 	ex.client = ctx.Conn()
 	ex.clientIP = ctx.RemoteIP()
-	ex.body = append(ex.body[:0], ctx.PostBody()...)
+	ex.body = append(ex.reqBuf(ex.body), ctx.PostBody()...)
 	ex.ctype = append(ex.ctype[:0], ctx.Request.Header.ContentType()...)
 	ex.query = append(ex.query[:0], ctx.URI().QueryString()...)
 
@@ -538,6 +538,7 @@ func (s *Server) serveExchange(ctx *fasthttp.RequestCtx, ex *exchange, rt *route
 		// The exchange holds its own copy of the request body (serveExchange): fasthttp's goes back to its pool
 		// now (ReduceMemoryUsage), not when the stream ends, so that an open stream holds one copy less.
 		ctx.Request.ResetBody()
+		ex.shedRequest()                      // nor its own copies: exchange.go
 		ctx.SetBodyStream(streamBody{ex}, -1) // the relay owns ex from here; Close releases it
 		return true
 	}

@@ -2,6 +2,7 @@ package routing
 
 import (
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -501,10 +502,11 @@ type Attempt struct {
 	seatWait                 float64 // seconds: the wait for a seat predicted at dispatch (seatWait)
 	revisedTTFT              float64 // seconds: predTTFT for the prefill the engine reported doing; 0 until then
 	runAtFirst               float64
-	ttft                     float64 // observed at FirstToken, seconds
-	pendingTTFT              bool    // ttft awaits the usage's cached_tokens before training the model
-	seen                     seen    // what the regime detector made of ttft while pendingTTFT
-	hashes                   []uint64
+	ttft                     float64  // observed at FirstToken, seconds
+	pendingTTFT              bool     // ttft awaits the usage's cached_tokens before training the model
+	seen                     seen     // what the regime detector made of ttft while pendingTTFT
+	hashes                   []uint64 // the request's prefix hashes until the first token (then nil; see Request.ReleaseHashes)
+	indexed                  bool     // the prompt's blocks went into the prefix index at dispatch
 	owner                    *cache.Owner
 	confTok, specTok         int // the prefix believed held, confirmed and still being prefilled, in tokens (hitTok counts specShare of specTok)
 	completionTok            int
@@ -528,8 +530,9 @@ func (b *Backend) Begin(promptTokens int) Attempt {
 // again for each retry or hedge on another backend). It records the request in b's accounting with the prefill
 // work b must do (the prompt minus the prefix b is believed to hold), inserts r's prompt blocks into b's share of
 // the prefix index speculatively (so a burst sharing a prefix follows it), and captures the features and the
-// prediction that FirstToken will score. r's prefix hashes are kept by the Attempt: do not Reset r until every
-// Attempt begun for it has ended.
+// prediction that FirstToken will score. r's prefix hashes are kept by the Attempt until its first token: do not
+// Reset r (nor ReleaseHashes) before every Attempt begun for it has had its first token or ended, or holds its
+// own copy (KeepHashes).
 func (b *Backend) Dispatch(r *Request) Attempt {
 	now := b.clock.Now()
 	l := b.loadAt(now)
@@ -564,6 +567,7 @@ func (b *Backend) Dispatch(r *Request) Attempt {
 		b.predRate.ewma(float64(a.hitTok)/float64(a.promptTok), hitRateAlpha)
 	}
 	if a.hashes != nil {
+		a.indexed = true
 		a.owner.Insert(a.hashes, now)
 		if c := b.hints; c != nil {
 			if p := c.p.Load(); p != nil {
@@ -713,6 +717,16 @@ func (a *Attempt) FirstToken() {
 	}
 	if a.hashes != nil {
 		a.owner.Confirm(a.hashes, now)
+		a.hashes = nil // not read again: the request may give its buffer back (Request.ReleaseHashes)
+	}
+}
+
+// KeepHashes makes a hold its own copy of its request's prefix hashes, for an attempt that outlives its
+// request's accounting (a hedge that lost its race and reads on to its first token): the request's buffer goes
+// back to its pool when the request ends, and a's first token or end still needs the hashes.
+func (a *Attempt) KeepHashes() {
+	if a.hashes != nil {
+		a.hashes = slices.Clone(a.hashes)
 	}
 }
 
@@ -801,7 +815,7 @@ func (a *Attempt) ObserveUsage(u Usage) {
 		b.observeTTFT(a, a.ttft, a.usageAt)
 		a.pendingTTFT = false
 	}
-	if a.hashes == nil {
+	if !a.indexed {
 		return
 	}
 	if a.specTok > 0 {

@@ -88,6 +88,17 @@ func (r *Request) Reset() {
 	*r = Request{}
 }
 
+// ReleaseHashes gives r's prefix-hash buffer back to its pool before r ends, so that an open stream does not hold
+// it (docs/design.md, "Pooling"). Call it only when every Attempt dispatched for r has had its first token (which
+// is the last use of the hashes) or ended, or holds its own copy (Attempt.KeepHashes); a later Pick hashes the
+// prompt again.
+func (r *Request) ReleaseHashes() {
+	if r.hb != nil {
+		cache.ReleaseHashBuf(r.hb)
+		r.hb, r.hashed = nil, false
+	}
+}
+
 // hashes returns r's prefix-block hashes, computing them on first use.
 func (r *Request) hashes(maxBlocks int) []uint64 {
 	if !r.hashed {
