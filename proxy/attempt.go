@@ -40,7 +40,7 @@ type attempt struct {
 	permit admission.Permit // the breaker, concurrency slot and outlier probe the attempt holds
 
 	up      *upstream
-	req     fasthttp.Request
+	req     *fasthttp.Request // the upstream request, from prepare until it is written (send): fasthttp's pool
 	resp    fasthttp.Response
 	conn    *upConn // the connection of the attempt's request and response; guarded by wd.mu
 	events  *openai.EventReader
@@ -88,7 +88,7 @@ func newAttempt(s *Server, wd *watchdog) *attempt {
 
 // free returns a to the pool. The attempt must be closed (its body stream released) and its slots given back.
 func (a *attempt) free() {
-	a.req.Reset()
+	a.releaseRequest()
 	a.resp.Reset()
 	a.events.Reset(nil)
 	a.wd, a.s = nil, nil
@@ -116,6 +116,14 @@ func (a *attempt) free() {
 		a.events = openai.NewEventReader(nil, maxEventBytes)
 	}
 	attempts.Put(a)
+}
+
+// releaseRequest gives the upstream request back to fasthttp's pool.
+func (a *attempt) releaseRequest() {
+	if a.req != nil {
+		fasthttp.ReleaseRequest(a.req)
+		a.req = nil
+	}
 }
 
 // aborted returns why the attempt was aborted from outside (the exchange's reason, or its own kill), or nil.
@@ -151,7 +159,9 @@ func (a *attempt) send(streamed, intact bool) error {
 	}
 	_ = c.SetDeadline(deadline)
 	a.wd.setConn(a, c) // from here an abort interrupts the wait for the headers too
-	if err := c.roundTrip(&a.req, &a.resp); err != nil {
+	err = c.roundTrip(a.req, &a.resp)
+	a.releaseRequest() // written: a stream does not hold it while it waits
+	if err != nil {
 		if why := a.aborted(); why != nil {
 			return why
 		}

@@ -138,6 +138,11 @@ func BenchmarkRelayChunk(b *testing.B) {
 	}
 }
 
+// allocBudget is the most allocations a proxied request may add over the direct path. Issue 16 asks for at most
+// 8; the gateway adds 4 (streamed) and 3 (not) since it speaks HTTP/1.1 to engines itself (upstream.go), and the
+// budget keeps that, with one to spare.
+const allocBudget = 5
+
 // TestAllocationsPerRequest pins the gateway's allocations per proxied request: the process-wide allocations
 // of a request through the gateway minus those of the same request straight to the backend (client and
 // backend allocate the same in both).
@@ -152,8 +157,8 @@ func TestAllocationsPerRequest(t *testing.T) {
 		stream bool
 		budget float64
 	}{
-		{"stream", true, 8},
-		{"non-stream", false, 8},
+		{"stream", true, allocBudget},
+		{"non-stream", false, allocBudget},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			direct, via := newRoundTripper(be, true), newRoundTripper(gw, tc.stream)

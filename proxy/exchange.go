@@ -154,11 +154,8 @@ func (ex *exchange) shedRequest() {
 	ex.body, ex.upBody, ex.priBuf, ex.upFor = nil, nil, nil, ""
 	ex.sum.Prompt, ex.sum.Model, ex.sum.PreviousResponseID, ex.gen.Model = nil, nil, nil, nil
 	ex.rreq.Prompt = nil
-	if a := ex.cur; a != nil {
-		a.req.ResetBody()
-		if a.gotFirst {
-			ex.rreq.ReleaseHashes()
-		}
+	if a := ex.cur; a != nil && a.gotFirst {
+		ex.rreq.ReleaseHashes()
 	}
 }
 
@@ -574,7 +571,10 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 	if ex.upFor != t.Model || len(ex.upBody) == 0 {
 		ex.buildUpstreamBody(t.Model)
 	}
-	req := &a.req
+	if a.req == nil {
+		a.req = fasthttp.AcquireRequest()
+	}
+	req := a.req
 	req.Reset()
 	ex.fwd.CopyTo(&req.Header)
 	req.Header.SetMethod(ex.rt.method)

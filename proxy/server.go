@@ -213,6 +213,7 @@ func New(src Source, opts Options) (*Server, error) {
 		ReadTimeout:        opts.HeaderTimeout,
 		IdleTimeout:        opts.IdleTimeout,
 		ReadBufferSize:     clientReadBuffer, // also the bound on request header size
+		WriteBufferSize:    clientWriteBuffer,
 		// A connection gives its read buffer back once a request is read, so that an open stream or an idle
 		// keep-alive connection holds none; clientread.go keeps this from costing a read system call.
 		ReduceMemoryUsage:     true,
