@@ -144,8 +144,9 @@ func (r *clientRequest) putReqBuf(b []byte) {
 // shedRequest gives the request's buffers to reqBufs once its streamed answer is committed. Nothing reads them
 // after that: a committed stream is never retried, the response cache's key was made at the lookup, and the
 // summary's scalar fields stay; its slices that alias the body (the model, the previous response's id) are
-// cleared. The winning attempt's upstream request lets go of its body too. The routing request's prompt and prefix
-// hashes go when the attempt had its first token, their last use (routing.Request.ReleaseHashes).
+// cleared. (The attempt's upstream request, which held the body sent upstream, went back to fasthttp's pool once
+// it was written: attempt.send.) The routing request's prompt and prefix hashes go when the attempt had its first
+// token, their last use (routing.Request.ReleaseHashes).
 func (ex *exchange) shedRequest() {
 	ex.putReqBuf(ex.body)
 	ex.putReqBuf(ex.upBody)

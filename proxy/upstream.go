@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/url"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -76,10 +75,9 @@ type upstream struct {
 	dialer net.Dialer
 	tlsCfg *tls.Config
 
-	mu    sync.Mutex
-	idle  []*upConn   // the most recently used last
-	reap  *time.Timer // armed while idle is not empty
-	dials atomic.Int64
+	mu   sync.Mutex
+	idle []*upConn   // the most recently used last
+	reap *time.Timer // armed while idle is not empty
 }
 
 var (
@@ -170,10 +168,13 @@ func (c *upConn) Read(p []byte) (int, error) {
 			}
 			n, err := c.readWire(p)
 			c.remain -= int64(n)
-			if err == io.EOF {
+			if c.remain == 0 && err == nil {
+				c.body = bodyDone // whole: the connection may carry the next request without another read
+			}
+			if err == io.EOF && c.remain > 0 {
 				err = io.ErrUnexpectedEOF
 			}
-			if err != nil {
+			if err != nil && err != io.EOF {
 				c.broken = true
 			}
 			return n, err
@@ -299,7 +300,6 @@ func (up *upstream) dial(deadline time.Time) (*upConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	up.dials.Add(1)
 	c := &upConn{Conn: raw, up: up}
 	if !up.tls {
 		if tc, ok := raw.(*net.TCPConn); ok {
