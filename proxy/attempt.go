@@ -175,7 +175,6 @@ func (a *attempt) send(streamed, intact bool) error {
 		}
 		return &upstreamError{kind: kind, backend: a.name, err: err}
 	}
-	_ = c.SetWriteDeadline(time.Time{})
 	if code := a.resp.StatusCode(); code != fasthttp.StatusOK && !(intact && code >= 200 && code < 300) {
 		return a.statusError(code, intact)
 	}

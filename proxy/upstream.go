@@ -387,7 +387,7 @@ func (c *upConn) release() {
 		_ = c.Conn.Close()
 		return
 	}
-	_ = c.Conn.SetDeadline(time.Time{})
+	_ = c.Conn.SetDeadline(time.Time{}) // an idle connection past a deadline would look stale to the check
 	c.idleAt = time.Now()
 	up := c.up
 	up.mu.Lock()
