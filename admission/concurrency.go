@@ -118,6 +118,7 @@ type Cap struct {
 	engine    atomic.Pointer[engineRef]
 	scrapeAt  atomic.Int64 // UnixNano of the last scrape the cap consumed (engineRef)
 	idle      atomic.Bool  // that scrape showed nothing waiting
+	sole      atomic.Bool  // the only backend of every model it serves (CapConfig.Sole)
 	crept     atomic.Int64 // scrapeAt of the last request let past the fleet's reserve below the proven batch (Probe)
 	refuseAt  atomic.Int64 // the most requests the engine holds before it refuses (Engine.EngineCeiling; 0: none)
 	gauge     prometheus.Gauge
@@ -228,7 +229,14 @@ func (c *Cap) Seats() int {
 // eighth of the proven batch for large ones), the probe that grows them per scrape that shows the engine ran
 // them all (ObserveBatch), so that few requests wait inside the engine while the seats are found; the limit's
 // doubling by the scrapes would put up to a limit's worth there, and the critical requests sent next behind
-// them. The fleet's reserve counts free seats over the provisional ones; what lets the probe past it is Probe.
+// them. A critical request held in the gateway goes to the first seat that frees on any backend, where sent
+// past a proven batch that was the whole batch it would wait for this engine's. On the only backend of its
+// models (CapConfig.Sole) there is no other seat to wait for: critical requests fill the limit while the last
+// scrape showed nothing waiting (a seat, or the head of the engine's queue, which is where the gateway's queue
+// would have put them) and take the probe too once it shows a queue. Held to the proven batch there while
+// standard requests took the probe, critical requests waited 3-4 s in the gateway through a 2x spike on one
+// 64-seat engine, and up to 0.6 s at half its load (bench/results/protect-2026-12-02-matrix.md). The fleet's
+// reserve counts free seats over the provisional ones (Free); what lets the probe past it is Probe.
 // A cap without such scrapes lets critical requests fill the limit, the others the limit less
 // CriticalReserve. Unguarded (no critical demand), every class may fill the limit: the cap's AIMD alone keeps the
 // engine's queue short, nothing is held back for requests that do not come (protect-region-down, which has no
@@ -243,10 +251,15 @@ func (c *Cap) LimitFor(class Class, guard bool) int {
 		return min(limit, s)
 	}
 	if s := c.provisional(); s > 0 && guard {
-		if class != Critical {
-			s += probeMargin(s) // the probe, past what the engine proved it runs
+		switch {
+		case class != Critical:
+			return min(limit, s+probeMargin(s)) // the probe, past what the engine proved it runs
+		case !c.sole.Load():
+			return min(limit, s)
+		case c.idle.Load():
+			return limit // nothing waited at the last scrape: a seat now, or the head of the engine's queue
 		}
-		return min(limit, s)
+		return min(limit, s+probeMargin(s))
 	}
 	if class == Critical || !guard || limit < 2 {
 		return limit
@@ -257,10 +270,11 @@ func (c *Cap) LimitFor(class Class, guard bool) int {
 // Free returns the engine seats free on this backend, and whether that is known: the engine's batch size is
 // known or provisional (Batch), and the cap adapts.
 func (c *Cap) Free() (int, bool) {
-	if c.Batch() <= 0 || c.static.Load() > 0 {
+	b := c.Batch()
+	if b <= 0 || c.static.Load() > 0 {
 		return 0, false
 	}
-	return max(c.LimitFor(Critical, true)-c.Inflight(), 0), true
+	return max(min(c.Limit(), b)-c.Inflight(), 0), true
 }
 
 // Probe reports whether a standard or sheddable request may take a slot here past the fleet's reserve
@@ -487,6 +501,9 @@ type CapConfig struct {
 	// Engine, when not nil, is read for what the engine says of its batch (Cap.ObserveBatch); nil: the cap
 	// learns from first tokens alone.
 	Engine Engine
+	// Sole says the backend is the only one of every model it serves: a request held in the gateway for it can
+	// only ever go to it (Cap.LimitFor).
+	Sole bool
 }
 
 // Caps holds the Cap of every backend. Caps keep their state (the learned limit, the slots taken) across policy
@@ -529,6 +546,7 @@ func (cs *Caps) Update(backends []CapConfig) {
 		}
 		c.setStatic(b.MaxConcurrency)
 		c.setEngine(b.Engine, b.MaxNumSeqs)
+		c.sole.Store(b.Sole)
 		next[b.Name] = c
 	}
 	for name := range old {

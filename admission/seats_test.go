@@ -423,6 +423,77 @@ func TestSeatsFoundFast(t *testing.T) {
 	}
 }
 
+// TestSeatsCriticalOnSoleEngine: on the only backend of its models, with the seats not known, a critical
+// request may fill the cap's limit while the engine's last scrape showed nothing waiting (it finds a seat, or
+// heads the engine's queue as it would head the gateway's, waiting for the same completion), and the probe past
+// the proven batch once a scrape shows a queue; never less than a standard request may. Held to the proven
+// batch while standard requests took the probe, critical requests waited 3-4 s in the gateway's queue through
+// a spike on one 64-seat engine, and up to 0.6 s at half its load (bench/results/protect-2026-12-02-matrix.md).
+// A backend that shares a model keeps critical requests to the proven batch: held in the gateway, they go to
+// the first seat that frees anywhere (TestSeatsProbeMargin).
+func TestSeatsCriticalOnSoleEngine(t *testing.T) {
+	e := &fakeEngine{clock: newFakeClock(), running: -1, waiting: -1}
+	cs := NewCaps(CapParams{}, nil)
+	cs.Update([]CapConfig{{Name: "b", Engine: e, Sole: true}})
+	c := cs.Get("b")
+	e.scrape(0, 0, 0)
+	for range 8 {
+		c.TryAcquireFor(Standard, true)
+	}
+	e.scrape(0, 8, 0) // all 8 run with nothing waiting: the limit doubles, the probe is one past them
+	if lc, ls, l := c.LimitFor(Critical, true), c.LimitFor(Standard, true), c.Limit(); lc != l || ls != 9 || l != 16 {
+		t.Errorf("idle engine: critical may fill %d, standard %d, limit %d; want the limit 16, 9", lc, ls, l)
+	}
+	if f, _ := c.Free(); f != 0 {
+		t.Errorf("Free = %d past the 8 proven seats, want 0: the fleet's reserve counts proven seats only", f)
+	}
+	e.scrape(0, 8, 2) // requests waiting: only the probe past the proven batch
+	if lc, ls := c.LimitFor(Critical, true), c.LimitFor(Standard, true); lc != 9 || ls != 9 {
+		t.Errorf("engine with a queue: critical may fill %d, standard %d; want the probe, 9 and 9", lc, ls)
+	}
+	for i, sc := range []struct{ running, waiting int }{{9, 0}, {9, 3}, {12, 0}, {12, 0}, {20, 1}, {20, 0}, {3, 0}, {30, 5}} {
+		e.scrape(0, sc.running, sc.waiting)
+		for _, guard := range []bool{true, false} {
+			lc, ls, lh := c.LimitFor(Critical, guard), c.LimitFor(Standard, guard), c.LimitFor(Sheddable, guard)
+			if lc < ls || ls < lh {
+				t.Errorf("scrape %d (guard %v): critical may fill %d, standard %d, sheddable %d", i, guard, lc, ls, lh)
+			}
+		}
+	}
+	// Shared again (a reload added a backend to its model): the proven batch binds critical requests.
+	cs.Update([]CapConfig{{Name: "b", Engine: e}})
+	e.scrape(0, 30, 0)
+	if lc, ls := c.LimitFor(Critical, true), c.LimitFor(Standard, true); lc != 30 || ls != 33 {
+		t.Errorf("shared backend: critical may fill %d, standard %d; want the proven 30, and 33", lc, ls)
+	}
+
+	// Critical demand without end on a sole engine: its seats are found within a few scrapes, and the standard
+	// requests sent after the critical ones are the first to wait inside it, a probe's worth at most.
+	for _, tc := range []struct{ seats, scrapes, waited int }{{13, 8, 1}, {64, 40, 8}, {4096, 70, 512}} {
+		e := &fakeEngine{clock: newFakeClock(), running: -1, waiting: -1}
+		cs := NewCaps(CapParams{}, nil)
+		cs.Update([]CapConfig{{Name: "b", Engine: e, Sole: true}})
+		c := cs.Get("b")
+		e.scrape(0, 0, 0)
+		held, worst, n := 0, 0, 0
+		for ; n < 1000; n++ {
+			if _, from := c.SeatsSource(); from == SeatsQueue {
+				break
+			}
+			held += fillFor(c, Critical)
+			std := fillFor(c, Standard)
+			held += std
+			worst = max(worst, min(std, held-tc.seats))
+			e.scrape(0, min(held, tc.seats), max(held-tc.seats, 0))
+		}
+		if s := c.Seats(); s != tc.seats || n > tc.scrapes || worst > tc.waited {
+			t.Errorf("sole %d-seat engine: seats %d after %d scrapes with at most %d standard requests waiting "+
+				"inside it; want %d within %d scrapes, at most %d waiting", tc.seats, s, n, worst, tc.seats,
+				tc.scrapes, tc.waited)
+		}
+	}
+}
+
 // peerEngine is a fakeEngine whose backend's peers agree on some seats (PeerEngine).
 type peerEngine struct {
 	*fakeEngine

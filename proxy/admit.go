@@ -20,10 +20,16 @@ func (s *Server) follow(snap *Snapshot) *resolved {
 	}
 	caps := make([]admission.CapConfig, 0, len(snap.Backends))
 	names := make([]string, 0, len(snap.Backends))
+	shared := map[*routing.Backend]bool{} // serves a model with other backends
+	for _, m := range snap.Models {
+		for _, t := range m.Targets {
+			shared[t.Backend] = shared[t.Backend] || len(m.Targets) > 1
+		}
+	}
 	for _, b := range snap.Backends {
 		c := b.Config()
 		caps = append(caps, admission.CapConfig{Name: c.Name, MaxConcurrency: c.MaxConcurrency,
-			MaxNumSeqs: c.MaxNumSeqs, Engine: b})
+			MaxNumSeqs: c.MaxNumSeqs, Engine: b, Sole: !shared[b]})
 		names = append(names, c.Name)
 	}
 	s.caps.Update(caps)

@@ -85,3 +85,54 @@ func TestCriticalFindsAFreeSeat(t *testing.T) {
 		t.Errorf("answers came in the order %v; the critical request must not wait for a standard one to finish", order)
 	}
 }
+
+// TestCriticalPassesTheProbeOnASoleEngine checks, through the real gateway and a simulated engine that states no
+// seats (as vLLM), that on the only backend of its model a critical request is not held in the gateway's queue
+// behind standard requests while the engine has seats free and nothing waiting: it may go past the batch the
+// engine has proved so far, up to the cap's limit (admission.Cap.LimitFor). Held to that batch, it waited until
+// every standard request queued before it had been sent, the batch growing a seat a scrape while standard
+// requests took each new seat.
+func TestCriticalPassesTheProbeOnASoleEngine(t *testing.T) {
+	t.Parallel()
+	be := startSim(t, "a", func(c *sim.Config) {
+		c.MaxNumSeqs = 64
+		c.ITL = 10 * time.Millisecond
+		c.Overhead = time.Millisecond
+	})
+	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 0, be.URL()))
+	snap.Models["sim-model"].SLO = SLO{TTFT: time.Minute} // nothing is shed: this test is about seats
+	monitored(t, snap, routing.MonitorOptions{ScrapeInterval: 100 * time.Millisecond, IdleProbeAfter: -1})
+	gw := startGateway(t, snap, Options{})
+	crit := map[string]string{"X-Switchyard-Priority": "critical"}
+	body := func(tokens int) string {
+		return fmt.Sprintf(`{"model":"sim-model","max_tokens":%d,"messages":[{"role":"user","content":"seat"}]}`, tokens)
+	}
+	if a := post(t, gw.url, body(2), crit); a.code != 200 { // critical demand, known for a minute
+		t.Fatalf("critical request: %d %s", a.code, a.body)
+	}
+	c := gw.s.caps.Get("b0")
+	waitFor(t, 5*time.Second, func() bool { return c.Batch() > 0 }) // the engine's scrapes are read
+
+	// Forty standard requests of 3 s at once: the fleet's reserve and the probe let them into the engine a seat
+	// or so a scrape, until they hold every seat the engine has proved and the probe past them.
+	q := gw.s.queueFor("sim-model", snap)
+	var wg sync.WaitGroup
+	for range 40 {
+		wg.Go(func() {
+			if a := post(t, gw.url, body(300), nil); a.code != 200 {
+				t.Errorf("standard request: %d %s", a.code, a.body)
+			}
+		})
+	}
+	waitFor(t, 5*time.Second, func() bool { return q.Len() >= 10 && c.Inflight() >= c.Batch() })
+	a := post(t, gw.url, body(2), crit)
+	held := q.Len()
+	if a.code != 200 {
+		t.Errorf("critical request: %d %s", a.code, a.body)
+	}
+	if held == 0 {
+		t.Errorf("the critical request was answered only once every standard request queued before it had been "+
+			"sent (%d in flight on 64 seats): it waited behind them", c.Inflight())
+	}
+	wg.Wait()
+}
