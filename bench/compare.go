@@ -10,9 +10,11 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -242,7 +244,7 @@ func runColumn(ctx context.Context, e *Env, sc *Scenario, col Column, plan *Plan
 		picker = NewOracle(backends, e.Timeout)
 		target = "oracle"
 	}
-	var gw *Proc
+	var gws []*Proc
 	if col.gateway() {
 		spec := GatewaySpec{Region: sc.Region, Model: w.Model, Strategy: col.Strategy, SLO: w.SLO,
 			Backends: backends, Gateway: col.Gateway, ModelOverlay: col.Model}
@@ -250,11 +252,31 @@ func runColumn(ctx context.Context, e *Env, sc *Scenario, col Column, plan *Plan
 			spec.Companions = append(spec.Companions, CompanionModel{Name: c.plan.Workload.Model, SLO: c.plan.Workload.SLO,
 				Overlay: merge(c.Model, col.Also[c.Name])})
 		}
-		gw, target, err = e.startGateway(ctx, spec, tag)
-		if err != nil {
-			return nil, err
+		if col.Replicas > 1 {
+			redis, addr, err := e.startRedis(ctx, tag)
+			if err != nil {
+				return nil, err
+			}
+			defer redis.Stop()
+			spec.Gateway = merge(col.Gateway, map[string]any{"redis": map[string]any{"url": "redis://" + addr + "/0"}})
 		}
-		defer gw.Stop()
+		var targets []string
+		for r := range max(col.Replicas, 1) {
+			rtag := tag
+			if col.Replicas > 1 {
+				rtag = fmt.Sprintf("%s-r%d", tag, r)
+			}
+			gw, url, err := e.startGateway(ctx, spec, rtag)
+			if err != nil {
+				return nil, err
+			}
+			defer gw.Stop()
+			gws, targets = append(gws, gw), append(targets, url)
+		}
+		target = targets[0]
+		if len(targets) > 1 {
+			picker, target = replicaPicker(targets), strings.Join(targets, ",")
+		}
 	}
 	var actions []Action
 	events := sc.Events
@@ -273,10 +295,7 @@ func runColumn(ctx context.Context, e *Env, sc *Scenario, col Column, plan *Plan
 		metricURLs = append(metricURLs, b.URL+"/metrics")
 	}
 	probe := StartPrefixProbe(ctx, metricURLs)
-	var cpu0 time.Duration
-	if gw != nil {
-		cpu0, _ = gw.CPUTime()
-	}
+	cpu0 := procsCPU(gws)
 	e.logf("column %s: running %v against %s", col.Name, w.Span(), target)
 	name := col.Name
 	if len(comps) > 0 {
@@ -315,10 +334,10 @@ func runColumn(ctx context.Context, e *Env, sc *Scenario, col Column, plan *Plan
 		cr.Cost = costOf(compRes[i], backends, w.Bursts)
 		out = append(out, cr)
 	}
-	if gw != nil {
-		if cpu1, err := gw.CPUTime(); err == nil {
-			r.CPU = cpuUse("gateway", cpu1-cpu0, r.Sent, res.Elapsed)
-		}
+	if len(gws) > 0 {
+		r.CPU = cpuUse("gateway", procsCPU(gws)-cpu0, r.Sent, res.Elapsed)
+	}
+	for _, gw := range gws {
 		select {
 		case <-gw.Done():
 			return out, errors.New("bench: the gateway exited during the run:\n" + gw.Tail(2000))
@@ -326,6 +345,55 @@ func runColumn(ctx context.Context, e *Env, sc *Scenario, col Column, plan *Plan
 		}
 	}
 	return out, nil
+}
+
+// procsCPU returns the CPU time the processes used so far, together (a process whose figure cannot be read
+// counts nothing).
+func procsCPU(ps []*Proc) time.Duration {
+	var sum time.Duration
+	for _, p := range ps {
+		if t, err := p.CPUTime(); err == nil {
+			sum += t
+		}
+	}
+	return sum
+}
+
+// replicaPicker sends each request to one of several gateway replicas (Column.Replicas): turn i of a session to
+// replica i mod n, so that a conversation alternates between them, any other request by its plan index.
+type replicaPicker []string
+
+// Pick implements Picker.
+func (p replicaPicker) Pick(_ context.Context, it *Item) (string, error) {
+	k := it.Index
+	if it.Session >= 0 {
+		k = it.Turn
+	}
+	return p[k%len(p)], nil
+}
+
+// startRedis starts a redis-server of the column's own on a free loopback port (no persistence), for replicas
+// that share state, and returns it and its address.
+func (e *Env) startRedis(ctx context.Context, tag string) (*Proc, string, error) {
+	exe, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, "", fmt.Errorf("bench: replicas share a redis-server, and none is on PATH (Debian: apt-get install redis-server): %w", err)
+	}
+	port, err := FreePort()
+	if err != nil {
+		return nil, "", err
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	p, err := StartProc(ctx, "redis-server", filepath.Join(e.WorkDir, tag+"-redis.log"), exe, "--bind", "127.0.0.1",
+		"--port", strconv.Itoa(port), "--save", "", "--appendonly", "no")
+	if err != nil {
+		return nil, "", err
+	}
+	if err := WaitTCP(ctx, addr, e.ready(), p); err != nil {
+		p.Stop()
+		return nil, "", err
+	}
+	return p, addr, nil
 }
 
 func cpuUse(name string, d time.Duration, requests int, elapsed time.Duration) *CPUUse {

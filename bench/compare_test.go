@@ -71,7 +71,10 @@ func fakeGateway(ctx context.Context, file string) int {
 		Region      string         `yaml:"region"`
 		Auth        string         `yaml:"auth"`
 		Limits      map[string]any `yaml:"limits"`
-		Backends    []struct {
+		Redis       struct {
+			URL string `yaml:"url"`
+		} `yaml:"redis"`
+		Backends []struct {
 			Name   string   `yaml:"name"`
 			URL    string   `yaml:"url"`
 			Region string   `yaml:"region"`
@@ -94,12 +97,20 @@ func fakeGateway(ctx context.Context, file string) int {
 		fmt.Fprintln(os.Stderr, "switchyard serve: not yet")
 		return 2
 	}
+	if u := cfg.Redis.URL; u != "" { // replicas: the shared redis-server must answer
+		if err := pingRedis(strings.TrimSuffix(strings.TrimPrefix(u, "redis://"), "/0")); err != nil {
+			fmt.Fprintln(os.Stderr, "fake gateway: redis:", err)
+			return 1
+		}
+		fmt.Fprintln(os.Stderr, "fake gateway: redis answers")
+	}
 	// A minimal streaming forwarder: round-robin over the backends, X-Switchyard-Backend on every answer, each
 	// upstream read written and flushed at once; every failure is logged to the child's log.
 	upstream := &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}
 	var next atomic.Uint64
 	srv := &http.Server{Addr: cfg.Listen, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b := cfg.Backends[next.Add(1)%uint64(len(cfg.Backends))]
+		fmt.Fprintln(os.Stderr, "fake gateway: served")
 		out, err := http.NewRequestWithContext(r.Context(), r.Method, b.URL+r.URL.Path, r.Body)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadGateway)
@@ -363,5 +374,46 @@ func TestCostOf(t *testing.T) {
 	}
 	if got := c.PerMOutput; abs(got-want/150*1e6) > 1e-9 {
 		t.Fatalf("per million output %v", got)
+	}
+}
+
+// pingRedis sends PING to the redis-server at addr and wants +PONG.
+func pingRedis(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	buf := make([]byte, 7)
+	if _, err := io.ReadFull(c, buf); err != nil {
+		return err
+	}
+	if string(buf) != "+PONG\r\n" {
+		return fmt.Errorf("PING answered %q", buf)
+	}
+	return nil
+}
+
+// TestReplicaPicker: a session's turns alternate between the replicas, other requests go by plan index.
+func TestReplicaPicker(t *testing.T) {
+	p := replicaPicker{"a", "b", "c"}
+	for _, tc := range []struct {
+		it   Item
+		want string
+	}{
+		{Item{Index: 7, Session: 3, Turn: 0}, "a"},
+		{Item{Index: 9, Session: 3, Turn: 1}, "b"},
+		{Item{Index: 12, Session: 3, Turn: 5}, "c"},
+		{Item{Index: 4, Session: -1}, "b"},
+		{Item{Index: 6, Session: -1}, "a"},
+	} {
+		if got, err := p.Pick(context.Background(), &tc.it); got != tc.want || err != nil {
+			t.Errorf("Pick(index %d, session %d, turn %d) = %q, %v; want %q", tc.it.Index, tc.it.Session, tc.it.Turn,
+				got, err, tc.want)
+		}
 	}
 }

@@ -81,8 +81,13 @@ type Checks struct {
 	Kind string `yaml:"kind"`
 	// Subject is the column judged; default adaptive (routing) or shedding (protect).
 	Subject string `yaml:"subject"`
-	// Oracle is the routing ground-truth column; default oracle. Every other routing column is a baseline.
+	// Oracle is the routing ground-truth column; default oracle. Every other routing column is a baseline, but
+	// Replicas.
 	Oracle string `yaml:"oracle"`
+	// Replicas, when set, is the routing column that runs the subject's strategy through gateway replicas
+	// (Column.Replicas): not a baseline; on cells with multi-turn sessions its conversations, alternating between
+	// the replicas turn by turn, must stay on their backend (RoutingReplicaStay).
+	Replicas string `yaml:"replicas"`
 	// Reference (default no-shedding) and Unloaded (default unloaded) are the protect columns; Critical and
 	// Standard the priority values of those classes (default critical, standard).
 	Reference string `yaml:"reference"`
@@ -258,6 +263,9 @@ func (m *Matrix) validate(errs *fieldErrors) {
 	switch c := m.Checks; c.Kind {
 	case "routing":
 		need("checks.subject", c.Subject)
+		if c.Replicas != "" {
+			need("checks.replicas", c.Replicas)
+		}
 	case "protect":
 		need("checks.subject", c.Subject)
 		need("checks.reference", c.Reference)
@@ -331,7 +339,28 @@ func (m *Matrix) validate(errs *fieldErrors) {
 			errs.add(fmt.Sprintf("columns[%d].name", i), "duplicate column name %q", c.Name)
 		}
 		seen[c.Name] = true
+		for j, w := range c.Workloads {
+			if !slices.ContainsFunc(m.Workloads, func(a WorkloadAxis) bool { return a.Name == w }) {
+				errs.add(fmt.Sprintf("columns[%d].workloads[%d]", i, j), "no workload named %q", w)
+			}
+		}
 	}
+}
+
+// ColumnsOf returns the columns cell c runs (a column may name the workloads it runs in).
+func (m *Matrix) ColumnsOf(c Cell) []Column { return m.columnsFor(c.Workload.Name) }
+
+// columnsFor returns the columns a cell of workload w runs: those without a workloads list, and those whose
+// list names w (without the list: a scenario's columns have none).
+func (m *Matrix) columnsFor(w string) []Column {
+	var out []Column
+	for _, c := range m.Columns {
+		if len(c.Workloads) == 0 || slices.Contains(c.Workloads, w) {
+			c.Workloads = nil
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // Path resolves a path named in the matrix file.
@@ -517,7 +546,7 @@ func (m *Matrix) Prepare(c Cell, dir string) (*CellPlan, error) {
 		Warmup:   w.Warmup.String(),
 		Duration: w.Duration.String(),
 		Seed:     w.Seed,
-		Columns:  m.Columns,
+		Columns:  m.columnsFor(c.Workload.Name),
 	}
 	if m.Timeout > 0 {
 		sc.Timeout = m.Timeout.String()

@@ -3,7 +3,9 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -108,5 +110,89 @@ columns: [{strategy: round_robin}, {strategy: adaptive}, {strategy: oracle}]
 		if _, err := os.Stat(filepath.Join(cellDir(out, c.Name), f)); err != nil {
 			t.Errorf("cell file: %v", err)
 		}
+	}
+}
+
+// TestMatrixReplicasEndToEnd: a column of two gateway replicas (the test binary's fake gateway) shares a
+// redis-server the bench starts for it, each replica serves part of the load, and the cell is judged on its
+// conversations' stay, the replicas column apart from the baselines.
+func TestMatrixReplicasEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts child processes for a few seconds")
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Fatal("redis-server is not installed: run the tests with ./scripts/test, which installs it")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(helperEnv, "1")
+	dir := writeFiles(t, map[string]string{
+		"fleet.yaml": "- {name: sim-x, region: here, prefill_tps: 50000, itl: 5ms, overhead: 1ms, max_num_seqs: 4, seed: 1}\n",
+		"talk.yaml": `
+arrival: {process: poisson, rate: 4}
+warmup: 500ms
+duration: 3s
+prompt: {dist: fixed, value: 40}
+output: {dist: fixed, value: 8}
+prefix: {groups: 2, tokens: 128}
+sessions: {share: 1, users: 4, turns: {dist: fixed, value: 4}}
+`,
+		"m.yaml": `
+checks: {kind: routing, replicas: two}
+runs: 1
+fleets: [{file: fleet.yaml}]
+sizes: [{n: 2}]
+workloads: [{file: talk.yaml}]
+loads: [{name: light, load: 0.1}]
+columns: [{strategy: adaptive}, {strategy: oracle}, {name: two, strategy: adaptive, replicas: 2, workloads: [talk]}]
+`})
+	m, err := LoadMatrix(filepath.Join(dir, "m.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "out")
+	var log strings.Builder
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	rep, err := RunMatrix(ctx, "test", MatrixOptions{Env: Env{Exe: exe, Log: &log, Timeout: 10 * time.Second,
+		Ready: 20 * time.Second}, Matrix: m, Out: out})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	c := rep.Cells[0]
+	if c.Error != "" || len(c.RunColumns) != 1 || len(c.RunColumns[0]) != 3 {
+		t.Fatalf("cell %+v\n%s", c, log.String())
+	}
+	two := c.RunColumns[0][2]
+	if two.Name != "two" || two.Error != "" || two.OK != two.Requests || two.Requests < 8 || two.SessionStay == nil {
+		t.Fatalf("replicas column %+v\n%s", two, log.String())
+	}
+	// Each replica found the shared redis-server and served part of the load.
+	work := filepath.Join(out, "cells", "fleet_n2_talk_light", "run1", "work")
+	served := 0
+	for r := range 2 {
+		data, err := os.ReadFile(filepath.Join(work, fmt.Sprintf("02-two-r%d-gateway.log", r)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := strings.Count(string(data), "fake gateway: served")
+		if !strings.Contains(string(data), "fake gateway: redis answers") || n == 0 {
+			t.Errorf("replica %d: served %d, log:\n%s", r, n, data)
+		}
+		served += n
+	}
+	if served < two.Requests {
+		t.Errorf("the replicas served %d requests of %d", served, two.Requests)
+	}
+	if r := figure(c.Judgement, "stay/replicas"); r.N != 1 || r.Min != *two.SessionStay {
+		t.Errorf("stay/replicas %+v, want the column's %v", r, *two.SessionStay)
+	}
+	if s := statuses(c.Judgement)["stay/replicas >= 0.95 (conversations)"]; s != CheckPass && s != CheckFail {
+		t.Errorf("stay check %q", s)
+	}
+	if r := figure(c.Judgement, "p99/two"); r.N != 0 {
+		t.Errorf("the replicas column judged as a baseline: %+v", r)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -95,6 +96,10 @@ func TestLoadMatrixErrors(t *testing.T) {
 		{"unknown axis", "checks: {kind: routing}\nexclude: [{colour: red}]\n", "unknown axis"},
 		{"unknown key", "checks: {kind: routing}\nfleet: x\n", "fleet"},
 		{"spike without length", "checks: {kind: routing}\nloads: [{load: 0.5, spike: 2}]\n", "a spike needs"},
+		{"replicas column missing", "checks: {kind: routing, replicas: two}\ncolumns: [{strategy: adaptive}]\n",
+			`checks.replicas: no column named "two"`},
+		{"column of an unknown workload", "checks: {kind: routing}\nworkloads: [{file: chat.yaml}]\n" +
+			"columns: [{strategy: adaptive, workloads: [chats]}]\n", `columns[0].workloads[0]: no workload named "chats"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := writeFiles(t, map[string]string{"m.yaml": tc.text})
@@ -451,5 +456,43 @@ columns: [{name: shedding, strategy: adaptive}, {name: no-shedding, strategy: ad
 	dir = writeFiles(t, map[string]string{"m.yaml": "checks: {kind: protect}\nseats_from: [guess]\n"})
 	if _, err := LoadMatrix(filepath.Join(dir, "m.yaml")); err == nil || !strings.Contains(err.Error(), "seats_from is policy, engine or discover") {
 		t.Errorf("seats_from guess: %v", err)
+	}
+}
+
+// TestColumnsOfAWorkload: a column that names workloads runs in their cells alone, and the scenario it becomes
+// carries no list.
+func TestColumnsOfAWorkload(t *testing.T) {
+	dir := writeFiles(t, map[string]string{"same.yaml": testFleetSame, "w.yaml": testWL, "talk.yaml": testWL,
+		"m.yaml": `
+checks: {kind: routing, replicas: adaptive-replicas}
+fleets: [{file: same.yaml}]
+sizes: [{n: 2}]
+workloads: [{file: w.yaml}, {file: talk.yaml}]
+loads: [{name: light, load: 0.2}]
+columns: [{strategy: round_robin}, {strategy: adaptive}, {name: adaptive-replicas, strategy: adaptive, replicas: 2, workloads: [talk]}]
+`})
+	m, err := LoadMatrix(filepath.Join(dir, "m.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range m.Cells(nil) {
+		p, err := m.Prepare(c, filepath.Join(dir, strconv.Itoa(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, col := range p.Scenario.Columns {
+			names = append(names, col.Name)
+			if len(col.Workloads) != 0 {
+				t.Errorf("%s: column %s keeps its workloads list in the scenario", c.Name, col.Name)
+			}
+		}
+		want := "round_robin adaptive"
+		if c.Workload.Name == "talk" {
+			want += " adaptive-replicas"
+		}
+		if got := strings.Join(names, " "); got != want || len(m.ColumnsOf(c)) != len(names) {
+			t.Errorf("%s runs %q, want %q", c.Name, got, want)
+		}
 	}
 }

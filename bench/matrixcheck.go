@@ -15,6 +15,9 @@ const (
 	RoutingP99VsEach   = 0.8
 	RoutingHitVsOracle = 0.9
 	RoutingHitSpread   = 0.05
+	// RoutingReplicaStay: a conversation whose turns alternate between two gateway replicas stays on its
+	// backend for at least 95% of its follow-up turns under the subject's strategy.
+	RoutingReplicaStay = 0.95
 	// Protect: critical success >= 99%; critical p99 TTFT over the spike within 1.5x of the unloaded run's;
 	// output tokens/s >= 90% of the no-shedding run's; admitted standard requests' p99 TTFT within their
 	// objective (the workload's TTFT SLO, which the generated gateway config is given).
@@ -174,15 +177,16 @@ func column(reports []*RunReport, name string) *RunReport {
 // judgeRouting: p99/best is the subject's p99 TTFT over the lowest baseline p99 of the run; p99/NAME over
 // each baseline's; hit/oracle the subject's prefix hit rate over the oracle's; hit the subject's hit rate,
 // whose max-min over the runs is the spread; stay the share of its conversations' follow-up turns answered by
-// the previous turn's backend (RunReport.SessionStay; a figure without a check: the 95% is for turns
-// alternating between gateway replicas, which a matrix column does not run yet). Baselines are the columns
-// other than the subject and the oracle.
+// the previous turn's backend (RunReport.SessionStay; a figure without a check: one gateway keeps them by its
+// own state), and stay/replicas the same share in the Replicas column, whose turns alternate between gateway
+// replicas (checked against RoutingReplicaStay where the cell has conversations). Baselines are the columns
+// other than the subject, the oracle and the replicas.
 func judgeRouting(c Checks, runs [][]*RunReport, mixed, shared bool) Judgement {
 	j := newJudge(len(runs))
 	var baselines []string
 	for _, reps := range runs {
 		for _, r := range reps {
-			if r.Name != c.Subject && r.Name != c.Oracle && !slices.Contains(baselines, r.Name) {
+			if r.Name != c.Subject && r.Name != c.Oracle && r.Name != c.Replicas && !slices.Contains(baselines, r.Name) {
 				baselines = append(baselines, r.Name)
 			}
 		}
@@ -192,7 +196,13 @@ func judgeRouting(c Checks, runs [][]*RunReport, mixed, shared bool) Judgement {
 		j.declare("p99/" + b)
 	}
 	j.declare("hit", "hit/oracle", "stay")
+	if c.Replicas != "" {
+		j.declare("stay/replicas")
+	}
 	for i, reps := range runs {
+		if r := column(reps, c.Replicas); c.Replicas != "" && r != nil && r.SessionStay != nil {
+			j.set(i, "stay/replicas", *r.SessionStay)
+		}
 		s := column(reps, c.Subject)
 		if s == nil {
 			continue
@@ -253,6 +263,13 @@ func judgeRouting(c Checks, runs [][]*RunReport, mixed, shared bool) Judgement {
 		}
 	}
 	checks = append(checks, spread)
+	if c.Replicas != "" {
+		stay := CheckResult{Name: fmt.Sprintf("stay/replicas >= %g (conversations)", RoutingReplicaStay), Status: CheckNA}
+		if j.rng("stay/replicas").N > 0 {
+			stay = j.bound(stay.Name, "stay/replicas", RoutingReplicaStay, true)
+		}
+		checks = append(checks, stay)
+	}
 	return Judgement{Figures: j.figures(), Checks: checks, PerRun: j.per}
 }
 

@@ -244,3 +244,45 @@ func TestProtectLostStreams(t *testing.T) {
 		})
 	}
 }
+
+// TestJudgeRoutingReplicas: the replicas column is judged on its conversations' stay alone, never as a
+// baseline, and only where the cell has conversations.
+func TestJudgeRoutingReplicas(t *testing.T) {
+	c := Checks{Kind: "routing", Subject: "adaptive", Oracle: "oracle", Replicas: "adaptive-replicas"}
+	const stay = "stay/replicas >= 0.95 (conversations)"
+	withReplicas := func(p99 float64, stay *float64) []*RunReport {
+		return append(routingRun(200, 100, 90, 0.8, 0.8), &RunReport{Name: "adaptive-replicas", TTFT: Quantiles{P99: p99}, SessionStay: stay})
+	}
+	for _, tc := range []struct {
+		name string
+		runs [][]*RunReport
+		want string
+		min  float64
+	}{
+		{"stays", [][]*RunReport{withReplicas(50, hit(0.99)), withReplicas(50, hit(0.96))}, CheckPass, 0.96},
+		{"moves in one run", [][]*RunReport{withReplicas(50, hit(0.99)), withReplicas(50, hit(0.9))}, CheckFail, 0.9},
+		{"no conversations", [][]*RunReport{withReplicas(50, nil)}, CheckNA, 0},
+		{"no replicas column", [][]*RunReport{routingRun(200, 100, 90, 0.8, 0.8)}, CheckNA, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := Judge(c, tc.runs, false, false)
+			if got := statuses(j)[stay]; got != tc.want {
+				t.Errorf("%s = %q, want %q (%+v)", stay, got, tc.want, j.Checks)
+			}
+			if r := figure(j, "stay/replicas"); r.Min != tc.min {
+				t.Errorf("stay/replicas %+v, want min %v", r, tc.min)
+			}
+			// A replicas column of p99 50 ms would be the best baseline: 90 / 50 = 1.8x.
+			if r := figure(j, "p99/best"); r.Max != 0.9 {
+				t.Errorf("p99/best %+v: the replicas column counted as a baseline", r)
+			}
+			if r := figure(j, "p99/adaptive-replicas"); r.N != 0 {
+				t.Errorf("p99/adaptive-replicas %+v: not a baseline", r)
+			}
+		})
+	}
+	if _, ok := statuses(Judge(Checks{Kind: "routing", Subject: "adaptive", Oracle: "oracle"},
+		[][]*RunReport{withReplicas(50, hit(0.5))}, false, false))[stay]; ok {
+		t.Error("a stay check without checks.replicas")
+	}
+}

@@ -293,7 +293,7 @@ func (m *Matrix) Estimate(cells []Cell, runs int, startup time.Duration) time.Du
 		if c.Load.Spike > 0 {
 			span = warm + c.Load.At + c.Load.For + c.Load.After
 		}
-		total += time.Duration(runs*len(m.Columns)) * (span + startup)
+		total += time.Duration(runs*len(m.columnsFor(c.Workload.Name))) * (span + startup)
 	}
 	return total
 }

@@ -89,7 +89,18 @@ type Column struct {
 	// Also is deep-merged into the companions' model entries, by companion name: what the column changes for
 	// them (e.g. {batch: {objective: cost}}).
 	Also map[string]map[string]any `yaml:"also,omitempty"`
+	// Replicas, 2 to MaxReplicas, runs the column through that many gateway replicas that share one
+	// redis-server the bench starts for it (the policy's redis, as a deployment of several replicas does): turn
+	// i of a multi-turn session goes to replica i mod Replicas, so that a conversation alternates between them,
+	// every other request to replica index mod Replicas. Needs redis-server on PATH (Debian: redis-server).
+	Replicas int `yaml:"replicas,omitempty"`
+	// Workloads, in a matrix file only, runs the column in the cells of these workloads (by name) alone: a
+	// column that measures what only some workloads have (the replicas' conversations) costs no time elsewhere.
+	Workloads []string `yaml:"workloads,omitempty"`
 }
+
+// MaxReplicas bounds Column.Replicas: each replica is a gateway process on the bench's machine.
+const MaxReplicas = 8
 
 // gateway reports whether the column runs through a gateway (every strategy but direct and oracle).
 func (c *Column) gateway() bool { return c.Strategy != "direct" && c.Strategy != "oracle" }
@@ -145,6 +156,17 @@ func LoadScenario(path string) (*Scenario, error) {
 		seen[c.Name] = true
 		if !c.gateway() && (c.Gateway != nil || c.Model != nil) {
 			errs.add(fmt.Sprintf("columns[%d]", i), "a %s column has no gateway to configure", c.Strategy)
+		}
+		if len(c.Workloads) > 0 {
+			errs.add(fmt.Sprintf("columns[%d].workloads", i), "workloads chooses a matrix's cells; a scenario runs every column")
+		}
+		switch {
+		case c.Replicas == 0:
+		case !c.gateway():
+			errs.add(fmt.Sprintf("columns[%d].replicas", i), "a %s column has no gateway to replicate", c.Strategy)
+		case c.Replicas < 2 || c.Replicas > MaxReplicas:
+			errs.add(fmt.Sprintf("columns[%d].replicas", i), "replicas must be 2 to %d (or absent: one gateway), got %d",
+				MaxReplicas, c.Replicas)
 		}
 	}
 	for i, b := range s.Bursts {

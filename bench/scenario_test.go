@@ -108,3 +108,37 @@ func TestPrepareFleetAndGatewayConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestScenarioReplicasErrors: replicas need a gateway and 2 to MaxReplicas of them; a workloads list belongs to
+// a matrix.
+func TestScenarioReplicasErrors(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "s.yaml")
+	text := "fleet: f.yaml\nworkload: w.yaml\ncolumns:\n" +
+		"  - {name: a, strategy: adaptive, replicas: 2}\n" + // line 4: fine
+		"  - {name: b, strategy: direct, replicas: 2}\n" +
+		"  - {name: c, strategy: adaptive, replicas: 1}\n" +
+		"  - {name: d, strategy: adaptive, replicas: 9}\n" +
+		"  - {name: e, strategy: adaptive, workloads: [multi-turn]}\n"
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadScenario(path)
+	if err == nil {
+		t.Fatal("no error")
+	}
+	got := err.Error()
+	for _, want := range []string{
+		path + ":5: columns[1].replicas: a direct column has no gateway",
+		path + ":6: columns[2].replicas: replicas must be 2 to 8",
+		path + ":7: columns[3].replicas: replicas must be 2 to 8 (or absent: one gateway), got 9",
+		path + ":8: columns[4].workloads: workloads chooses a matrix's cells",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("errors %q lack %q", got, want)
+		}
+	}
+	if strings.Contains(got, "columns[0]") {
+		t.Errorf("two replicas of a gateway column refused: %q", got)
+	}
+}

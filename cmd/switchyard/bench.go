@@ -417,7 +417,11 @@ func listMatrix(m *bench.Matrix, filter *regexp.Regexp, runs int, stdout, stderr
 			c.Name, c.Size.N, p.Capacity.RequestsPS, p.Rate, p.Peak, p.Mixed, p.SharedPrefix)
 	}
 	est := m.Estimate(cells, runs, matrixStartup)
-	fmt.Fprintf(stdout, "%d cells x %d columns x %d runs: at least %s\n", len(cells), len(m.Columns), runs,
+	cols := 0
+	for _, c := range cells {
+		cols += len(m.ColumnsOf(c))
+	}
+	fmt.Fprintf(stdout, "%d cells, %d columns in all, x %d runs: at least %s\n", len(cells), cols, runs,
 		est.Round(time.Minute))
 	return code
 }

@@ -53,7 +53,7 @@ func TestBenchMatrixList(t *testing.T) {
 				t.Fatalf("exit %d:\n%s%s", code, out.String(), errb.String())
 			}
 			lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-			if len(lines) != tc.cells+1 || !strings.Contains(lines[len(lines)-1], fmt.Sprintf("%d cells x", tc.cells)) ||
+			if len(lines) != tc.cells+1 || !strings.Contains(lines[len(lines)-1], fmt.Sprintf("%d cells, ", tc.cells)) ||
 				!strings.Contains(lines[len(lines)-1], "at least") {
 				t.Fatalf("listing:\n%s", out.String())
 			}
