@@ -54,6 +54,10 @@ type SeatsStatus struct {
 	// Ceiling is the most requests the engine says it holds at once before it refuses new ones (TGI's
 	// max_concurrent_requests, from its /info), which the cap's limit never exceeds; 0: none stated.
 	Ceiling int `json:"ceiling,omitempty"`
+	// Critical is the most requests the cap lets in flight now for a critical one to be sent
+	// (admission.Cap.LimitFor): Working on a backend that shares its model, more on the only backend of its
+	// models while the engine's seats are not known and it shows nothing waiting.
+	Critical int `json:"critical"`
 }
 
 // seatsHint is SeatsStatus.Hint for an adaptive cap whose engine's seats are not stated.
@@ -120,7 +124,7 @@ func (a *Admin) Backends() []BackendStatus {
 			st.ConcurrencyLimit, st.EngineSeats = c.Limit(), c.Seats()
 			n, from := c.SeatsSource()
 			st.Seats = SeatsStatus{Figure: n, From: from.String(), Sure: from.Sure(), Working: c.Batch(),
-				Ceiling: c.Ceiling()}
+				Ceiling: c.Ceiling(), Critical: c.LimitFor(admission.Critical, true)}
 			if c.Adaptive() && from.Sure() != "stated" {
 				st.Seats.Hint = seatsHint
 			}

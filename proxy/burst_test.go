@@ -128,8 +128,8 @@ func burstFillsALargeEngine(t *testing.T, dialect string, critical bool) {
 	}
 	if dialect == sim.DialectSGLang {
 		want := SeatsStatus{Figure: 4096, From: "engine", Sure: "stated", Via: "/get_server_info", Working: 4096}
-		if st.Seats != want {
-			t.Errorf("/debug/backends seats = %+v, want %+v: SGLang states its seats", st.Seats, want)
+		if got := withoutCritical(st.Seats); got != want || st.Seats.Critical < 1 || st.Seats.Critical > 4096 {
+			t.Errorf("/debug/backends seats = %+v, want %+v, critical 1-4096: SGLang states its seats", st.Seats, want)
 		}
 		return
 	}
@@ -271,7 +271,7 @@ func TestSeatsFromPolicy(t *testing.T) {
 	// limit is checked here only.
 	gw.s.follow(snap)
 	st := NewAdmin(gw.s, gw.reg).Backends()[0]
-	want := SeatsStatus{Figure: 512, From: "policy", Sure: "stated", Working: 512}
+	want := SeatsStatus{Figure: 512, From: "policy", Sure: "stated", Working: 512, Critical: 512}
 	if st.Seats != want || st.EngineSeats != 512 || st.ConcurrencyLimit < 512 {
 		t.Errorf("before any request: seats %+v, engine_seats %d, limit %d; want %+v, 512, >= 512", st.Seats,
 			st.EngineSeats, st.ConcurrencyLimit, want)
@@ -279,7 +279,14 @@ func TestSeatsFromPolicy(t *testing.T) {
 	if a := post(t, gw.url, small, nil); a.code != http.StatusOK {
 		t.Fatalf("status %d: %s", a.code, a.body)
 	}
-	if st := NewAdmin(gw.s, gw.reg).Backends()[0]; st.Seats != want || st.EngineSeats != 512 {
+	want.Critical = 0 // the cap may back off below the seats after a slow first token
+	if st := NewAdmin(gw.s, gw.reg).Backends()[0]; withoutCritical(st.Seats) != want || st.EngineSeats != 512 {
 		t.Errorf("after a request: seats %+v, engine_seats %d; want %+v, 512", st.Seats, st.EngineSeats, want)
 	}
+}
+
+// withoutCritical returns s with its Critical figure, which follows the cap's limit, zeroed.
+func withoutCritical(s SeatsStatus) SeatsStatus {
+	s.Critical = 0
+	return s
 }

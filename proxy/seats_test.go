@@ -125,6 +125,9 @@ func TestCriticalPassesTheProbeOnASoleEngine(t *testing.T) {
 		})
 	}
 	waitFor(t, 5*time.Second, func() bool { return q.Len() >= 10 && c.Inflight() >= c.Batch() })
+	if st := NewAdmin(gw.s, gw.reg).Backends()[0].Seats; st.Critical < st.Working {
+		t.Errorf("/debug/backends seats %+v: critical requests may fill less than the working seats", st)
+	}
 	a := post(t, gw.url, body(2), crit)
 	held := q.Len()
 	if a.code != 200 {
