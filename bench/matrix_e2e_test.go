@@ -20,12 +20,7 @@ func TestMatrixEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts child processes for a few seconds")
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv(helperEnv, "1")
-	dir := writeFiles(t, map[string]string{
+	rep, out, log := runTestMatrix(t, map[string]string{
 		"fleet.yaml": "- {name: sim-x, region: here, prefill_tps: 50000, itl: 5ms, overhead: 1ms, max_num_seqs: 4, seed: 1}\n",
 		"wl.yaml": `
 arrival: {process: fixed, rate: 1}
@@ -44,19 +39,6 @@ workloads: [{file: wl.yaml}]
 loads: [{name: light, load: 0.05}]
 columns: [{strategy: round_robin}, {strategy: adaptive}, {strategy: oracle}]
 `})
-	m, err := LoadMatrix(filepath.Join(dir, "m.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(dir, "out")
-	var log strings.Builder
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	rep, err := RunMatrix(ctx, "test", MatrixOptions{Env: Env{Exe: exe, Log: &log, Timeout: 10 * time.Second,
-		Ready: 20 * time.Second}, Matrix: m, Out: out})
-	if err != nil {
-		t.Fatalf("%v\n%s", err, log.String())
-	}
 	if len(rep.Cells) != 1 {
 		t.Fatalf("%d cells", len(rep.Cells))
 	}
@@ -123,12 +105,7 @@ func TestMatrixReplicasEndToEnd(t *testing.T) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatal("redis-server is not installed: run the tests with ./scripts/test, which installs it")
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv(helperEnv, "1")
-	dir := writeFiles(t, map[string]string{
+	rep, out, log := runTestMatrix(t, map[string]string{
 		"fleet.yaml": "- {name: sim-x, region: here, prefill_tps: 50000, itl: 5ms, overhead: 1ms, max_num_seqs: 4, seed: 1}\n",
 		"talk.yaml": `
 arrival: {process: poisson, rate: 4}
@@ -148,19 +125,6 @@ workloads: [{file: talk.yaml}]
 loads: [{name: light, load: 0.1}]
 columns: [{strategy: adaptive}, {strategy: oracle}, {name: two, strategy: adaptive, replicas: 2, workloads: [talk]}]
 `})
-	m, err := LoadMatrix(filepath.Join(dir, "m.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(dir, "out")
-	var log strings.Builder
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	rep, err := RunMatrix(ctx, "test", MatrixOptions{Env: Env{Exe: exe, Log: &log, Timeout: 10 * time.Second,
-		Ready: 20 * time.Second}, Matrix: m, Out: out})
-	if err != nil {
-		t.Fatalf("%v\n%s", err, log.String())
-	}
 	c := rep.Cells[0]
 	if c.Error != "" || len(c.RunColumns) != 1 || len(c.RunColumns[0]) != 3 {
 		t.Fatalf("cell %+v\n%s", c, log.String())
@@ -195,4 +159,31 @@ columns: [{strategy: adaptive}, {strategy: oracle}, {name: two, strategy: adapti
 	if r := figure(c.Judgement, "p99/two"); r.N != 0 {
 		t.Errorf("the replicas column judged as a baseline: %+v", r)
 	}
+}
+
+// runTestMatrix writes files (m.yaml the matrix) to a temporary directory and runs the matrix with the test
+// binary as the simulator and the fake gateway (compare_test.go); it returns the report, the output directory and
+// the harness's log.
+func runTestMatrix(t *testing.T, files map[string]string) (*MatrixReport, string, *strings.Builder) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(helperEnv, "1")
+	dir := writeFiles(t, files)
+	m, err := LoadMatrix(filepath.Join(dir, "m.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "out")
+	var log strings.Builder
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	rep, err := RunMatrix(ctx, "test", MatrixOptions{Env: Env{Exe: exe, Log: &log, Timeout: 10 * time.Second,
+		Ready: 20 * time.Second}, Matrix: m, Out: out})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	return rep, out, &log
 }

@@ -11,6 +11,30 @@ import (
 	"github.com/switchyard/switchyard/sim"
 )
 
+// seatGateway starts a simulated engine of seats that states none (10 ms a token) behind the real gateway,
+// with admission on, nothing shed (the model's objective is a minute) and a Monitor scraping the engine every
+// scrape, as `switchyard serve` runs one; it returns the gateway and its snapshot.
+func seatGateway(t *testing.T, seats int, scrape time.Duration) (*gateway, *Snapshot) {
+	t.Helper()
+	be := startSim(t, "a", func(c *sim.Config) {
+		c.MaxNumSeqs = seats
+		c.ITL = 10 * time.Millisecond
+		c.Overhead = time.Millisecond
+	})
+	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 0, be.URL()))
+	snap.Models["sim-model"].SLO = SLO{TTFT: time.Minute}
+	monitored(t, snap, routing.MonitorOptions{ScrapeInterval: scrape, IdleProbeAfter: -1})
+	return startGateway(t, snap, Options{}), snap
+}
+
+// criticalHeader marks a request critical.
+var criticalHeader = map[string]string{"X-Switchyard-Priority": "critical"}
+
+// seatBody is a chat request for an answer of tokens.
+func seatBody(tokens int) string {
+	return fmt.Sprintf(`{"model":"sim-model","max_tokens":%d,"messages":[{"role":"user","content":"seat"}]}`, tokens)
+}
+
 // TestCriticalFindsAFreeSeat checks the seam between the request path, the concurrency caps and the engine
 // metrics under saturation: the cap learns the engine's batch size from its scrapes (running while requests
 // wait), standard requests then stop short of the seats kept for critical ones, and a critical request arriving
@@ -22,19 +46,7 @@ import (
 // standard request's.
 func TestCriticalFindsAFreeSeat(t *testing.T) {
 	t.Parallel()
-	be := startSim(t, "a", func(c *sim.Config) {
-		c.MaxNumSeqs = 2
-		c.ITL = 10 * time.Millisecond
-		c.Overhead = time.Millisecond
-	})
-	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 0, be.URL()))
-	snap.Models["sim-model"].SLO = SLO{TTFT: time.Minute} // nothing is shed: this test is about seats
-	monitored(t, snap, routing.MonitorOptions{ScrapeInterval: 10 * time.Millisecond, IdleProbeAfter: -1})
-	gw := startGateway(t, snap, Options{})
-	crit := map[string]string{"X-Switchyard-Priority": "critical"}
-	body := func(tokens int) string {
-		return fmt.Sprintf(`{"model":"sim-model","max_tokens":%d,"messages":[{"role":"user","content":"seat"}]}`, tokens)
-	}
+	gw, _ := seatGateway(t, 2, 10*time.Millisecond)
 
 	// Waves of six requests to the two seats: four wait in the engine, and the first tokens that come while
 	// others still wait show the cap the batch size. A few critical requests in each wave make critical demand
@@ -46,9 +58,9 @@ func TestCriticalFindsAFreeSeat(t *testing.T) {
 			wg.Go(func() {
 				var h map[string]string
 				if i%3 == 0 {
-					h = crit
+					h = criticalHeader
 				}
-				if a := post(t, gw.url, body(15), h); a.code != 200 {
+				if a := post(t, gw.url, seatBody(15), h); a.code != 200 {
 					t.Errorf("warm-up request: %d %s", a.code, a.body)
 				}
 			})
@@ -72,14 +84,14 @@ func TestCriticalFindsAFreeSeat(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	for range 3 {
-		wg.Go(func() { done("standard", post(t, gw.url, body(long), nil)) })
+		wg.Go(func() { done("standard", post(t, gw.url, seatBody(long), nil)) })
 	}
 	waitFor(t, 5*time.Second, func() bool { return c.Inflight() >= 1 })
 	time.Sleep(100 * time.Millisecond) // let every standard request reach the gateway
 	if n := c.Inflight(); n != 1 {
 		t.Errorf("%d standard requests in flight on two seats with critical demand known, want 1 (a seat kept)", n)
 	}
-	done("critical", post(t, gw.url, body(2), crit))
+	done("critical", post(t, gw.url, seatBody(2), criticalHeader))
 	wg.Wait()
 	if order[0] != "critical" {
 		t.Errorf("answers came in the order %v; the critical request must not wait for a standard one to finish", order)
@@ -94,20 +106,8 @@ func TestCriticalFindsAFreeSeat(t *testing.T) {
 // requests took each new seat.
 func TestCriticalPassesTheProbeOnASoleEngine(t *testing.T) {
 	t.Parallel()
-	be := startSim(t, "a", func(c *sim.Config) {
-		c.MaxNumSeqs = 64
-		c.ITL = 10 * time.Millisecond
-		c.Overhead = time.Millisecond
-	})
-	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 0, be.URL()))
-	snap.Models["sim-model"].SLO = SLO{TTFT: time.Minute} // nothing is shed: this test is about seats
-	monitored(t, snap, routing.MonitorOptions{ScrapeInterval: 100 * time.Millisecond, IdleProbeAfter: -1})
-	gw := startGateway(t, snap, Options{})
-	crit := map[string]string{"X-Switchyard-Priority": "critical"}
-	body := func(tokens int) string {
-		return fmt.Sprintf(`{"model":"sim-model","max_tokens":%d,"messages":[{"role":"user","content":"seat"}]}`, tokens)
-	}
-	if a := post(t, gw.url, body(2), crit); a.code != 200 { // critical demand, known for a minute
+	gw, snap := seatGateway(t, 64, 100*time.Millisecond)
+	if a := post(t, gw.url, seatBody(2), criticalHeader); a.code != 200 { // critical demand, known for a minute
 		t.Fatalf("critical request: %d %s", a.code, a.body)
 	}
 	c := gw.s.caps.Get("b0")
@@ -119,7 +119,7 @@ func TestCriticalPassesTheProbeOnASoleEngine(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 40 {
 		wg.Go(func() {
-			if a := post(t, gw.url, body(300), nil); a.code != 200 {
+			if a := post(t, gw.url, seatBody(300), nil); a.code != 200 {
 				t.Errorf("standard request: %d %s", a.code, a.body)
 			}
 		})
@@ -128,7 +128,7 @@ func TestCriticalPassesTheProbeOnASoleEngine(t *testing.T) {
 	if st := NewAdmin(gw.s, gw.reg).Backends()[0].Seats; st.Critical < st.Working {
 		t.Errorf("/debug/backends seats %+v: critical requests may fill less than the working seats", st)
 	}
-	a := post(t, gw.url, body(2), crit)
+	a := post(t, gw.url, seatBody(2), criticalHeader)
 	held := q.Len()
 	if a.code != 200 {
 		t.Errorf("critical request: %d %s", a.code, a.body)
