@@ -232,8 +232,8 @@ func (c *Cap) Seats() int {
 // them. A critical request held in the gateway goes to the first seat that frees on any backend, where sent
 // past a proven batch that was the whole batch it would wait for this engine's. On the only backend of its
 // models (CapConfig.Sole) there is no other seat to wait for: critical requests fill the limit while the last
-// scrape showed nothing waiting (a seat, or the head of the engine's queue, which is where the gateway's queue
-// would have put them) and take the probe too once it shows a queue. Held to the proven batch there while
+// scrape showed nothing waiting (a seat, or a place in the engine's queue behind only what was sent before
+// them, as in the gateway's queue) and take the probe too once it shows a queue. Held to the proven batch there while
 // standard requests took the probe, critical requests waited 3-4 s in the gateway through a 2x spike on one
 // 64-seat engine, and up to 0.6 s at half its load (bench/results/protect-2026-12-02-matrix.md). The fleet's
 // reserve counts free seats over the provisional ones (Free); what lets the probe past it is Probe.
@@ -257,7 +257,7 @@ func (c *Cap) LimitFor(class Class, guard bool) int {
 		case !c.sole.Load():
 			return min(limit, s)
 		case c.idle.Load():
-			return limit // nothing waited at the last scrape: a seat now, or the head of the engine's queue
+			return limit // nothing waited at the last scrape: a seat now, or a place behind what was sent before
 		}
 		return min(limit, s+probeMargin(s))
 	}

@@ -425,8 +425,8 @@ func TestSeatsFoundFast(t *testing.T) {
 
 // TestSeatsCriticalOnSoleEngine: on the only backend of its models, with the seats not known, a critical
 // request may fill the cap's limit while the engine's last scrape showed nothing waiting (it finds a seat, or
-// heads the engine's queue as it would head the gateway's, waiting for the same completion), and the probe past
-// the proven batch once a scrape shows a queue; never less than a standard request may. Held to the proven
+// waits in the engine's queue behind only what was sent before it, as in the gateway's, for the same
+// completion), and the probe past the proven batch once a scrape shows a queue; never less than a standard request may. Held to the proven
 // batch while standard requests took the probe, critical requests waited 3-4 s in the gateway's queue through
 // a spike on one 64-seat engine, and up to 0.6 s at half its load (bench/results/protect-2026-12-02-matrix.md).
 // A backend that shares a model keeps critical requests to the proven batch: held in the gateway, they go to
