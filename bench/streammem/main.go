@@ -2,9 +2,9 @@
 // `switchyard serve` (the binary given with -switchyard) in front of a slow engine it serves itself on loopback,
 // opens -streams concurrent streaming chat requests over -ramp, each answered with -tokens content events
 // -gap apart, samples the gateway's resident memory from /proc while they are all open, and prints a Markdown
-// table: RSS before, with every stream open, the peak (VmHWM), KiB per open stream, how every stream ended, and
-// the gateway's own counters of ended streams, with the load average at the start and the end. -prompt pads
-// every request body. bench/results/2026-12-02-stream-memory.md quotes it; docs/profiling.md says how to read it.
+// table: RSS before, with every stream open, the peak (VmHWM), KiB per open stream, the gateway's CPU time per
+// relayed event, how every stream ended, and the gateway's own counters of ended streams, with the load average
+// at the start and the end. -prompt pads every request body. bench/results/2026-12-02-stream-memory.md quotes it; docs/profiling.md says how to read it.
 //
 //	go build -o switchyard ./cmd/switchyard
 //	go run ./bench/streammem -switchyard ./switchyard -streams 2000
@@ -201,6 +201,7 @@ models:
 	before := gw.StatusKiB("VmRSS")
 	idleMetrics, _ := get(fmt.Sprintf("http://127.0.0.1:%d/metrics", admin))
 
+	cpu0, cpuErr := gw.CPUTime()
 	var mu sync.Mutex
 	ends := map[string]int{}
 	var wg sync.WaitGroup
@@ -234,6 +235,7 @@ models:
 	}
 	wg.Wait()
 	took := time.Since(start)
+	cpu1, cpuErr1 := gw.CPUTime()
 	hwm := gw.StatusKiB("VmHWM")
 	after := gw.StatusKiB("VmRSS")
 	metrics, _ := get(fmt.Sprintf("http://127.0.0.1:%d/metrics", admin))
@@ -272,6 +274,12 @@ models:
 		fmt.Printf("**%.1f KiB per open stream** ((every stream open - before) / %d)\n\n", float64(open1-before)/float64(n), n)
 	} else if maxOpen > 0 {
 		fmt.Printf("**%.1f KiB per open stream at the peak** ((VmHWM - before) / %d)\n\n", float64(hwm-before)/float64(maxOpen), maxOpen)
+	}
+	if cpuErr == nil && cpuErr1 == nil {
+		// Every stream's events, counting the first (the role) and the usage chunk besides the content.
+		events := n * (tokens + 2)
+		fmt.Printf("Gateway CPU while the streams ran: %.2f s, %.1f µs per relayed event (%d streams x %d events)\n\n",
+			(cpu1 - cpu0).Seconds(), float64((cpu1-cpu0).Microseconds())/float64(events), n, tokens+2)
 	}
 	fmt.Println("| how the stream ended (client side) | streams |")
 	fmt.Println("|---|---|")
