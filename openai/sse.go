@@ -127,6 +127,13 @@ func (er *EventReader) Ready() bool {
 	return true
 }
 
+// WouldRead reports whether the next call to Next must read from the stream to return anything: no whole event
+// is buffered and the stream has neither ended nor failed. A caller that can wait for the stream's readiness
+// without a goroutine (the gateway's parked streams) asks it before calling Next.
+func (er *EventReader) WouldRead() bool {
+	return er.err == nil && !er.Ready()
+}
+
 // Next returns the next event. At a clean end of the stream it returns io.EOF. A final event without its blank
 // line is returned as an event when it is complete enough to tell: its data is "[DONE]" or a whole JSON value, or
 // it has no data; otherwise Next returns it with io.ErrUnexpectedEOF (the stream was cut mid-event). Read errors

@@ -316,11 +316,12 @@ func (a *attempt) overLimit(limit string, kind upstreamKind) error {
 	return &upstreamError{kind: kind, backend: a.name, err: fmt.Errorf("%w: %s", errOverLimit, limit), cause: endGatewayLimit}
 }
 
-// idleDeadline moves the read deadline to the next idle bound (and never past the total bound) after an event.
-func (a *attempt) idleDeadline() {
+// idleDeadline moves the read deadline to the next idle bound (and never past the total bound) after an event,
+// and returns it (zero: none).
+func (a *attempt) idleDeadline() time.Time {
 	c := a.conn
 	if c == nil {
-		return
+		return time.Time{}
 	}
 	deadline := time.Time{}
 	if a.to.Idle > 0 {
@@ -338,6 +339,7 @@ func (a *attempt) idleDeadline() {
 	if a.aborted() != nil {
 		_ = c.SetReadDeadline(time.Unix(1, 0))
 	}
+	return deadline
 }
 
 // firstDeadline bounds the wait for the first event with content by the first-byte timeout (counted from the

@@ -139,9 +139,11 @@ func BenchmarkRelayChunk(b *testing.B) {
 }
 
 // allocBudget is the most allocations a proxied request may add over the direct path. Issue 16 asks for at most
-// 8; the gateway adds 4 (streamed) and 3 (not) since it speaks HTTP/1.1 to engines itself (upstream.go), and the
-// budget keeps that, with one to spare.
-const allocBudget = 5
+// 8; the gateway adds 5 (streamed) and 3 (not): it speaks HTTP/1.1 to engines itself (upstream.go), and a
+// streamed answer takes its connection from fasthttp (hijack.go), whose hijack allocates twice (the goroutine's
+// closure and its connection wrapper) where the body stream it replaces allocated once. The budget keeps that,
+// with one to spare.
+const allocBudget = 6
 
 // TestAllocationsPerRequest pins the gateway's allocations per proxied request: the process-wide allocations
 // of a request through the gateway minus those of the same request straight to the backend (client and

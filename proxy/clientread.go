@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"io"
 	"sync"
 )
@@ -23,14 +24,18 @@ import (
 // on a request's headers, and the size of the buffer a 1-byte read fills.
 const clientReadBuffer = 16 << 10
 
-// clientWriteBuffer is fasthttp's write buffer for client connections (server.go). A streamed answer holds it for
-// as long as it is open (fasthttp writes each event through it), so it is part of the memory per open stream
+// clientWriteBuffer is fasthttp's write buffer for client connections (server.go). A streamed answer that is not
+// hijacked (hijack.go) holds it for as long as it is open (fasthttp writes each event through it), so it is part
+// of the memory per open stream
 // (docs/profiling.md), while it only ever needs the response headers and one event, or one burst of them, to
 // go out in one write: 2 KiB takes the headers and any event an engine sends (150 to 400 bytes) with room to
 // spare. A larger write goes out as it is (bufio writes what does not fit straight through), so nothing is cut
 // or delayed; what costs one more system call is an answer (a burst, a non-streamed body) that with its
 // headers passes 2 KiB, against fasthttp's default of 4 KiB.
 const clientWriteBuffer = 2 << 10
+
+// errNoWait is a read of a connection told not to wait (lingerConn.noWait) that found nothing held.
+var errNoWait = errors.New("proxy: nothing read ahead")
 
 var clientReadBufs = sync.Pool{New: func() any { return new([clientReadBuffer]byte) }}
 
@@ -61,6 +66,9 @@ func (c *lingerConn) Read(p []byte) (int, error) {
 			rd.buf = nil
 		}
 		return n, nil
+	}
+	if c.noWait {
+		return 0, errNoWait
 	}
 	if !c.sock.ready() {
 		return c.TCPConn.Read(p)

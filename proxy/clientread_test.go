@@ -23,7 +23,7 @@ func acceptPair(t *testing.T) (client net.Conn, server *lingerConn) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { client.Close() })
-	c, err := lingerListener{ln}.Accept()
+	c, err := lingerListener{Listener: ln}.Accept()
 	if err != nil {
 		t.Fatal(err)
 	}

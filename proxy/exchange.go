@@ -39,14 +39,19 @@ var errHedgeLost = errors.New("proxy: hedge race lost")
 // exchange is one client request on its way through the gateway: the client's body and its summary, its
 // admission (key, class, quota), the attempts on backends, and the relay of the answer. Exchanges are pooled.
 //
-// Ownership: the handler acquires it; for a streaming answer it hands it to fasthttp as the response body stream
-// (WriteTo relays, Close releases); otherwise the handler releases it before returning. Nothing in it refers to
-// the fasthttp.RequestCtx after the handler returns, except the client net.Conn (in the watchdog), which lives as
-// long as the connection and is only used while fasthttp is inside the handler or WriteTo.
+// Ownership: the handler acquires it; for a streaming answer it hands it, with the connection, to the relay of a
+// hijacked stream (hijack.go: the relay releases it at the stream's end), or to fasthttp as the response body
+// stream (WriteTo relays, Close releases); otherwise the handler releases it before returning. Nothing in it
+// refers to the fasthttp.RequestCtx after the handler returns (hctx only until the hijack handler starts), except
+// the client net.Conn (in the watchdog), which lives as long as the connection and is only used while the
+// exchange's stream or request is on it.
 type exchange struct {
 	s       *Server
 	fwd     fasthttp.RequestHeader // the client's headers passed on; kept across uses (reset in place)
 	results chan *attempt          // hedged attempts report here; kept across uses
+
+	hijackFn func(net.Conn) // hijacked, bound once per exchange so that a hijack allocates nothing
+	resumeFn func()         // resumed, bound once
 
 	clientRequest // what the client sent
 	routed        // its admission and its attempts
@@ -221,6 +226,15 @@ type relayed struct {
 	itl           prometheus.Observer
 	sr            *children // the metric children of srEnd for this request's labels (children.go), once needed
 	srEnd         *endpoint // whose children sr are
+
+	// A hijacked stream (hijack.go).
+	parking     bool                 // the stream is hijacked: it parks while it waits for the engine
+	woke        bool                 // resumed after a park: the next read is not parked again
+	deadlineSet bool                 // the read deadline was set when the stream parked
+	closeAfter  bool                 // the connection closes after the stream (Connection: close)
+	hctx        *fasthttp.RequestCtx // fasthttp's context, from the handler to hijacked only
+	cw          clientStream         // the client's body writer
+	keep        net.Conn             // the connection to serve on after the stream
 }
 
 // reset empties r for the next request, keeping its reader and buffers.
@@ -235,6 +249,7 @@ func (s *Server) acquireExchange() *exchange {
 	if ex == nil {
 		ex = &exchange{s: s, results: make(chan *attempt, 2)}
 		ex.replay = openai.NewEventReader(nil, maxEventBytes)
+		ex.hijackFn, ex.resumeFn = ex.hijacked, ex.resumed
 	}
 	return ex
 }

@@ -3,8 +3,13 @@ package proxy
 import (
 	"io"
 	"net"
+	"net/netip"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/switchyard/switchyard/openai"
 )
 
 // Lingering close. When the gateway closes a connection whose client is still sending (a request refused
@@ -22,22 +27,104 @@ const (
 	lingerBytes = 64 << 20
 )
 
-// lingerListener gives every accepted TCP connection a lingering close.
+// lingerListener gives every accepted TCP connection a lingering close, and bounds the connections held at once
+// (connLimits).
 type lingerListener struct {
 	net.Listener
+	lim *connLimits // nil: no bounds
 }
 
 func (l lingerListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return c, err
-	}
-	if tc, ok := c.(*net.TCPConn); ok {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return c, err
+		}
+		tc, ok := c.(*net.TCPConn)
+		if !ok {
+			return c, nil
+		}
 		lc := &lingerConn{TCPConn: tc}
+		if l.lim != nil {
+			if why := l.lim.take(lc); why != "" {
+				go refuseConn(lc, why)
+				continue
+			}
+		}
 		lc.initRead() // clientread.go
 		return lc, nil
 	}
-	return c, nil
+}
+
+// connLimits bounds the client connections the gateway holds at once, in all and per client address
+// (Options.MaxConns, MaxConnsPerIP). They are counted here, from accept to close, and not by fasthttp, since a
+// hijacked stream (hijack.go) leaves fasthttp's count while it holds its connection.
+type connLimits struct {
+	max, perIP int
+
+	mu   sync.Mutex
+	open int
+	byIP map[netip.Addr]int
+}
+
+func newConnLimits(maxConns, perIP int) *connLimits {
+	l := &connLimits{max: maxConns, perIP: perIP}
+	if perIP > 0 {
+		l.byIP = make(map[netip.Addr]int)
+	}
+	return l
+}
+
+// take counts c in, or returns why it is refused.
+func (l *connLimits) take(c *lingerConn) string {
+	var ip netip.Addr
+	if l.perIP > 0 {
+		if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+			ip = a.AddrPort().Addr().Unmap()
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.max > 0 && l.open >= l.max {
+		return "the gateway holds as many client connections as it may (MaxConns)"
+	}
+	if l.perIP > 0 && l.byIP[ip] >= l.perIP {
+		return "the gateway holds as many connections from this address as it may (MaxConnsPerIP)"
+	}
+	l.open++
+	if l.perIP > 0 {
+		l.byIP[ip]++
+		c.ip = ip
+	}
+	c.lim = l
+	return ""
+}
+
+// give counts a closed connection out.
+func (l *connLimits) give(c *lingerConn) {
+	l.mu.Lock()
+	l.open--
+	if l.perIP > 0 {
+		if n := l.byIP[c.ip] - 1; n > 0 {
+			l.byIP[c.ip] = n
+		} else {
+			delete(l.byIP, c.ip)
+		}
+	}
+	l.mu.Unlock()
+}
+
+// refuseConn answers a connection over the bounds with 503 and closes it, off the accept loop, within
+// lingerTime.
+func refuseConn(c *lingerConn, why string) {
+	body := openai.AppendError(nil, why, "server_error", "too_many_connections", "")
+	resp := append([]byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: "),
+		strconv.Itoa(len(body))...)
+	resp = append(resp, "\r\n\r\n"...)
+	resp = append(resp, body...)
+	_ = c.SetWriteDeadline(time.Now().Add(lingerTime))
+	_, _ = c.TCPConn.Write(resp)
+	_ = c.Close()
 }
 
 // lingerConn is a client connection with a lingering close. It embeds the *net.TCPConn, so that the peek in
@@ -46,8 +133,11 @@ func (l lingerListener) Accept() (net.Conn, error) {
 type lingerConn struct {
 	*net.TCPConn
 	closed atomic.Bool
-	rd     clientRead // clientread.go
-	sock   rawSocket  // rawio.go
+	rd     clientRead  // clientread.go
+	sock   rawSocket   // rawio.go
+	lim    *connLimits // counts it while it is open
+	ip     netip.Addr  // its client address, when lim counts them
+	noWait bool        // reads return what is read ahead, never wait (hijack.go, takeUnread)
 }
 
 // Close shuts the write side down and discards what the client still sends, on a goroutine of its own that
@@ -56,6 +146,9 @@ type lingerConn struct {
 func (c *lingerConn) Close() error {
 	if !c.closed.CompareAndSwap(false, true) {
 		return nil
+	}
+	if c.lim != nil {
+		c.lim.give(c)
 	}
 	if err := c.CloseWrite(); err != nil {
 		return c.TCPConn.Close()

@@ -40,6 +40,18 @@ type rawSocket struct {
 	wr   rawOp
 	rfn  func(fd uintptr) bool // rd.read bound once, so that a read allocates nothing
 	wfn  func(fd uintptr) bool // wr.write bound once
+	fd   int                   // the descriptor plus one, once sysfd looked it up; 0 before
+}
+
+// sysfd returns the socket's descriptor (-1 if it cannot be had), for the parker (park_linux.go). It is valid
+// while the connection is open, which the caller's ownership of it guarantees.
+func (s *rawSocket) sysfd() int {
+	if s.fd == 0 {
+		if err := s.rc.Control(func(fd uintptr) { s.fd = int(fd) + 1 }); err != nil {
+			return -1
+		}
+	}
+	return s.fd - 1
 }
 
 // ready reports whether init reached the socket raw; if not, the caller uses its connection itself.

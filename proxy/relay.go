@@ -15,11 +15,12 @@ import (
 	"github.com/switchyard/switchyard/routing"
 )
 
-// The exchange is the response body stream of a committed streaming answer. fasthttp calls WriteTo once, in
-// the connection's own goroutine, with a writer that frames every Write as one HTTP chunk and flushes it to the
-// socket at once (fasthttp.BodyWriterTo). So each SSE event reaches the client as soon as it is written (with
-// the events of its burst, emitBatched), a vanished client shows up as a write error, and no extra goroutine or
-// pipe sits between upstream and client.
+// A committed streaming answer is relayed by pump, through a writer that frames every Write as one HTTP chunk
+// and writes it to the socket at once: the relay's own on a hijacked connection (hijack.go, where pump parks
+// between events), else fasthttp's, which calls WriteTo once in the connection's own goroutine
+// (fasthttp.BodyWriterTo): the exchange is then the response body stream. So each SSE event reaches the client
+// as soon as it is written (with the events of its burst, emitBatched), a vanished client shows up as a write
+// error, and no extra goroutine or pipe sits between upstream and client.
 var _ fasthttp.BodyWriterTo = (*exchange)(nil)
 
 // SupportsBodyWriteTo tells fasthttp to consume the body with WriteTo.
@@ -38,9 +39,24 @@ func (ex *exchange) WriteTo(w io.Writer) (int64, error) { return ex.safeWriteTo(
 // event and [DONE], never a silent end. It returns an error only when the client is gone, so fasthttp drops the
 // connection.
 func (ex *exchange) relay(w io.Writer) (int64, error) {
-	_ = ex.wd.commit(w)
-	var fail error
+	_ = ex.wd.commit(w, nil)
+	if _, fail := ex.pump(); errors.Is(fail, errClientGone) {
+		return 0, fail
+	}
+	return 0, nil
+}
+
+// pump relays events until the stream ends, records how it ended (finish) and returns what failed it: nil for
+// a complete stream or one whose failure the client was told of, errClientGone when the client is gone. A
+// hijacked stream (hijack.go) returns parked instead whenever the next event must be waited for: its
+// watchdog then resumes it in another goroutine, and this one must not touch the exchange any more.
+func (ex *exchange) pump() (parked bool, fail error) {
 	for {
+		if ex.woke {
+			ex.woke = false // resumed: read now, under the deadline set when it parked
+		} else if ex.parking && ex.mustWait() && ex.park() {
+			return true, nil
+		}
 		done, err := ex.step(ex.emitBatched)
 		if err == nil && !done {
 			err = ex.endBurst()
@@ -63,10 +79,19 @@ func (ex *exchange) relay(w io.Writer) (int64, error) {
 		fail = ex.endStream(fail)
 	}
 	ex.finish(fail)
-	if errors.Is(fail, errClientGone) {
-		return 0, fail
+	if !errors.Is(fail, errClientGone) {
+		fail = nil
 	}
-	return 0, nil
+	return false, fail
+}
+
+// mustWait reports whether the answer's next event must be read from the engine: the replay of the pending
+// events is done and no whole event is buffered.
+func (ex *exchange) mustWait() bool {
+	if ex.replaying && ex.replay.Ready() {
+		return false
+	}
+	return ex.cur.events.WouldRead()
 }
 
 // emit writes b to the client now, after the events batched before it (in the same write).
@@ -180,8 +205,13 @@ func (ex *exchange) nextEvent() (openai.Event, error) {
 	a := ex.cur
 	if !a.events.Ready() {
 		// Only a read waits: an event already buffered (engines often send several in one segment) needs no
-		// new deadline, which spares a clock read and a timer update per event.
-		a.idleDeadline()
+		// new deadline, which spares a clock read and a timer update per event. A stream that parked set it
+		// before it did.
+		if ex.deadlineSet {
+			ex.deadlineSet = false
+		} else {
+			a.idleDeadline()
+		}
 	}
 	ev, err := a.events.Next()
 	if err != nil {

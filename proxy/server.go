@@ -131,13 +131,14 @@ func (o *Options) setDefaults() {
 //
 // Concurrency: one Server serves many connections; its state is atomics, pools and the snapshot Source.
 type Server struct {
-	src  Source
-	opts Options
-	m    *metrics.Gateway
-	log  *slog.Logger
-	ups  *upstreams
-	brk  *breakers
-	srv  *fasthttp.Server
+	src   Source
+	opts  Options
+	m     *metrics.Gateway
+	log   *slog.Logger
+	ups   *upstreams
+	brk   *breakers
+	srv   *fasthttp.Server
+	conns *connLimits // the client connections held (linger.go)
 
 	// Admission state that outlives policy reloads (admit.go).
 	caps     *admission.Caps
@@ -183,7 +184,7 @@ func New(src Source, opts Options) (*Server, error) {
 	}
 	opts.setDefaults()
 	s := &Server{src: src, opts: opts, m: opts.Metrics, log: opts.Logger, ups: newUpstreams(), clock: systemClock{},
-		homes: newHomes(defaultHomesMax, defaultHomesTTL, nil)}
+		homes: newHomes(defaultHomesMax, defaultHomesTTL, nil), conns: newConnLimits(opts.MaxConns, opts.MaxConnsPerIP)}
 	s.caps = admission.NewCaps(admission.DefaultCapParams(), opts.Metrics)
 	s.outliers = admission.NewOutlierDetector(admission.DefaultOutlierParams(), nil, opts.Metrics)
 	s.retries = admission.NewRetryBudget(20, 3, opts.Metrics)
@@ -218,12 +219,15 @@ func New(src Source, opts Options) (*Server, error) {
 		// keep-alive connection holds none; clientread.go keeps this from costing a read system call.
 		ReduceMemoryUsage:     true,
 		NoDefaultServerHeader: true,
-		Concurrency:           opts.MaxConns,
-		MaxConnsPerIP:         opts.MaxConnsPerIP,
+		// The listener bounds connections (linger.go, connLimits), hijacked ones included; fasthttp counts only
+		// those it serves, never more, so its bound is never reached.
+		Concurrency: opts.MaxConns,
 		// The write deadline fasthttp sets before it writes a response; a stream moves it forward at each
 		// event (watchdog.write), so it bounds a stalled client, never a long stream.
-		WriteTimeout:                  opts.WriteTimeout,
-		CloseOnShutdown:               true,
+		WriteTimeout:    opts.WriteTimeout,
+		CloseOnShutdown: true,
+		// A hijacked stream (hijack.go) keeps its connection and serves it on with ServeConn.
+		KeepHijackedConns:             true,
 		DisableHeaderNamesNormalizing: false,
 		Logger:                        fasthttpLogger{opts.Logger},
 	}
@@ -233,7 +237,7 @@ func New(src Source, opts Options) (*Server, error) {
 
 // Serve accepts connections on ln until Shutdown. It returns nil after a clean shutdown.
 func (s *Server) Serve(ln net.Listener) error {
-	if err := s.srv.Serve(lingerListener{ln}); err != nil { // linger.go
+	if err := s.srv.Serve(lingerListener{ln, s.conns}); err != nil { // linger.go
 		return fmt.Errorf("proxy: serve: %w", err)
 	}
 	return nil
@@ -278,11 +282,18 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
+	ended := make(chan struct{}) // no request starts now (WaitGroup.Wait must not race with an Add from zero)
+	go func() { s.active.Wait(); close(ended) }()
+	if served {
+		// Hijacked streams (hijack.go) are no longer the listener's: they too may finish until ctx ends.
+		select {
+		case <-ended:
+		case <-ctx.Done():
+		}
+	}
 	s.drainExpired.Store(true)
 	s.orphans.close(errShutdown)
 	s.closeQueues()
-	ended := make(chan struct{})
-	go func() { s.active.Wait(); close(ended) }()
 	grace := s.clock.NewTimer(s.drainGrace())
 	select {
 	case <-ended:
@@ -539,7 +550,11 @@ func (s *Server) serveExchange(ctx *fasthttp.RequestCtx, ex *exchange, rt *route
 		// The exchange holds its own copy of the request body (serveExchange): fasthttp's goes back to its pool
 		// now (ReduceMemoryUsage), not when the stream ends, so that an open stream holds one copy less.
 		ctx.Request.ResetBody()
-		ex.shedRequest()                      // nor its own copies: exchange.go
+		ex.shedRequest() // nor its own copies: exchange.go
+		if s.parkable(ctx, ex) {
+			ex.hijack(ctx) // hijack.go: the relay owns ex and the connection from here
+			return true
+		}
 		ctx.SetBodyStream(streamBody{ex}, -1) // the relay owns ex from here; Close releases it
 		return true
 	}

@@ -100,6 +100,29 @@ type upConn struct {
 	chunk  chunkDecoder
 	reuse  bool // the response allows the connection to carry another request
 	broken bool // a read or write failed, or the peer sent more than the body: never reused
+	polled bool // the socket is in the parker's set (park_linux.go), until release
+}
+
+// park asks the parker to wake wd when the response's next bytes arrive; false when the caller must read (and
+// wait) itself: the connection is not a plain socket, or bytes are held already, or the body has ended.
+func (c *upConn) park(p *parker, wd *watchdog) bool {
+	if p == nil || !c.sock.ready() || c.br != nil || c.body == bodyDone {
+		return false
+	}
+	fd := c.sock.sysfd()
+	if fd < 0 || !p.arm(fd, c.polled, wd) {
+		return false
+	}
+	c.polled = true
+	return true
+}
+
+// unpark takes the socket out of the parker's set.
+func (c *upConn) unpark() {
+	if c.polled {
+		c.polled = false
+		getParker().remove(c.sock.sysfd())
+	}
 }
 
 type bodyMode uint8
@@ -382,6 +405,7 @@ func (c *upConn) roundTrip(req *fasthttp.Request, resp *fasthttp.Response) error
 // request on it, and closes it otherwise: a body left unread (a stream cut short, an error body read in part) is
 // how an engine learns to stop generating.
 func (c *upConn) release() {
+	c.unpark()
 	c.dropReader()
 	if c.broken || !c.reuse || c.body != bodyDone {
 		_ = c.Conn.Close()

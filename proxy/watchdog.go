@@ -35,6 +35,13 @@ type watchdog struct {
 	cancelQ   context.CancelFunc // cancels a queue wait
 	w         io.Writer          // the client's body writer once the stream is committed
 	lastWrite time.Time
+	nextTick  time.Time // when the timer fires next; zero before the first tick (within interval of the start)
+
+	// A parked stream (hijack.go) waits for its engine without a goroutine: the parker or the timer wakes it
+	// (wakeLocked), at the first of the engine's socket becoming readable, the read's deadline, or an abort.
+	parked   bool
+	deadline time.Time // the parked read's deadline; zero: none
+	resume   func()    // continues the relay in a goroutine of its own; set when the stream is hijacked
 }
 
 // wdTimer is a watchdog's timer, pooled: a fresh time.AfterFunc per request cost two allocations (the timer
@@ -79,6 +86,7 @@ func (wd *watchdog) stop() {
 	wd.done = true
 	wd.t = nil
 	wd.w = nil
+	wd.parked, wd.resume = false, nil
 	wd.live = [2]*attempt{}
 	wd.cancelQ = nil
 	wd.mu.Unlock()
@@ -94,6 +102,10 @@ func (wd *watchdog) tick() {
 	if wd.done {
 		return
 	}
+	now := time.Now()
+	if wd.parked && !wd.deadline.IsZero() && !now.Before(wd.deadline) {
+		wd.wakeLocked() // the read it resumes finds its deadline passed
+	}
 	switch {
 	case wd.s.drainExpired.Load():
 		wd.abortLocked(errShutdown)
@@ -105,7 +117,53 @@ func (wd *watchdog) tick() {
 			wd.abortLocked(err)
 		}
 	}
-	wd.t.t.Reset(wd.interval) // wd.t is set while the watchdog is not done
+	next := wd.interval
+	if wd.parked && !wd.deadline.IsZero() {
+		next = min(next, max(wd.deadline.Sub(now), 0))
+	}
+	wd.nextTick = now.Add(next)
+	wd.t.t.Reset(next) // wd.t is set while the watchdog is not done
+}
+
+// park arms the parker for the stream's engine connection c and records that the stream waits without a
+// goroutine until deadline (zero: no deadline), moving the timer up to it. It returns false, and the stream
+// reads at once, when the watchdog is done or the exchange was aborted (nothing would wake it then), or the
+// parker cannot take c.
+func (wd *watchdog) park(c *upConn, deadline time.Time) bool {
+	wd.mu.Lock()
+	defer wd.mu.Unlock()
+	// Under wd.mu, so that a report of the socket that comes at once finds the stream parked: its wake waits
+	// for the lock.
+	if wd.done || wd.resume == nil || wd.why.Load() != nil || !c.park(getParker(), wd) {
+		return false
+	}
+	wd.parked, wd.deadline = true, deadline
+	// Before the first tick nextTick is not known (a clock reading per request saved): the timer is set anew,
+	// which may delay that one tick by less than an interval.
+	if !deadline.IsZero() && (wd.nextTick.IsZero() || deadline.Before(wd.nextTick)) {
+		now := time.Now()
+		next := min(max(deadline.Sub(now), 0), wd.interval)
+		wd.nextTick = now.Add(next)
+		wd.t.t.Reset(next)
+	}
+	return true
+}
+
+// wake resumes a parked stream (the parker: its engine's socket is readable); a stream that is not parked is
+// left alone.
+func (wd *watchdog) wake() {
+	wd.mu.Lock()
+	wd.wakeLocked()
+	wd.mu.Unlock()
+}
+
+// wakeLocked resumes the stream if it is parked (wd.mu held): once, in a goroutine of its own.
+func (wd *watchdog) wakeLocked() {
+	if !wd.parked {
+		return
+	}
+	wd.parked, wd.deadline = false, time.Time{}
+	go wd.resume()
 }
 
 // reason returns why the exchange was aborted, or nil.
@@ -128,6 +186,7 @@ func (wd *watchdog) abortLocked(why error) {
 	if wd.cancelQ != nil {
 		wd.cancelQ()
 	}
+	wd.wakeLocked() // a parked stream reads, and finds the deadline in the past
 }
 
 // track makes a's connection reachable by aborts; untrack forgets it.
@@ -185,11 +244,13 @@ func (wd *watchdog) queueContext() (context.Context, context.CancelFunc) {
 	return ctx, cancel
 }
 
-// commit hands the watchdog the client's body writer: from now on it pings during upstream silence.
-func (wd *watchdog) commit(w io.Writer) error {
+// commit hands the watchdog the client's body writer: from now on it pings during upstream silence. resume,
+// for a hijacked stream, continues the relay after a park (nil: the stream never parks).
+func (wd *watchdog) commit(w io.Writer, resume func()) error {
 	wd.mu.Lock()
 	defer wd.mu.Unlock()
 	wd.w = w
+	wd.resume = resume
 	wd.lastWrite = time.Now()
 	return nil
 }

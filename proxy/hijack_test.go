@@ -1,0 +1,229 @@
+package proxy
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/switchyard/switchyard/routing"
+)
+
+// Parked streams (hijack.go): a stream waiting for its engine holds no goroutine, its connection serves the
+// client's next requests (pipelined ones too) when it ends, and it still counts against the connection bounds.
+
+// heldEngine streams three tokens and [DONE] at once to a request whose prompt is "quick"; to any other it sends
+// one token, then waits until release is called, then three more tokens and [DONE].
+func heldEngine(t *testing.T) (url string, release func()) {
+	t.Helper()
+	ch := make(chan struct{})
+	var once sync.Once
+	url = sseEngine(t, func(w io.Writer, r *http.Request) {
+		if r.Header.Get("X-Test-Quick") == "" {
+			_, _ = io.WriteString(w, endToken)
+			select {
+			case <-ch:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		tokens(w, 3, 0)
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	})
+	release = func() { once.Do(func() { close(ch) }) }
+	t.Cleanup(release)
+	return url, release
+}
+
+// relayGoroutines counts the goroutines inside a stream's relay, in any gateway of the test binary.
+func relayGoroutines() int {
+	buf := make([]byte, 8<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "proxy.(*exchange).pump") || strings.Contains(g, "proxy.(*exchange).relay(") {
+			n++
+		}
+	}
+	return n
+}
+
+// rawRequest is a chat request as an HTTP/1.1 client writes it; quick asks heldEngine not to hold it (the
+// gateway passes the header on).
+func rawRequest(stream, quick bool) string {
+	body := strings.Replace(endRequest, `"stream":true`, fmt.Sprintf(`"stream":%v`, stream), 1)
+	extra := ""
+	if quick {
+		extra = "X-Test-Quick: 1\r\n"
+	}
+	return fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s",
+		extra, len(body), body)
+}
+
+// clientConn is a raw client connection to the gateway, its reads bounded so that a lost answer fails the test.
+type clientConn struct {
+	net.Conn
+	br *bufio.Reader
+}
+
+func dialGateway(t *testing.T, gw *gateway) *clientConn {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(gw.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	return &clientConn{Conn: c, br: bufio.NewReader(c)}
+}
+
+// response reads one response and its whole body (chunked or not).
+func (c *clientConn) response(t *testing.T) (int, string) {
+	t.Helper()
+	resp, err := http.ReadResponse(c.br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading the body: %v", err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+// firstToken reads a streamed response up to its first token and returns a reader of the rest of its body.
+func (c *clientConn) firstToken(t *testing.T) *bufio.Reader {
+	t.Helper()
+	resp, err := http.ReadResponse(c.br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("status %d: %s", resp.StatusCode, b)
+	}
+	if te := resp.TransferEncoding; len(te) != 1 || te[0] != "chunked" {
+		t.Fatalf("a stream's body is not chunked: %v", te)
+	}
+	rd := bufio.NewReader(resp.Body)
+	for {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatalf("the stream ended before its first token: %v", err)
+		}
+		if strings.Contains(line, `"content":"tok `) {
+			return rd
+		}
+	}
+}
+
+// TestParkedStreamsHoldNoGoroutine: 40 streams whose engine holds them after their first token have no
+// goroutine in the gateway's relay while they wait (before hijack.go each had one), then all end whole. Half of
+// them go on connections that carried a stream before, so that a connection served on after a hijack is
+// hijacked again.
+func TestParkedStreamsHoldNoGoroutine(t *testing.T) {
+	const n = 40
+	url, release := heldEngine(t)
+	gw := startGateway(t, snapshotOf(&routing.RoundRobin{}, 0, url), Options{})
+	conns := make([]*clientConn, n)
+	for i := range conns {
+		conns[i] = dialGateway(t, gw)
+		if i%2 == 0 {
+			_, _ = io.WriteString(conns[i], rawRequest(true, true))
+			if code, body := conns[i].response(t); code != 200 || !strings.HasSuffix(body, "data: [DONE]\n\n") {
+				t.Fatalf("first stream on connection %d: %d %q", i, code, body)
+			}
+		}
+	}
+	rest := make([]*bufio.Reader, n)
+	for i, c := range conns {
+		_, _ = io.WriteString(c, rawRequest(true, false))
+		rest[i] = c.firstToken(t)
+	}
+	var held int
+	deadline := time.Now().Add(5 * time.Second)
+	for held = relayGoroutines(); held > 2 && time.Now().Before(deadline); held = relayGoroutines() {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if held > 2 {
+		t.Fatalf("%d goroutines in a relay while %d streams wait for their engine; want none", held, n)
+	}
+	release()
+	for i, rd := range rest {
+		b, err := io.ReadAll(rd)
+		if err != nil || !strings.HasSuffix(string(b), "data: [DONE]\n\n") || strings.Count(string(b), `"content":"tok `) != 3 {
+			t.Fatalf("stream %d: %v %q", i, err, b)
+		}
+	}
+	// Each connection serves on after its stream.
+	for i, c := range conns {
+		_, _ = io.WriteString(c, rawRequest(false, true))
+		if code, body := c.response(t); code != 200 || !strings.Contains(body, `"chat.completion"`) {
+			t.Fatalf("request after the stream on connection %d: %d %q", i, code, body)
+		}
+	}
+}
+
+// TestPipelinedRequestsAfterAStream: requests a client sends behind a streamed one on the same connection,
+// before its answer, are answered in order after it, whether streamed or not.
+func TestPipelinedRequestsAfterAStream(t *testing.T) {
+	url, _ := heldEngine(t)
+	gw := startGateway(t, snapshotOf(&routing.RoundRobin{}, 0, url), Options{})
+	c := dialGateway(t, gw)
+	_, _ = io.WriteString(c, rawRequest(true, true)+rawRequest(true, true)+rawRequest(false, true)+rawRequest(true, true))
+	for i, stream := range []bool{true, true, false, true} {
+		code, body := c.response(t)
+		if code != 200 {
+			t.Fatalf("answer %d: status %d: %s", i, code, body)
+		}
+		if got := strings.HasSuffix(body, "data: [DONE]\n\n"); got != stream {
+			t.Fatalf("answer %d: streamed %v, want %v: %q", i, got, stream, body)
+		}
+	}
+}
+
+// TestConnectionBoundsCountParkedStreams: a hijacked stream's connection is no longer fasthttp's, and still
+// counts against MaxConns and MaxConnsPerIP: a connection past them gets 503 too_many_connections, and one is
+// accepted again once a counted connection closed.
+func TestConnectionBoundsCountParkedStreams(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts Options
+		n    int
+	}{
+		{"MaxConns", Options{MaxConns: 3}, 3},
+		{"MaxConnsPerIP", Options{MaxConnsPerIP: 2}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url, release := heldEngine(t)
+			gw := startGateway(t, snapshotOf(&routing.RoundRobin{}, 0, url), tc.opts)
+			conns := make([]*clientConn, tc.n)
+			for i := range conns {
+				conns[i] = dialGateway(t, gw)
+				_, _ = io.WriteString(conns[i], rawRequest(true, false))
+				conns[i].firstToken(t)
+			}
+			over := dialGateway(t, gw)
+			_, _ = io.WriteString(over, rawRequest(false, true))
+			code, body := over.response(t)
+			if code != 503 || !strings.Contains(body, `"too_many_connections"`) || !strings.Contains(body, tc.name) {
+				t.Fatalf("a connection past the bound: %d %s", code, body)
+			}
+			release()
+			conns[0].Close()
+			waitFor(t, 5*time.Second, func() bool {
+				c := dialGateway(t, gw)
+				defer c.Close()
+				_, _ = io.WriteString(c, rawRequest(false, true))
+				code, _ := c.response(t)
+				return code == 200
+			})
+		})
+	}
+}
