@@ -212,33 +212,44 @@ func (r *SeatReserve) Admits(c Class, free, seats int) bool {
 	return free > 2*n
 }
 
-// rateWindow counts events (or sums amounts: add's n) in one-second buckets over the last reserveBuckets seconds. Lock-free: an event
-// that races with its bucket's reset to a new second may be lost, which an estimate can afford.
+// rateWindow counts events (or sums amounts: add's n) in one-second buckets over the last reserveBuckets seconds.
+// Lock-free and lossless: each bucket is one word holding its second and its count, so an event never races
+// with its bucket's reset to a new second (the second is kept modulo 2^24, 194 days; a bucket last written a
+// multiple of that ago would count as current, which no gateway process lives to see).
 type rateWindow struct {
-	b [reserveBuckets]struct {
-		sec atomic.Int64
-		n   atomic.Int64
-	}
+	b [reserveBuckets]atomic.Uint64
 }
 
+const (
+	windowCountBits = 40 // a bucket's count: 1.1e12, far above a second's events or seat microseconds
+	windowCountMask = 1<<windowCountBits - 1
+	windowSecMask   = 1<<(64-windowCountBits) - 1
+)
+
 func (w *rateWindow) add(now time.Time, n int64) {
-	s := now.Unix()
-	b := &w.b[s%int64(reserveBuckets)]
-	if old := b.sec.Load(); old != s && b.sec.CompareAndSwap(old, s) {
-		b.n.Store(0)
+	s := uint64(now.Unix()) & windowSecMask
+	b := &w.b[uint64(now.Unix())%uint64(reserveBuckets)]
+	for {
+		old := b.Load()
+		c := uint64(max(n, 0))
+		if old>>windowCountBits == s {
+			c += old & windowCountMask
+		}
+		if b.CompareAndSwap(old, s<<windowCountBits|min(c, windowCountMask)) {
+			return
+		}
 	}
-	b.n.Add(n)
 }
 
 // count returns the events of the last span (whole seconds, at most reserveBuckets), the current second
 // included.
 func (w *rateWindow) count(now time.Time, span time.Duration) int64 {
-	s, k := now.Unix(), int64(span/time.Second)
+	s, k := uint64(now.Unix())&windowSecMask, uint64(span/time.Second)
 	var n int64
 	for i := range w.b {
-		b := &w.b[i]
-		if sec := b.sec.Load(); sec > s-k && sec <= s {
-			n += b.n.Load()
+		v := w.b[i].Load()
+		if age := (s - v>>windowCountBits) & windowSecMask; age < k {
+			n += int64(v & windowCountMask)
 		}
 	}
 	return n
