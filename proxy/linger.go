@@ -41,19 +41,44 @@ func (l lingerListener) Accept() (net.Conn, error) {
 			return c, err
 		}
 		tc, ok := c.(*net.TCPConn)
-		if !ok {
-			return c, nil
+		if !ok { // not TCP (a test's pipe, a Unix socket): counted, without a lingering close
+			if l.lim == nil {
+				return c, nil
+			}
+			ip, why := l.lim.take(c.RemoteAddr())
+			if why != "" {
+				go refuseConn(c, why)
+				continue
+			}
+			return &countedConn{Conn: c, lim: l.lim, ip: ip}, nil
 		}
 		lc := &lingerConn{TCPConn: tc}
 		if l.lim != nil {
-			if why := l.lim.take(lc); why != "" {
+			ip, why := l.lim.take(tc.RemoteAddr())
+			if why != "" {
 				go refuseConn(lc, why)
 				continue
 			}
+			lc.lim, lc.ip = l.lim, ip
 		}
 		lc.initRead() // clientread.go
 		return lc, nil
 	}
+}
+
+// countedConn is a connection that is not TCP, counted by the listener's bounds until it is closed.
+type countedConn struct {
+	net.Conn
+	lim    *connLimits
+	ip     netip.Addr
+	closed atomic.Bool
+}
+
+func (c *countedConn) Close() error {
+	if c.closed.CompareAndSwap(false, true) {
+		c.lim.give(c.ip)
+	}
+	return c.Conn.Close()
 }
 
 // connLimits bounds the client connections the gateway holds at once, in all and per client address
@@ -75,40 +100,39 @@ func newConnLimits(maxConns, perIP int) *connLimits {
 	return l
 }
 
-// take counts c in, or returns why it is refused.
-func (l *connLimits) take(c *lingerConn) string {
+// take counts a connection from addr in, with the client address it is counted under, or returns why it is
+// refused.
+func (l *connLimits) take(addr net.Addr) (netip.Addr, string) {
 	var ip netip.Addr
 	if l.perIP > 0 {
-		if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		if a, ok := addr.(*net.TCPAddr); ok {
 			ip = a.AddrPort().Addr().Unmap()
 		}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.max > 0 && l.open >= l.max {
-		return "the gateway holds as many client connections as it may (MaxConns)"
+		return ip, "the gateway holds as many client connections as it may (MaxConns)"
 	}
 	if l.perIP > 0 && l.byIP[ip] >= l.perIP {
-		return "the gateway holds as many connections from this address as it may (MaxConnsPerIP)"
+		return ip, "the gateway holds as many connections from this address as it may (MaxConnsPerIP)"
 	}
 	l.open++
 	if l.perIP > 0 {
 		l.byIP[ip]++
-		c.ip = ip
 	}
-	c.lim = l
-	return ""
+	return ip, ""
 }
 
-// give counts a closed connection out.
-func (l *connLimits) give(c *lingerConn) {
+// give counts a closed connection from ip out.
+func (l *connLimits) give(ip netip.Addr) {
 	l.mu.Lock()
 	l.open--
 	if l.perIP > 0 {
-		if n := l.byIP[c.ip] - 1; n > 0 {
-			l.byIP[c.ip] = n
+		if n := l.byIP[ip] - 1; n > 0 {
+			l.byIP[ip] = n
 		} else {
-			delete(l.byIP, c.ip)
+			delete(l.byIP, ip)
 		}
 	}
 	l.mu.Unlock()
@@ -116,14 +140,14 @@ func (l *connLimits) give(c *lingerConn) {
 
 // refuseConn answers a connection over the bounds with 503 and closes it, off the accept loop, within
 // lingerTime.
-func refuseConn(c *lingerConn, why string) {
+func refuseConn(c net.Conn, why string) {
 	body := openai.AppendError(nil, why, "server_error", "too_many_connections", "")
 	resp := append([]byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: "),
 		strconv.Itoa(len(body))...)
 	resp = append(resp, "\r\n\r\n"...)
 	resp = append(resp, body...)
 	_ = c.SetWriteDeadline(time.Now().Add(lingerTime))
-	_, _ = c.TCPConn.Write(resp)
+	_, _ = c.Write(resp)
 	_ = c.Close()
 }
 
@@ -148,7 +172,7 @@ func (c *lingerConn) Close() error {
 		return nil
 	}
 	if c.lim != nil {
-		c.lim.give(c)
+		c.lim.give(c.ip)
 	}
 	if err := c.CloseWrite(); err != nil {
 		return c.TCPConn.Close()
