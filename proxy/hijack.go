@@ -235,16 +235,20 @@ func (ex *exchange) safePump() (parked bool, fail error) {
 	return ex.pump()
 }
 
-// park parks the stream (ex.parking): it sets the read's deadline and, unless the watchdog or the parker
-// refuses, returns true with the stream parked; the caller returns at once.
-func (ex *exchange) park() bool {
-	if ex.flush() != nil || ex.cw.flushHeader() != nil {
-		return false // the write failed: the read that follows ends the stream with it
+// park parks the stream (ex.parking): it writes what is still to be written, sets the read's deadline and,
+// unless the watchdog or the parker refuses, returns true with the stream parked; the caller returns at once.
+// An error is the client's: the write failed.
+func (ex *exchange) park() (bool, error) {
+	if err := ex.flush(); err != nil {
+		return false, err
+	}
+	if ex.cw.flushHeader() != nil {
+		return false, errClientGone
 	}
 	a := ex.cur
 	deadline := a.idleDeadline()
 	ex.deadlineSet = true
-	return ex.wd.park(a.conn, deadline)
+	return ex.wd.park(a.conn, deadline), nil
 }
 
 // prefixConn is a client connection that still has bytes read past a hijacked stream's request (a pipelined

@@ -52,12 +52,19 @@ func (ex *exchange) relay(w io.Writer) (int64, error) {
 // watchdog then resumes it in another goroutine, and this one must not touch the exchange any more.
 func (ex *exchange) pump() (parked bool, fail error) {
 	for {
+		var err error
 		if ex.woke {
 			ex.woke = false // resumed: read now, under the deadline set when it parked
-		} else if ex.parking && ex.mustWait() && ex.park() {
-			return true, nil
+		} else if ex.parking && ex.mustWait() {
+			var parked bool
+			if parked, err = ex.park(); parked {
+				return true, nil
+			}
 		}
-		done, err := ex.step(ex.emitBatched)
+		done := false
+		if err == nil {
+			done, err = ex.step(ex.emitBatched)
+		}
 		if err == nil && !done {
 			err = ex.endBurst()
 		}
