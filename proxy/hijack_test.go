@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -225,5 +226,32 @@ func TestConnectionBoundsCountParkedStreams(t *testing.T) {
 				return code == 200
 			})
 		})
+	}
+}
+
+// TestDrainEndsAParkedStreamOfFastTokens: a stream that parks every 10 ms, far more often than its watchdog
+// ticks, still gets the tick that ends it when the drain's time is up (the park must never postpone the tick).
+func TestDrainEndsAParkedStreamOfFastTokens(t *testing.T) {
+	url := sseEngine(t, func(w io.Writer, r *http.Request) {
+		for range 1000 { // 10 s of tokens
+			if r.Context().Err() != nil {
+				return
+			}
+			_, _ = io.WriteString(w, endToken)
+			time.Sleep(10 * time.Millisecond)
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	})
+	gw := startGateway(t, snapshotOf(&routing.RoundRobin{}, 0, url), Options{PingInterval: 100 * time.Millisecond})
+	c := dialGateway(t, gw)
+	_, _ = io.WriteString(c, rawRequest(true, false))
+	rest := c.firstToken(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	go func() { _ = gw.s.Shutdown(ctx) }()
+	waitFor(t, 3*time.Second, func() bool { return endsOf(t, gw.reg, "b0", "shutdown") == 1 })
+	b, _ := io.ReadAll(rest)
+	if !strings.Contains(string(b), "shutting_down") || !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
+		t.Fatalf("the stream did not end with the drain's error event: %q", b[max(0, len(b)-300):])
 	}
 }

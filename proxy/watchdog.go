@@ -138,13 +138,21 @@ func (wd *watchdog) park(c *upConn, deadline time.Time) bool {
 		return false
 	}
 	wd.parked, wd.deadline = true, deadline
-	// Before the first tick nextTick is not known (a clock reading per request saved): the timer is set anew,
-	// which may delay that one tick by less than an interval.
-	if !deadline.IsZero() && (wd.nextTick.IsZero() || deadline.Before(wd.nextTick)) {
-		now := time.Now()
-		next := min(max(deadline.Sub(now), 0), wd.interval)
-		wd.nextTick = now.Add(next)
-		wd.t.t.Reset(next)
+	// The timer only ever moves earlier, never later: a stream that parks more often than the watchdog ticks
+	// must not keep postponing the tick that carries the drain's abort and the client checks. Before the first
+	// tick nextTick is not known (a clock reading per request saved): that tick is due within an interval of the
+	// watchdog's start, so only a deadline within an interval from now may come first (it may delay that one
+	// tick to the deadline, by less than an interval).
+	switch {
+	case deadline.IsZero():
+	case wd.nextTick.IsZero():
+		if d := time.Until(deadline); d < wd.interval {
+			wd.nextTick = deadline
+			wd.t.t.Reset(max(d, 0))
+		}
+	case deadline.Before(wd.nextTick):
+		wd.nextTick = deadline
+		wd.t.t.Reset(max(time.Until(deadline), 0))
 	}
 	return true
 }
