@@ -132,9 +132,29 @@ func (ex *exchange) hijack(ctx *fasthttp.RequestCtx) {
 	ctx.Hijack(ex.hijackFn)
 }
 
-// hijacked starts relaying a hijacked stream. ctx is still fasthttp's here, and is given back when this
-// returns: nothing of it is kept.
+// hijacked starts relaying a hijacked stream, in the goroutine fasthttp started for it.
 func (ex *exchange) hijacked(c net.Conn) {
+	if ex.takeOver(c) {
+		ex.runHijacked()
+	}
+}
+
+// takeOver sets the hijacked stream up: the connection to serve on afterwards, the response headers, the body
+// writer. ctx is still fasthttp's here, and is given back once hijacked returns: nothing of it is kept. A panic
+// here (nothing of the answer is written yet) is recovered as the relay's are (recover.go): the request is
+// recorded as failed, the exchange discarded, and the connection closed; it returns false then.
+func (ex *exchange) takeOver(c net.Conn) (ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			s := ex.s
+			s.recovered(stageHijack, r)
+			ex.poisoned = true
+			s.discard(ex)
+			s.active.Done()
+			_ = c.Close()
+			ok = false
+		}
+	}()
 	ctx := ex.hctx
 	ex.hctx = nil
 	lc := clientSocket(ex.client)
@@ -153,8 +173,9 @@ func (ex *exchange) hijacked(c net.Conn) {
 	*bp = h.AppendBytes((*bp)[:0])
 	ex.cw = clientStream{conn: ex.client, hdr: bp}
 	ex.parking = true
+	ex.s.testPanic(stageHijack)
 	_ = ex.wd.commit(&ex.cw, ex.resumeFn)
-	ex.runHijacked()
+	return true
 }
 
 // takeUnread reads out what the client sent past this request and fasthttp's reader or the connection's

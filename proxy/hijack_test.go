@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -253,5 +254,35 @@ func TestDrainEndsAParkedStreamOfFastTokens(t *testing.T) {
 	b, _ := io.ReadAll(rest)
 	if !strings.Contains(string(b), "shutting_down") || !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
 		t.Fatalf("the stream did not end with the drain's error event: %q", b[max(0, len(b)-300):])
+	}
+}
+
+// TestPanicWhileTakingOverAStream: a panic after fasthttp handed a committed stream's connection over, before
+// any of the answer is written, is recovered (hijack.go runs in a goroutine of fasthttp's, which recovers
+// nothing): counted, the request failed, its attempt ended, the connection closed, the gateway serving on.
+func TestPanicWhileTakingOverAStream(t *testing.T) {
+	url, release := heldEngine(t)
+	release()
+	snap := snapshotOf(&routing.RoundRobin{}, 0, url)
+	gw := startGateway(t, snap, Options{})
+	var fired atomic.Bool
+	gw.s.panicAt = func(stage string) {
+		if stage == stageHijack && fired.CompareAndSwap(false, true) {
+			panic("test panic in " + stage)
+		}
+	}
+	c := dialGateway(t, gw)
+	_, _ = io.WriteString(c, rawRequest(true, true))
+	if b, err := io.ReadAll(c.br); err != nil || len(b) != 0 {
+		t.Fatalf("the connection sent %q (%v), want it closed with nothing", b, err)
+	}
+	if got := panics(t, gw, stageHijack); got != 1 {
+		t.Errorf("switchyard_panics_total{stage=hijack} = %v, want 1", got)
+	}
+	waitFor(t, 5*time.Second, func() bool { return snap.Backends[0].Inflight() == 0 })
+	c = dialGateway(t, gw)
+	_, _ = io.WriteString(c, rawRequest(true, true))
+	if code, body := c.response(t); code != 200 || !strings.HasSuffix(body, "data: [DONE]\n\n") {
+		t.Fatalf("the next stream: %d %q", code, body)
 	}
 }

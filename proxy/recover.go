@@ -12,8 +12,8 @@ import (
 )
 
 // Panics on the request path. A panic in one exchange must never take the process down: every goroutine that
-// runs request code (the handler, the relay fasthttp calls after it, a hedged attempt's goroutine, the queue's
-// dispatch) recovers it, logs it with its stack, counts it in switchyard_panics_total{stage}, and ends that one
+// runs request code (the handler, the relay fasthttp calls after it, a hijacked stream's goroutines, a hedged
+// attempt's goroutine, the queue's dispatch) recovers it, logs it with its stack, counts it in switchyard_panics_total{stage}, and ends that one
 // request with an error: 500 before the response started, an SSE error event and [DONE] once it streams. The
 // connection stays usable. An exchange that panicked is not returned to the pool, since its state may be
 // inconsistent; what it held (the attempt's slots, the quota reservation, the retry budget) is given back on a
@@ -22,7 +22,8 @@ import (
 // Stages of the request path, the label of switchyard_panics_total.
 const (
 	stageHandler  = "handler"  // the fasthttp handler: parse, admit, route, the first attempts, a whole answer
-	stageRelay    = "relay"    // relaying a committed stream (exchange.WriteTo)
+	stageRelay    = "relay"    // relaying a committed stream (exchange.WriteTo, exchange.pump)
+	stageHijack   = "hijack"   // taking a committed stream's connection over from fasthttp (hijack.go)
 	stageAttempt  = "attempt"  // an attempt's network part: send and read the first event or the whole answer
 	stageDispatch = "dispatch" // the gateway queue's late-binding pick
 )
