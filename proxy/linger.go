@@ -47,7 +47,7 @@ func (l lingerListener) Accept() (net.Conn, error) {
 			}
 			ip, why := l.lim.take(c.RemoteAddr())
 			if why != "" {
-				go refuseConn(c, why)
+				refuseConn(c, why)
 				continue
 			}
 			return &countedConn{Conn: c, lim: l.lim, ip: ip}, nil
@@ -56,7 +56,7 @@ func (l lingerListener) Accept() (net.Conn, error) {
 		if l.lim != nil {
 			ip, why := l.lim.take(tc.RemoteAddr())
 			if why != "" {
-				go refuseConn(lc, why)
+				refuseConn(lc, why)
 				continue
 			}
 			lc.lim, lc.ip = l.lim, ip
@@ -138,8 +138,10 @@ func (l *connLimits) give(ip netip.Addr) {
 	l.mu.Unlock()
 }
 
-// refuseConn answers a connection over the bounds with 503 and closes it, off the accept loop, within
-// lingerTime.
+// refuseConn answers a connection over the bounds with 503 and closes it, in the accept loop as fasthttp did, so
+// that a flood of connections is refused at the accept loop's own pace rather than piling up a goroutine each.
+// The write does not wait: a fresh socket's send buffer takes a few hundred bytes whatever the peer does (the
+// deadline is there all the same). A lingerConn's close then lingers on a goroutine of its own, as any close.
 func refuseConn(c net.Conn, why string) {
 	body := openai.AppendError(nil, why, "server_error", "too_many_connections", "")
 	resp := append([]byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: "),
