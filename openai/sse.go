@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"sync"
 )
 
 // Ping is an SSE comment event. Clients ignore it; the gateway writes it to an idle stream so that a client that
@@ -127,6 +128,25 @@ func (er *EventReader) Ready() bool {
 	return true
 }
 
+// eventBufs holds buffers of the initial size that readers gave back while they wait (Release); a reader that
+// needs its first buffer takes one from here.
+var eventBufs = sync.Pool{New: func() any { return new([initialEventBuffer]byte) }}
+
+// Release gives the reader's buffer to a pool shared by all readers when it holds no unread bytes, for a caller
+// about to wait for its stream without reading (the gateway's parked streams): a waiting reader then holds no
+// buffer, and its next read takes one back. Only a buffer of the initial size goes back; a larger one, grown for
+// a large event, is kept. The Event that Next returned last must not be used after Release.
+func (er *EventReader) Release() {
+	if er.borrowed || er.peeked || er.start != er.end || len(er.buf) != initialEventBuffer {
+		return
+	}
+	p := (*[initialEventBuffer]byte)(er.buf)
+	er.buf = nil
+	er.start, er.end = 0, 0
+	er.resetEvent()
+	eventBufs.Put(p)
+}
+
 // WouldRead reports whether the next call to Next must read from the stream to return anything: no whole event
 // is buffered and the stream has neither ended nor failed. A caller that can wait for the stream's readiness
 // without a goroutine (the gateway's parked streams) asks it before calling Next.
@@ -171,9 +191,13 @@ func (er *EventReader) Next() (Event, error) {
 			if n <= len(er.buf) {
 				n = len(er.buf) + 1
 			}
-			buf := make([]byte, n)
-			copy(buf, er.buf[:er.end])
-			er.buf = buf
+			if len(er.buf) == 0 && n == initialEventBuffer {
+				er.buf = eventBufs.Get().(*[initialEventBuffer]byte)[:]
+			} else {
+				buf := make([]byte, n)
+				copy(buf, er.buf[:er.end])
+				er.buf = buf
+			}
 		}
 		n, err := er.r.Read(er.buf[er.end:])
 		er.end += n

@@ -327,3 +327,49 @@ func TestEventReaderReady(t *testing.T) {
 		t.Fatal("Reset keeps the event Ready found")
 	}
 }
+
+// scripted is a reader that returns its pieces one per Read, then io.EOF.
+type scripted struct{ pieces []string }
+
+func (s *scripted) Read(p []byte) (int, error) {
+	if len(s.pieces) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, s.pieces[0])
+	s.pieces[0] = s.pieces[0][n:]
+	if s.pieces[0] == "" {
+		s.pieces = s.pieces[1:]
+	}
+	return n, nil
+}
+
+// TestEventReaderRelease: a reader that holds nothing gives its buffer back and reads on with another; one that
+// holds part of an event keeps it.
+func TestEventReaderRelease(t *testing.T) {
+	er := NewEventReader(&scripted{pieces: []string{"data: a\n\n", "data: b\n\n", "data: c\n\ndata: par", "tial\n\n"}}, 0)
+	next := func(want string) {
+		t.Helper()
+		if ev, err := er.Next(); err != nil || string(ev.Data) != want {
+			t.Fatalf("event %q: got %q, %v", want, ev.Data, err)
+		}
+	}
+	next("a")
+	if !er.WouldRead() {
+		t.Fatal("WouldRead is false with nothing buffered")
+	}
+	er.Release()
+	if er.Buffered() != 0 {
+		t.Fatalf("a reader holding nothing kept a buffer of %d bytes", er.Buffered())
+	}
+	next("b") // with a buffer taken back from the pool
+	er.Release()
+	next("c") // the same read brought half of the next event
+	if !er.WouldRead() {
+		t.Fatal("WouldRead is false with half an event buffered")
+	}
+	er.Release()
+	if er.Buffered() == 0 {
+		t.Fatal("Release dropped a buffer that held half an event")
+	}
+	next("partial")
+}

@@ -269,6 +269,9 @@ func (ex *exchange) park() (bool, error) {
 	a := ex.cur
 	deadline := a.idleDeadline()
 	ex.deadlineSet = true
+	// The event reader holds nothing now (mustWait): its buffer waits in a pool, not in the stream. The last
+	// event's bytes were written or copied by step.
+	a.events.Release()
 	return ex.wd.park(a.conn, deadline), nil
 }
 
