@@ -227,8 +227,8 @@ const (
 )
 
 func (w *rateWindow) add(now time.Time, n int64) {
-	s := uint64(now.Unix()) & windowSecMask
-	b := &w.b[uint64(now.Unix())%uint64(reserveBuckets)]
+	sec := uint64(now.Unix())
+	s, b := sec&windowSecMask, &w.b[sec%uint64(reserveBuckets)]
 	for {
 		old := b.Load()
 		c := uint64(max(n, 0))

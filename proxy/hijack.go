@@ -157,14 +157,10 @@ func (ex *exchange) takeOver(c net.Conn) (ok bool) {
 	}()
 	ctx := ex.hctx
 	ex.hctx = nil
-	lc := clientSocket(ex.client)
-	ex.keep = ex.client
-	if lc != nil {
-		if left := ex.takeUnread(c, lc); len(left) > 0 {
-			ex.keep = &prefixConn{lingerConn: lc, pending: left}
-		} else {
-			ex.keep = lc
-		}
+	lc := clientSocket(ex.client) // never nil: parkable
+	ex.keep = lc
+	if left := ex.takeUnread(c, lc); len(left) > 0 {
+		ex.keep = &prefixConn{lingerConn: lc, pending: left}
 	}
 	h := &ctx.Response.Header
 	h.SetContentLength(-1) // chunked
@@ -242,18 +238,6 @@ func (ex *exchange) runHijacked() {
 	}
 	_ = conn.SetWriteDeadline(time.Time{})
 	_ = s.srv.ServeConn(conn) // the connection's next requests, in this goroutine, as fasthttp's own would
-}
-
-// safePump is pump with its panics recovered as safeWriteTo recovers the relay's (recover.go).
-func (ex *exchange) safePump() (parked bool, fail error) {
-	defer func() {
-		if r := recover(); r != nil {
-			ex.s.recovered(stageRelay, r)
-			ex.poisoned = true
-			parked, fail = false, ex.abortStream()
-		}
-	}()
-	return ex.pump()
 }
 
 // park parks the stream (ex.parking): it writes what is still to be written, sets the read's deadline and,

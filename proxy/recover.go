@@ -3,7 +3,6 @@ package proxy
 import (
 	"errors"
 	"fmt"
-	"io"
 	"runtime/debug"
 
 	"github.com/valyala/fasthttp"
@@ -106,16 +105,17 @@ func (ex *exchange) abortStream() (err error) {
 	return err
 }
 
-// safeWriteTo is WriteTo with the relay's panics recovered (see the comment at the top of this file).
-func (ex *exchange) safeWriteTo(w io.Writer) (n int64, err error) {
+// safePump is pump with its panics recovered (see the comment at the top of this file): the stream ends with an
+// error event and [DONE] (abortStream), in fasthttp's WriteTo and in a hijacked stream's goroutines alike.
+func (ex *exchange) safePump() (parked bool, fail error) {
 	defer func() {
 		if r := recover(); r != nil {
 			ex.s.recovered(stageRelay, r)
 			ex.poisoned = true
-			n, err = 0, ex.abortStream()
+			parked, fail = false, ex.abortStream()
 		}
 	}()
-	return ex.relay(w)
+	return ex.pump()
 }
 
 // safeAttemptOnce is attemptOnce with its panics recovered: a panic while reading a backend's answer is

@@ -31,8 +31,8 @@ func (ex *exchange) Read([]byte) (int, error) {
 	return 0, errors.New("proxy: the relay is consumed with WriteTo")
 }
 
-// WriteTo relays the stream (relay), with its panics recovered (recover.go).
-func (ex *exchange) WriteTo(w io.Writer) (int64, error) { return ex.safeWriteTo(w) }
+// WriteTo relays the stream (relay), with its panics recovered (recover.go, safePump).
+func (ex *exchange) WriteTo(w io.Writer) (int64, error) { return ex.relay(w) }
 
 // relay relays the stream: the events the winning attempt read before the commit (ending with the first
 // content), then every further event as it arrives. When the upstream breaks, the client gets an SSE error
@@ -40,7 +40,7 @@ func (ex *exchange) WriteTo(w io.Writer) (int64, error) { return ex.safeWriteTo(
 // connection.
 func (ex *exchange) relay(w io.Writer) (int64, error) {
 	_ = ex.wd.commit(w, nil)
-	if _, fail := ex.pump(); errors.Is(fail, errClientGone) {
+	if _, fail := ex.safePump(); errors.Is(fail, errClientGone) {
 		return 0, fail
 	}
 	return 0, nil
