@@ -31,8 +31,12 @@ func TestDrainOnVirtualClock(t *testing.T) {
 	waitFor(t, 10*time.Second, func() bool { return ex.rec.queue.Len() == 1 })
 
 	// A stream in flight: its watchdog never ticks by itself here (an hour apart); the test ticks it.
-	wd := newWatchdog(s, nil, time.Hour)
+	wd := newWatchdog(s, nil)
 	defer wd.stop()
+	wd.mu.Lock()
+	wd.interval = time.Hour
+	wd.t.t.Reset(time.Hour)
+	wd.mu.Unlock()
 	wd.tick()
 	if why := wd.reason(); why != nil {
 		t.Fatalf("a tick before the drain aborted the stream: %v", why)

@@ -701,11 +701,11 @@ func TestLongStreamIsNotCut(t *testing.T) {
 		gaps  = 100                   // 5 s of stream: 5 times every bound
 	)
 	opts := Options{
-		WriteTimeout:  bound,
-		HeaderTimeout: bound,
-		IdleTimeout:   bound,
-		PingInterval:  itl / 2, // upstream silence gets a ": ping" between the events, as it does at full scale
-		Timeouts:      routing.Timeouts{Connect: bound, FirstByte: bound, Idle: bound},
+		WriteTimeout:      bound,
+		HeaderTimeout:     bound,
+		IdleTimeout:       bound,
+		KeepAliveInterval: itl / 2, // upstream silence gets a ": ping" between the events, as it does at full scale
+		Timeouts:          routing.Timeouts{Connect: bound, FirstByte: bound, Idle: bound},
 	}
 	be := startSim(t, "a", func(c *sim.Config) { c.ITL = itl })
 	gw := startGateway(t, snapshotOf(&routing.RoundRobin{}, 2, be.URL()), opts)

@@ -171,6 +171,7 @@ func (ex *exchange) takeOver(c net.Conn) (ok bool) {
 	ex.parking = true
 	ex.s.testPanic(stageHijack)
 	_ = ex.wd.commit(&ex.cw, ex.resumeFn)
+	ex.wd.watch(lc.sock.sysfd())
 	return true
 }
 

@@ -231,7 +231,8 @@ func TestConnectionBoundsCountParkedStreams(t *testing.T) {
 }
 
 // TestDrainEndsAParkedStreamOfFastTokens: a stream that parks every 10 ms, far more often than its watchdog
-// ticks, still gets the tick that ends it when the drain's time is up (the park must never postpone the tick).
+// would tick, is still ended when the drain's time is up: the drain aborts the streams whose client the parker
+// watches itself (watchedSet), since their watchdogs tick only for a ping or a deadline.
 func TestDrainEndsAParkedStreamOfFastTokens(t *testing.T) {
 	url := sseEngine(t, func(w io.Writer, r *http.Request) {
 		for range 1000 { // 10 s of tokens
@@ -243,7 +244,7 @@ func TestDrainEndsAParkedStreamOfFastTokens(t *testing.T) {
 		}
 		_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	})
-	gw := startGateway(t, snapshotOf(&routing.RoundRobin{}, 0, url), Options{PingInterval: 100 * time.Millisecond})
+	gw := startGateway(t, snapshotOf(&routing.RoundRobin{}, 0, url), Options{CheckInterval: 100 * time.Millisecond})
 	c := dialGateway(t, gw)
 	_, _ = io.WriteString(c, rawRequest(true, false))
 	rest := c.firstToken(t)
@@ -284,5 +285,109 @@ func TestPanicWhileTakingOverAStream(t *testing.T) {
 	_, _ = io.WriteString(c, rawRequest(true, true))
 	if code, body := c.response(t); code != 200 || !strings.HasSuffix(body, "data: [DONE]\n\n") {
 		t.Fatalf("the next stream: %d %q", code, body)
+	}
+}
+
+// TestClientCloseEndsAParkedStreamAtOnce: a hijacked stream learns that its client closed the connection from
+// the parker, not from a tick: with the ticks an hour apart, the engine's request is still cancelled at once,
+// and the stream's end is counted as the client's.
+func TestClientCloseEndsAParkedStreamAtOnce(t *testing.T) {
+	cancelled := make(chan struct{})
+	url := sseEngine(t, func(w io.Writer, r *http.Request) {
+		_, _ = io.WriteString(w, endToken)
+		select {
+		case <-r.Context().Done():
+			close(cancelled)
+		case <-time.After(30 * time.Second):
+		}
+	})
+	gw := startGateway(t, snapshotOf(&routing.RoundRobin{}, 0, url), Options{CheckInterval: time.Hour})
+	c := dialGateway(t, gw)
+	_, _ = io.WriteString(c, rawRequest(true, false))
+	c.firstToken(t)
+	waitFor(t, 5*time.Second, func() bool { return relayGoroutines() == 0 }) // parked
+	start := time.Now()
+	c.Close()
+	select {
+	case <-cancelled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the engine's request was not cancelled 10 s after its client closed the connection")
+	}
+	waitFor(t, 5*time.Second, func() bool { return endsOf(t, gw.reg, "b0", "client_gone") == 1 })
+	t.Logf("engine request cancelled %v after the client closed", time.Since(start))
+}
+
+// TestHalfCloseBehindAPipelinedRequest: a client that sends its next request during a stream and then closes
+// its side of the connection (a half-close) is still there: the parker reports the half-close, and the
+// watchdog, finding the client's bytes unread, lets the stream go on, then the next request is answered.
+func TestHalfCloseBehindAPipelinedRequest(t *testing.T) {
+	url, release := heldEngine(t)
+	gw := startGateway(t, snapshotOf(&routing.RoundRobin{}, 0, url), Options{CheckInterval: 50 * time.Millisecond})
+	c := dialGateway(t, gw)
+	_, _ = io.WriteString(c, rawRequest(true, false))
+	rest := c.firstToken(t)
+	_, _ = io.WriteString(c, rawRequest(false, true))
+	if err := c.Conn.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // the report, and several ticks that peek
+	release()
+	b, err := io.ReadAll(rest)
+	if err != nil || !strings.HasSuffix(string(b), "data: [DONE]\n\n") || strings.Count(string(b), `"content":"tok `) != 3 {
+		t.Fatalf("the stream after the half-close: %v %q", err, b)
+	}
+	if code, body := c.response(t); code != 200 || !strings.Contains(body, `"chat.completion"`) {
+		t.Fatalf("the pipelined request: %d %q", code, body)
+	}
+	if n := endsOf(t, gw.reg, "b0", "client_gone"); n != 0 {
+		t.Fatalf("%v streams ended as client_gone", n)
+	}
+}
+
+// TestKeepAlivePings: a stream silent for longer than KeepAliveInterval gets ": ping" comments, one per interval
+// of silence, and a stream whose events come closer together gets none, hijacked (HTTP/1.1) or not (HTTP/1.0).
+func TestKeepAlivePings(t *testing.T) {
+	url := sseEngine(t, func(w io.Writer, r *http.Request) {
+		_, _ = io.WriteString(w, endToken)
+		time.Sleep(450 * time.Millisecond) // four pings' worth of silence at 100 ms
+		tokens(w, 20, 20*time.Millisecond)
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	})
+	gw := startGateway(t, snapshotOf(&routing.RoundRobin{}, 0, url), Options{KeepAliveInterval: 100 * time.Millisecond})
+	for _, proto := range []string{"HTTP/1.1", "HTTP/1.0"} {
+		t.Run(proto, func(t *testing.T) {
+			c := dialGateway(t, gw)
+			_, _ = io.WriteString(c, strings.Replace(rawRequest(true, false), "HTTP/1.1", proto, 1))
+			resp, err := http.ReadResponse(c.br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := io.ReadAll(resp.Body)
+			if err != nil || !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
+				t.Fatalf("%v %q", err, b)
+			}
+			var pings []int // pings before each token
+			n := 0
+			for _, ev := range strings.Split(string(b), "\n\n") {
+				switch {
+				case strings.HasPrefix(ev, ": ping"):
+					n++
+				case strings.Contains(ev, `"content":"tok `):
+					pings = append(pings, n)
+					n = 0
+				}
+			}
+			if len(pings) != 21 {
+				t.Fatalf("%d tokens, want 21: %q", len(pings), b)
+			}
+			if pings[1] < 2 || pings[1] > 5 {
+				t.Errorf("%d pings in 450 ms of silence at a 100 ms keep-alive, want 2-5 (four on time)", pings[1])
+			}
+			for i, p := range pings[2:] {
+				if p != 0 {
+					t.Errorf("%d pings before token %d, 20 ms after the one before", p, i+2)
+				}
+			}
+		})
 	}
 }

@@ -19,14 +19,25 @@ import (
 // that parked it lets the connection go (unpark): the next park re-arms it with one epoll_ctl. The registry maps
 // a descriptor to the watchdog of the stream parked on it; a report for a descriptor with no entry (the stream
 // was woken by its deadline or an abort first) is dropped.
+//
+// A hijacked stream's client socket is in the set too, from the hijack to the stream's end (watch), for one
+// report of its close, reset or half-close (EPOLLRDHUP; not of readable bytes, which a pipelined request
+// brings): its watchdog aborts the stream then (clientClosed), so that no tick has to peek at the client.
 type parker struct {
 	epfd int
 	rc   syscall.RawConn
 
 	mu      sync.Mutex
-	waiting map[int32]*watchdog
+	waiting map[int32]parkEntry
 
 	events [128]syscall.EpollEvent // run's alone
+}
+
+// parkEntry is whom a descriptor's report is for: the stream parked on its engine socket, or the stream whose
+// client socket it is.
+type parkEntry struct {
+	wd     *watchdog
+	client bool
 }
 
 var (
@@ -61,7 +72,7 @@ func newParker() (*parker, error) {
 		_ = f.Close()
 		return nil, err
 	}
-	return &parker{epfd: fd, rc: rc, waiting: make(map[int32]*watchdog)}, nil
+	return &parker{epfd: fd, rc: rc, waiting: make(map[int32]parkEntry)}, nil
 }
 
 // run delivers readiness reports for as long as the process lives.
@@ -90,11 +101,15 @@ func (p *parker) drain(fd uintptr) bool {
 		for i := range n {
 			sock := p.events[i].Fd
 			p.mu.Lock()
-			wd := p.waiting[sock]
+			e := p.waiting[sock]
 			delete(p.waiting, sock)
 			p.mu.Unlock()
-			if wd != nil {
-				wd.wake()
+			switch {
+			case e.wd == nil:
+			case e.client:
+				e.wd.clientClosed()
+			default:
+				e.wd.wake()
 			}
 		}
 		if n < len(p.events) {
@@ -107,17 +122,28 @@ func (p *parker) drain(fd uintptr) bool {
 // the set the first time (added false), re-armed after. It returns false when epoll refused, and the caller
 // waits in its goroutine instead.
 func (p *parker) arm(fd int, added bool, wd *watchdog) bool {
-	key := int32(fd)
-	p.mu.Lock()
-	p.waiting[key] = wd
-	p.mu.Unlock()
-	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP | syscall.EPOLLONESHOT, Fd: key}
 	op := syscall.EPOLL_CTL_MOD
 	if !added {
 		op = syscall.EPOLL_CTL_ADD
 	}
+	return p.add(fd, op, syscall.EPOLLIN|syscall.EPOLLRDHUP|syscall.EPOLLONESHOT, parkEntry{wd: wd})
+}
+
+// watch adds a hijacked stream's client socket fd to the set, for one report of its close, reset or half-close,
+// for wd. It returns false when epoll refused. The stream's end takes it out again (remove).
+func (p *parker) watch(fd int, wd *watchdog) bool {
+	return p.add(fd, syscall.EPOLL_CTL_ADD, syscall.EPOLLRDHUP|syscall.EPOLLONESHOT, parkEntry{wd: wd, client: true})
+}
+
+// add records e for fd, then asks epoll (op) for events on it; on a refusal it forgets e.
+func (p *parker) add(fd, op int, events uint32, e parkEntry) bool {
+	key := int32(fd)
+	p.mu.Lock()
+	p.waiting[key] = e
+	p.mu.Unlock()
+	ev := syscall.EpollEvent{Events: events, Fd: key}
 	if epollCtl(p.epfd, op, fd, &ev) != 0 {
-		p.forget(key, wd)
+		p.forget(key, e.wd)
 		return false
 	}
 	return true
@@ -144,7 +170,7 @@ func (p *parker) remove(fd int) {
 // forget drops fd's entry if it is wd's.
 func (p *parker) forget(key int32, wd *watchdog) {
 	p.mu.Lock()
-	if p.waiting[key] == wd {
+	if p.waiting[key].wd == wd {
 		delete(p.waiting, key)
 	}
 	p.mu.Unlock()

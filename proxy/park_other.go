@@ -9,4 +9,6 @@ func getParker() *parker { return nil }
 
 func (p *parker) arm(fd int, added bool, wd *watchdog) bool { return false }
 
+func (p *parker) watch(fd int, wd *watchdog) bool { return false }
+
 func (p *parker) remove(fd int) {}

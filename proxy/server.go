@@ -56,10 +56,18 @@ type Options struct {
 	HeaderTimeout time.Duration
 	// IdleTimeout closes a client's keep-alive connection after this long without a request. Default 120 s.
 	IdleTimeout time.Duration
-	// PingInterval is how often a waiting or streaming request checks that its client is still there, and how
-	// long an upstream may be silent before the client gets a ": ping" SSE comment. Default 250 ms (a peek
-	// syscall per request per tick: negligible, and a vanished client is noticed well within a second).
-	PingInterval time.Duration
+	// CheckInterval is how often a request whose client the parker does not watch checks that its client is
+	// still there (a peek system call) and that the drain has not ended: one waiting for admission or its
+	// first token, or a stream that is not hijacked (HTTP/1.0, TLS). A hijacked stream's client connection is
+	// watched by the parker, which reports its close at once (docs/design.md, "Parked streams"). Default
+	// 250 ms: a vanished client is noticed, and its engine request cancelled, well within a second.
+	CheckInterval time.Duration
+	// KeepAliveInterval is how long a committed stream may be silent (its engine thinking, or a tool call
+	// being built) before the client gets a ": ping" SSE comment, so that proxies and load balancers between
+	// the client and the gateway do not take the connection for idle. Default 10 s: under the shortest idle
+	// bound common intermediaries apply by default (20 s), and a comment of 8 bytes per 10 s of silence costs
+	// nothing; a ping after every short silence would cost a system call per token gap.
+	KeepAliveInterval time.Duration
 	// Breakers tune every backend's circuit breaker.
 	Breakers BreakerSettings
 	// SharedBreakers, when set, shares breaker openings with the other replicas through Redis (start it after
@@ -106,8 +114,11 @@ func (o *Options) setDefaults() {
 	if o.IdleTimeout <= 0 {
 		o.IdleTimeout = 120 * time.Second
 	}
-	if o.PingInterval <= 0 {
-		o.PingInterval = 250 * time.Millisecond
+	if o.CheckInterval <= 0 {
+		o.CheckInterval = 250 * time.Millisecond
+	}
+	if o.KeepAliveInterval <= 0 {
+		o.KeepAliveInterval = 10 * time.Second
 	}
 	def := routing.Timeouts{Connect: 3 * time.Second, FirstByte: 60 * time.Second, Idle: 60 * time.Second, Total: 30 * time.Minute}
 	if o.Timeouts.Connect <= 0 {
@@ -170,6 +181,7 @@ type Server struct {
 	active       sync.WaitGroup
 	draining     atomic.Bool // set at Shutdown: /readyz fails, new requests are still served until the listener closes
 	drainExpired atomic.Bool // set when the drain timeout ends: in-flight requests are ended
+	watched      watchedSet  // the watchdogs of hijacked streams, whose client the parker watches (watchdog.go)
 
 	rings statusRings // the status page's charts and recent decisions (decisions.go, timeseries.go)
 }
@@ -292,6 +304,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 	}
 	s.drainExpired.Store(true)
+	s.watched.abortAll(errShutdown)
 	s.orphans.close(errShutdown)
 	s.closeQueues()
 	grace := s.clock.NewTimer(s.drainGrace())
@@ -318,9 +331,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 }
 
 // drainGrace is how long Shutdown waits, after the drain timeout, for the requests it ended to go: every
-// watchdog ticks within one PingInterval and then writes its error event and [DONE]; three ticks and a second
-// leave room for a slow client's last write (bounded by the write timeout) without holding a stop for long.
-func (s *Server) drainGrace() time.Duration { return 3*s.opts.PingInterval + time.Second }
+// watchdog ticks within one CheckInterval, or is aborted at once (a hijacked stream, watchdogs.abortAll), and
+// then writes its error event and [DONE]; three ticks and a second leave room for a slow client's last write
+// (bounded by the write timeout) without holding a stop for long.
+func (s *Server) drainGrace() time.Duration { return 3*s.opts.CheckInterval + time.Second }
 
 // timeouts returns the effective timeouts for a backend: its own, else the gateway's defaults.
 func (s *Server) timeouts(c *routing.BackendConfig) routing.Timeouts {
@@ -512,7 +526,7 @@ func (s *Server) serveExchange(ctx *fasthttp.RequestCtx, ex *exchange, rt *route
 		err = ex.route(&ctx.Request.Header)
 	}
 	if err == nil {
-		ex.wd = newWatchdog(s, ex.client, s.opts.PingInterval)
+		ex.wd = newWatchdog(s, ex.client)
 		s.retries.Begin()
 		ex.budgeted = true
 		if err = ex.admit(&ctx.Request.Header); err == nil {

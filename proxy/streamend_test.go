@@ -244,7 +244,7 @@ func TestStreamEndCauses(t *testing.T) {
 			t.Parallel()
 			var access, logs syncBuffer
 			opts := tc.opts
-			opts.PingInterval = 50 * time.Millisecond
+			opts.CheckInterval = 50 * time.Millisecond
 			opts.AccessLog = slog.New(slog.NewJSONHandler(&access, nil))
 			opts.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
 			gw := startGatewayOn(t, snapshotOf(&routing.RoundRobin{}, 0, sseEngine(t, tc.engine)), opts, tc.name == "client write timeout")

@@ -14,19 +14,26 @@ import (
 )
 
 // watchdog runs beside an exchange while it waits for admission, waits on backends, or relays a stream: every
-// tick it checks that the client is still there and that the gateway is not past its drain deadline, and, once
-// a stream is committed, sends a ": ping" comment when the upstream has been silent. It aborts the exchange by
-// moving every live attempt's read deadline to the past (and cancelling a queue wait). It also serialises writes
-// to the client (mu), since pings and events go to the same connection.
+// tick (CheckInterval) it checks that the client is still there and that the gateway is not past its drain
+// deadline, and, once a stream is committed, sends a ": ping" comment when the stream has been silent for
+// KeepAliveInterval. It aborts the exchange by moving every live attempt's read deadline to the past (and
+// cancelling a queue wait). It also serialises writes to the client (mu), since pings and events go to the same
+// connection.
+//
+// A hijacked stream's watchdog hands the client's liveness to the parker (watch): the client's close is
+// reported at once instead of found by a peek, the drain aborts the stream through the server's set of watched
+// watchdogs, and the ticks come only when a ping or a parked read's deadline is due. An open stream then costs
+// no system call and no timer between its events (docs/design.md, "Parked streams").
 //
 // It is allocated per request and never reused, so that a tick that fires while the exchange is released, or a
 // hedged attempt that outlives its exchange, finds a watchdog that is simply done, never another request. Its
 // timer is reused (wdTimer), under the rule that makes that safe.
 type watchdog struct {
-	s        *Server
-	client   net.Conn
-	interval time.Duration
-	why      atomic.Pointer[error]
+	s         *Server
+	client    net.Conn
+	interval  time.Duration // between the ticks that peek (Options.CheckInterval)
+	keepalive time.Duration // the silence before a ping (Options.KeepAliveInterval)
+	why       atomic.Pointer[error]
 
 	mu        sync.Mutex
 	t         *wdTimer // nil once stopped
@@ -36,6 +43,10 @@ type watchdog struct {
 	w         io.Writer          // the client's body writer once the stream is committed
 	lastWrite time.Time
 	nextTick  time.Time // when the timer fires next; zero before the first tick (within interval of the start)
+
+	// The client's connection watched by the parker (watch).
+	watchFd  int  // its descriptor plus one while it is in the parker's set; 0: never added
+	watching bool // the parker reports its close: the ticks do not peek
 
 	// A parked stream (hijack.go) waits for its engine without a goroutine: the parker or the timer wakes it
 	// (wakeLocked), at the first of the engine's socket becoming readable, the read's deadline, or an abort.
@@ -67,13 +78,13 @@ func (wt *wdTimer) fire() {
 	}
 }
 
-func newWatchdog(s *Server, client net.Conn, interval time.Duration) *watchdog {
-	wd := &watchdog{s: s, client: client, interval: interval}
+func newWatchdog(s *Server, client net.Conn) *watchdog {
+	wd := &watchdog{s: s, client: client, interval: s.opts.CheckInterval, keepalive: s.opts.KeepAliveInterval}
 	wt := wdTimers.Get().(*wdTimer)
 	wt.wd.Store(wd)
 	wd.mu.Lock() // the first tick must see wd.t
 	wd.t = wt
-	wt.t.Reset(interval)
+	wt.t.Reset(wd.interval)
 	wd.mu.Unlock()
 	return wd
 }
@@ -89,10 +100,18 @@ func (wd *watchdog) stop() {
 	wd.parked, wd.resume = false, nil
 	wd.live = [2]*attempt{}
 	wd.cancelQ = nil
+	fd := wd.watchFd
+	wd.watchFd, wd.watching = 0, false
 	wd.mu.Unlock()
 	if wt != nil && wt.t.Stop() {
 		wt.wd.Store(nil)
 		wdTimers.Put(wt)
+	}
+	if fd != 0 {
+		// Before the connection is served on or closed (the stream's end stops its watchdog first): a report
+		// never reaches a stream that no longer owns the socket, and a later stream on it adds it again.
+		getParker().remove(fd - 1)
+		wd.s.watched.remove(wd)
 	}
 }
 
@@ -109,15 +128,22 @@ func (wd *watchdog) tick() {
 	switch {
 	case wd.s.drainExpired.Load():
 		wd.abortLocked(errShutdown)
-	case wd.client != nil && clientGone(wd.client):
+	case !wd.watching && wd.client != nil && clientGone(wd.client):
 		wd.abortLocked(errClientGone)
-	case wd.w != nil && time.Since(wd.lastWrite) >= wd.interval:
+	case wd.w != nil && now.Sub(wd.lastWrite) >= wd.keepalive:
 		if err := wd.writeLocked(openai.Ping); err != nil {
 			// errClientGone or errClientSlow: the upstream read the abort unblocks reports it, not a timeout.
 			wd.abortLocked(err)
 		}
 	}
 	next := wd.interval
+	if wd.w != nil {
+		// The next ping is due then. A watched stream needs no other tick; one that is not ticks at least every
+		// interval to peek. (Not due, with an abort taking this tick instead of a ping: every interval.)
+		if d := wd.keepalive - time.Since(wd.lastWrite); d > 0 && (wd.watching || d < next) {
+			next = d
+		}
+	}
 	if wd.parked && !wd.deadline.IsZero() {
 		next = min(next, max(wd.deadline.Sub(now), 0))
 	}
@@ -155,6 +181,89 @@ func (wd *watchdog) park(c *upConn, deadline time.Time) bool {
 		wd.t.t.Reset(max(time.Until(deadline), 0))
 	}
 	return true
+}
+
+// watch hands the client connection's liveness to the parker, for a hijacked stream whose socket is fd
+// (watchdog). Without a parker, or when epoll refuses the socket, the ticks go on peeking.
+func (wd *watchdog) watch(fd int) {
+	p := getParker()
+	if p == nil || fd < 0 {
+		return
+	}
+	wd.mu.Lock()
+	if wd.done || !p.watch(fd, wd) {
+		wd.mu.Unlock()
+		return
+	}
+	wd.watchFd, wd.watching = fd+1, true
+	wd.mu.Unlock()
+	wd.s.watched.add(wd)
+	// A drain that ended before the add did not find this watchdog (watchedSet.abortAll): it aborts itself.
+	if wd.s.drainExpired.Load() {
+		wd.mu.Lock()
+		if !wd.done {
+			wd.abortLocked(errShutdown)
+		}
+		wd.mu.Unlock()
+	}
+}
+
+// clientClosed is the parker's report that the client's connection was closed, reset or half-closed. The
+// exchange is aborted as a peek that found the client gone would abort it; a half-close behind bytes the client
+// sent (a pipelined request) is not a client gone, so then the ticks peek again from the next one on, as for
+// a stream that is not watched.
+func (wd *watchdog) clientClosed() {
+	wd.mu.Lock()
+	defer wd.mu.Unlock()
+	if wd.done || !wd.watching {
+		return
+	}
+	wd.watching = false
+	if clientGone(wd.client) {
+		wd.abortLocked(errClientGone)
+		return
+	}
+	wd.nextTick = time.Now().Add(wd.interval)
+	wd.t.t.Reset(wd.interval)
+}
+
+// watchedSet holds the watchdogs of the streams whose client the parker watches: their ticks are as sparse as
+// the keep-alive, so the drain's end aborts them itself (abortAll) instead of waiting for a tick.
+type watchedSet struct {
+	mu sync.Mutex
+	m  map[*watchdog]struct{}
+}
+
+func (ws *watchedSet) add(wd *watchdog) {
+	ws.mu.Lock()
+	if ws.m == nil {
+		ws.m = make(map[*watchdog]struct{})
+	}
+	ws.m[wd] = struct{}{}
+	ws.mu.Unlock()
+}
+
+func (ws *watchedSet) remove(wd *watchdog) {
+	ws.mu.Lock()
+	delete(ws.m, wd)
+	ws.mu.Unlock()
+}
+
+// abortAll aborts every watched stream with why.
+func (ws *watchedSet) abortAll(why error) {
+	ws.mu.Lock()
+	all := make([]*watchdog, 0, len(ws.m))
+	for wd := range ws.m {
+		all = append(all, wd)
+	}
+	ws.mu.Unlock()
+	for _, wd := range all {
+		wd.mu.Lock()
+		if !wd.done {
+			wd.abortLocked(why)
+		}
+		wd.mu.Unlock()
+	}
 }
 
 // wake resumes a parked stream (the parker: its engine's socket is readable); a stream that is not parked is
