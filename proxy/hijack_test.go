@@ -344,50 +344,54 @@ func TestHalfCloseBehindAPipelinedRequest(t *testing.T) {
 	}
 }
 
-// TestKeepAlivePings: a stream silent for longer than KeepAliveInterval gets ": ping" comments, one per interval
-// of silence, and a stream whose events come closer together gets none, hijacked (HTTP/1.1) or not (HTTP/1.0).
+// TestKeepAlivePings: a stream silent for longer than KeepAliveInterval gets ": ping" comments, about one per
+// interval of silence, and none for a shorter silence (before 2026-12-06 every silence of 250 ms got one: a
+// write per token gap of a slow stream), hijacked (HTTP/1.1) or not (HTTP/1.0).
 func TestKeepAlivePings(t *testing.T) {
 	url := sseEngine(t, func(w io.Writer, r *http.Request) {
 		_, _ = io.WriteString(w, endToken)
 		time.Sleep(450 * time.Millisecond) // four pings' worth of silence at 100 ms
-		tokens(w, 20, 20*time.Millisecond)
+		tokens(w, 2, 0)
 		_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	})
-	gw := startGateway(t, snapshotOf(&routing.RoundRobin{}, 0, url), Options{KeepAliveInterval: 100 * time.Millisecond})
-	for _, proto := range []string{"HTTP/1.1", "HTTP/1.0"} {
-		t.Run(proto, func(t *testing.T) {
-			c := dialGateway(t, gw)
-			_, _ = io.WriteString(c, strings.Replace(rawRequest(true, false), "HTTP/1.1", proto, 1))
-			resp, err := http.ReadResponse(c.br, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, err := io.ReadAll(resp.Body)
-			if err != nil || !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
-				t.Fatalf("%v %q", err, b)
-			}
-			var pings []int // pings before each token
-			n := 0
-			for _, ev := range strings.Split(string(b), "\n\n") {
-				switch {
-				case strings.HasPrefix(ev, ": ping"):
-					n++
-				case strings.Contains(ev, `"content":"tok `):
-					pings = append(pings, n)
-					n = 0
+	for _, tc := range []struct {
+		keepalive time.Duration
+		min, max  int
+	}{
+		{100 * time.Millisecond, 2, 5},
+		{0, 0, 0}, // the default, 10 s
+	} {
+		gw := startGateway(t, snapshotOf(&routing.RoundRobin{}, 0, url), Options{KeepAliveInterval: tc.keepalive})
+		for _, proto := range []string{"HTTP/1.1", "HTTP/1.0"} {
+			t.Run(fmt.Sprintf("%v/%s", tc.keepalive, proto), func(t *testing.T) {
+				c := dialGateway(t, gw)
+				_, _ = io.WriteString(c, strings.Replace(rawRequest(true, false), "HTTP/1.1", proto, 1))
+				resp, err := http.ReadResponse(c.br, nil)
+				if err != nil {
+					t.Fatal(err)
 				}
-			}
-			if len(pings) != 21 {
-				t.Fatalf("%d tokens, want 21: %q", len(pings), b)
-			}
-			if pings[1] < 2 || pings[1] > 5 {
-				t.Errorf("%d pings in 450 ms of silence at a 100 ms keep-alive, want 2-5 (four on time)", pings[1])
-			}
-			for i, p := range pings[2:] {
-				if p != 0 {
-					t.Errorf("%d pings before token %d, 20 ms after the one before", p, i+2)
+				b, err := io.ReadAll(resp.Body)
+				if err != nil || !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
+					t.Fatalf("%v %q", err, b)
 				}
-			}
-		})
+				var pings []int // pings before each token
+				n := 0
+				for _, ev := range strings.Split(string(b), "\n\n") {
+					switch {
+					case strings.HasPrefix(ev, ": ping"):
+						n++
+					case strings.Contains(ev, `"content":"tok `):
+						pings = append(pings, n)
+						n = 0
+					}
+				}
+				if len(pings) != 3 || pings[0] != 0 || pings[2] != 0 || n != 0 {
+					t.Fatalf("pings before each token %v, and %d after: %q", pings, n, b)
+				}
+				if pings[1] < tc.min || pings[1] > tc.max {
+					t.Errorf("%d pings in 450 ms of silence, want %d-%d", pings[1], tc.min, tc.max)
+				}
+			})
+		}
 	}
 }
