@@ -200,12 +200,17 @@ func (wd *watchdog) watch(fd int) {
 	wd.s.watched.add(wd)
 	// A drain that ended before the add did not find this watchdog (watchedSet.abortAll): it aborts itself.
 	if wd.s.drainExpired.Load() {
-		wd.mu.Lock()
-		if !wd.done {
-			wd.abortLocked(errShutdown)
-		}
-		wd.mu.Unlock()
+		wd.abort(errShutdown)
 	}
+}
+
+// abort aborts the exchange (abortLocked) unless the watchdog is done.
+func (wd *watchdog) abort(why error) {
+	wd.mu.Lock()
+	if !wd.done {
+		wd.abortLocked(why)
+	}
+	wd.mu.Unlock()
 }
 
 // clientClosed is the parker's report that the client's connection was closed, reset or half-closed. The
@@ -258,11 +263,7 @@ func (ws *watchedSet) abortAll(why error) {
 	}
 	ws.mu.Unlock()
 	for _, wd := range all {
-		wd.mu.Lock()
-		if !wd.done {
-			wd.abortLocked(why)
-		}
-		wd.mu.Unlock()
+		wd.abort(why)
 	}
 }
 
