@@ -140,7 +140,7 @@ func (wd *watchdog) tick() {
 	if wd.w != nil {
 		// The next ping is due then. A watched stream needs no other tick; one that is not ticks at least every
 		// interval to peek. (Not due, with an abort taking this tick instead of a ping: every interval.)
-		if d := wd.keepalive - time.Since(wd.lastWrite); d > 0 && (wd.watching || d < next) {
+		if d := wd.keepalive - now.Sub(wd.lastWrite); d > 0 && (wd.watching || d < next) {
 			next = d
 		}
 	}
