@@ -12,9 +12,9 @@ import (
 
 // Panics on the request path. A panic in one exchange must never take the process down: every goroutine that
 // runs request code (the handler, the relay fasthttp calls after it, a hijacked stream's goroutines, a hedged
-// attempt's goroutine, the queue's dispatch) recovers it, logs it with its stack, counts it in switchyard_panics_total{stage}, and ends that one
-// request with an error: 500 before the response started, an SSE error event and [DONE] once it streams. The
-// connection stays usable. An exchange that panicked is not returned to the pool, since its state may be
+// attempt's goroutine, the queue's dispatch) recovers it, logs it with its stack, counts it in
+// switchyard_panics_total{stage}, and ends that one request with an error: 500 before the response started, an
+// SSE error event and [DONE] once it streams. The connection stays usable. An exchange that panicked is not returned to the pool, since its state may be
 // inconsistent; what it held (the attempt's slots, the quota reservation, the retry budget) is given back on a
 // best-effort basis, itself guarded against a second panic.
 
