@@ -27,8 +27,10 @@ type Engine struct {
 	// metrics server listens on 8002 by default). Default 0: the URL's port; 0..65535.
 	MetricsPort int `yaml:"metrics_port"`
 	// IdleProbes allows the gateway to send a backend that has been idle for 2 s a one-token completion, to
-	// learn that it recovered from a slowdown. Set it to false for hosted APIs that bill per request. Default:
-	// true for an engine that is scraped, false for one that is not (or the built-in's).
+	// learn that it recovered from a slowdown, and, when its engine states no seats, a few short rounds of its
+	// own streamed completions at its first scrapes to measure them (the seat probe, docs/design.md). Set it
+	// to false for hosted APIs that bill per request. Default: true for an engine that is scraped, false for
+	// one that is not (or the built-in's).
 	IdleProbes *bool `yaml:"idle_probes"`
 	// Priority says how the engine schedules by a request's "priority" field, so that the gateway sends each
 	// request's class there: low_first (vLLM started with --scheduling-policy priority), high_first (SGLang

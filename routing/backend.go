@@ -159,6 +159,7 @@ type Backend struct {
 	hold      holdTime  // how long a request holds a seat on b (its prefill alone, then its decode)
 	fleetHold *holdTime // the same over every backend of b's Registry (nil outside one): b's until its own
 	meter     atomic.Pointer[seatMeterRef]
+	seatProbe atomic.Pointer[SeatProbe] // what the Monitor's seat probe found (seatprobe.go)
 	peers     *seatPeers                // the Registry's peer groups (nil outside one): seats from peers
 	group     atomic.Pointer[seatGroup] // b's peer group, set at its first scrape
 	hitScale  afloat                    // EWMA of (cached tokens the engine reported / cached tokens predicted), in [0, 1]
@@ -370,7 +371,8 @@ func (b *Backend) seatsOf(e *EngineStats, cfg *BackendConfig) (seats float64, ex
 }
 
 // ownSeats returns what b knows of its own seats: its engine's figure as last scraped (e, may be nil), else the
-// policy's max_num_seqs, else the figure its SeatMeter measured (exact false: only a lower bound). 0 when none.
+// policy's max_num_seqs, else the figure its SeatMeter measured (exact false: only a lower bound), which takes
+// the seat probe's figure as its own; without a SeatMeter, the seat probe's. 0 when none.
 func (b *Backend) ownSeats(e *EngineStats, cfg *BackendConfig) (seats float64, exact bool) {
 	if e != nil && e.Has&HasMaxSeqs != 0 && e.MaxSeqs > 0 {
 		return e.MaxSeqs, true
@@ -382,7 +384,8 @@ func (b *Backend) ownSeats(e *EngineStats, cfg *BackendConfig) (seats float64, e
 		n, exact := r.m.MeasuredSeats()
 		return float64(max(n, 0)), exact
 	}
-	return 0, false
+	n, exact, _ := b.ProbedSeats()
+	return float64(n), exact
 }
 
 // seatsNow returns the seats to judge b's batch by at this instant: the exact figure (seatsOf); else, while a

@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -237,6 +236,9 @@ func (m *Monitor) run(ctx context.Context, b *Backend) {
 			if ctx.Err() != nil {
 				return
 			}
+			if err == nil && s.seatProbeDue(m.opts.Clock.Now()) {
+				s.startSeatProbe(ctx)
+			}
 			if m.opts.OnScrape != nil {
 				m.opts.OnScrape(b, err)
 			}
@@ -283,6 +285,12 @@ type scraper struct {
 	infoGen   uint64     // bumped by a restart: a read started before it is dropped
 	infoBusy  atomic.Bool
 	infoDone  atomic.Pointer[infoRead] // a finished read, for the scraping goroutine to take
+
+	seatBusy   atomic.Bool                 // a seat probe runs (seatprobe.go)
+	seatDone   atomic.Pointer[seatOutcome] // how the last one ended, for the scraping goroutine to take
+	seatsKnown bool                        // a probe of this engine process found what it can (or was refused)
+	seatFails  int                         // probes that found nothing, in a row
+	seatNext   time.Time                   // no probe before this, on the Monitor's clock
 }
 
 // client returns the HTTP client for the backend's current configuration: the Monitor's, or one that trusts
@@ -326,6 +334,7 @@ func (s *scraper) scrape(ctx context.Context) error {
 		if o := b.prefixOwner(); o != nil {
 			o.Clear()
 		}
+		s.seatsKnown, s.seatFails, s.seatNext = false, 0, time.Time{} // another process: its seats may differ
 	} else if p := s.last; p != nil && p.Has&st.Has&HasPreemptions != 0 && st.Preemptions > p.Preemptions {
 		// Preemptions mean the KV cache ran out: the engine is evicting cached prefixes faster than the index
 		// assumes. Shrink the share of its capacity the index may count on (routing.md 4.4, eviction-pressure
@@ -368,7 +377,10 @@ func (s *scraper) restarted(st *EngineStats, now time.Time) bool {
 	return false
 }
 
-func (s *scraper) fetch(ctx context.Context) (*EngineStats, error) {
+func (s *scraper) fetch(ctx context.Context) (*EngineStats, error) { return s.fetchWith(ctx, s.br) }
+
+// fetchWith scrapes the engine's metrics once, reading through br (a seat probe's own, or the scraper's).
+func (s *scraper) fetchWith(ctx context.Context, br *bufio.Reader) (*EngineStats, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.m.opts.Timeout)
 	defer cancel()
 	cfg := s.b.Config()
@@ -389,10 +401,11 @@ func (s *scraper) fetch(ctx context.Context) (*EngineStats, error) {
 		return nil, fmt.Errorf("scrape %s: status %d", s.b.Name(), resp.StatusCode)
 	}
 	st := &EngineStats{}
-	if err := spec.ParseMetrics(resp.Body, s.br, st); err != nil {
+	err = spec.ParseMetrics(resp.Body, br, st)
+	br.Reset(nil) // do not keep the body reachable
+	if err != nil {
 		return nil, fmt.Errorf("scrape %s: %w", s.b.Name(), err)
 	}
-	s.br.Reset(nil) // do not keep the body reachable
 	return st, nil
 }
 
@@ -471,16 +484,10 @@ func (s *scraper) idleProbe(ctx context.Context, cl *http.Client) {
 	ctx, cancel := context.WithTimeout(ctx, idleProbeTimeout)
 	defer cancel()
 	body := `{"model":` + strconv.Quote(cfg.Models[0]) + `,"prompt":"ping","max_tokens":1,"stream":false}`
-	u := cfg.URL + string(cfg.Path.AppendPath(nil, []byte("/v1/completions"), cfg.Models[0]))
-	if cfg.Query != "" {
-		u += "?" + cfg.Query
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, strings.NewReader(body))
+	req, err := completionRequest(ctx, cfg, body)
 	if err != nil {
 		return
 	}
-	setUpstreamHeaders(req.Header, cfg)
-	req.Header.Set("Content-Type", "application/json")
 	l := b.loadAt(b.clock.Now())
 	a := Attempt{b: b, uncached: 1, queued: l.queuedTok, runAt0: l.running, rtt: b.rtt(), seatWait: l.seatWait}
 	a.predTTFT = b.lat.ttftMean(a.uncached, a.queued, a.runAt0)

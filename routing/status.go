@@ -93,6 +93,9 @@ type BackendStatus struct {
 	PeerGroup string `json:"peer_group,omitempty"`
 	PeerSeats int    `json:"peer_seats"`
 	PeerFloor int    `json:"peer_floor"`
+	// SeatProbe is what the Monitor's seat probe found of an engine that states no seats (seatprobe.go), nil
+	// before one ended.
+	SeatProbe *SeatProbe `json:"seat_probe,omitempty"`
 }
 
 // statusPromptTokens is the "short prompt" of BackendStatus.TTFTms.
@@ -144,5 +147,9 @@ func (b *Backend) Status() BackendStatus {
 	s.TTFTModel, s.ITLModel = b.lat.status()
 	s.QueuedTokens, s.HitScale = l.queuedTok, b.hitScale.load()
 	s.SpecShare, s.SpecObserved = b.specShareNow(), b.spec.n.Load()
+	if p := b.seatProbe.Load(); p != nil {
+		cp := *p
+		s.SeatProbe = &cp
+	}
 	return s
 }
