@@ -117,6 +117,7 @@ type Cap struct {
 	batchSeen atomic.Bool  // a scrape exported the engine's batch and queue (provisional seats apply)
 	engine    atomic.Pointer[engineRef]
 	scrapeAt  atomic.Int64 // UnixNano of the last scrape the cap consumed (engineRef)
+	probedAt  atomic.Int64 // UnixNano of the end of the last seat probe the cap took (ProbedEngine)
 	idle      atomic.Bool  // that scrape showed nothing waiting
 	sole      atomic.Bool  // the only backend of every model it serves (CapConfig.Sole)
 	crept     atomic.Int64 // scrapeAt of the last request let past the fleet's reserve below the proven batch (Probe)

@@ -24,6 +24,16 @@ type PeerEngine interface {
 	PeerSeats() (seats, floor int)
 }
 
+// ProbedEngine is an Engine whose seats a burst of the gateway's own requests measured before any load showed
+// them (routing.Backend: the Monitor's seat probe, routing/seatprobe.go). A cap that knows no seats takes the
+// probe's figure as its own measure (adoptProbe).
+type ProbedEngine interface {
+	Engine
+	// ProbedSeats returns what the last seat probe found: seats, the engine's batch limit when exact, else a
+	// lower bound (the most it ran with nothing of the probe waiting); at, when the probe ended (zero: none).
+	ProbedSeats() (seats int, exact bool, at time.Time)
+}
+
 // engineRef boxes an Engine for an atomic.Pointer.
 type engineRef struct{ e Engine }
 
@@ -39,7 +49,8 @@ const (
 	SeatsEngine
 	// SeatsPolicy: the policy states it (backends[].max_num_seqs). Exact if the operator is right.
 	SeatsPolicy
-	// SeatsQueue: measured, the engine's running count while it kept requests waiting (Cap.ObserveScrape).
+	// SeatsQueue: measured, the engine's running count while it kept requests waiting (Cap.ObserveScrape),
+	// its own traffic's or a seat probe's (ProbedEngine).
 	SeatsQueue
 	// SeatsFloor: a lower bound, the largest batch the engine ever ran (Cap.ObserveBatch).
 	SeatsFloor
@@ -149,8 +160,54 @@ func (c *Cap) poll() {
 	}
 	c.refuseAt.Store(int64(max(r.e.EngineCeiling(), 0)))
 	c.ObserveBatch(maxSeqs, running, waiting)
+	if pe, ok := r.e.(ProbedEngine); ok {
+		if seats, exact, at := pe.ProbedSeats(); !at.IsZero() && c.probedAt.Swap(at.UnixNano()) != at.UnixNano() {
+			c.adoptProbe(seats, exact)
+		}
+	}
 	if pe, ok := r.e.(PeerEngine); ok {
 		c.adoptPeers(pe.PeerSeats())
+	}
+}
+
+// adoptProbe takes what a seat probe found (ProbedEngine), once per probe: the batch it ran is a lower bound
+// of the seats (the floor), and an exact figure is the cap's own measure, as a queue of its own traffic would
+// have shown it (SeatsQueue), with the limit moved to it as stated seats move it. Seats stated by the engine or
+// the policy win, as over any measure.
+func (c *Cap) adoptProbe(seats int, exact bool) {
+	if seats <= 0 || !c.Adaptive() {
+		return
+	}
+	c.raiseFloor(int64(seats))
+	if c.stated.Load() > 0 {
+		return
+	}
+	if !exact {
+		// The provisional seats start at the batch it ran, and the limit with them (as a peer's batch does).
+		p := float64(seats + probeMargin(seats))
+		c.set(c.limit.update(func(l float64) float64 { return max(l, min(p, maxProbeLimit)) }))
+		return
+	}
+	c.seats.Store(int64(seats))
+	c.fromPeers.Store(false)
+	c.seatsAge.Store(0)
+	c.seatsLow.Store(0)
+	c.queued.Store(0)
+	tw := float64(c.p.TargetWaiting)
+	c.set(c.limit.update(func(l float64) float64 { return max(l, float64(seats)+tw) }))
+}
+
+// raiseFloor raises the largest batch the engine ran (the floor) to n, and reports whether it was higher
+// than a batch proven before (not the first figure).
+func (c *Cap) raiseFloor(n int64) (grew bool) {
+	for {
+		f := c.floor.Load()
+		if n <= f {
+			return false
+		}
+		if c.floor.CompareAndSwap(f, n) {
+			return f > 0
+		}
 	}
 }
 
@@ -235,17 +292,7 @@ func (c *Cap) ObserveBatch(maxSeqs, running, waiting int) {
 	// Whatever the engine ran at once it has seats for, queue or not: the floor is the most it ever ran. A
 	// floor raised only by scrapes without a queue stood still at 8 through a burst of 200 requests/s, whose
 	// arrivals between two steps had some waiting at nearly every scrape.
-	grew := false
-	for {
-		f := c.floor.Load()
-		if int64(running) <= f {
-			break
-		}
-		if c.floor.CompareAndSwap(f, int64(running)) {
-			grew = f > 0 // past a batch proven before, not the first figure
-			break
-		}
-	}
+	grew := c.raiseFloor(int64(running))
 	switch f := c.floor.Load(); {
 	case waiting == 0 || grew:
 		c.queued.Store(0)

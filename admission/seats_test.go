@@ -618,3 +618,86 @@ func TestSeatsProbeFromPeersBatch(t *testing.T) {
 		t.Errorf("limit %d once the peers' batch grew to 20, want %d", got, want)
 	}
 }
+
+// probedEngine is a fakeEngine with a seat probe's result (ProbedEngine).
+type probedEngine struct {
+	*fakeEngine
+	seats int
+	exact bool
+	at    time.Time
+}
+
+func (e *probedEngine) ProbedSeats() (int, bool, time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.seats, e.exact, e.at
+}
+
+func (e *probedEngine) probed(seats int, exact bool) {
+	e.mu.Lock()
+	e.seats, e.exact, e.at = seats, exact, e.clock.Now()
+	e.mu.Unlock()
+}
+
+// TestSeatsFromAProbe: a seat probe's exact figure is the cap's own measure from the next scrape on (the seats a
+// critical request may fill, the limit, what routing is told), a lower bound raises the provisional seats
+// instead, and a stated figure wins over both.
+func TestSeatsFromAProbe(t *testing.T) {
+	newCap := func(policy int) (*Cap, *probedEngine) {
+		e := &probedEngine{fakeEngine: &fakeEngine{clock: newFakeClock(), running: -1, waiting: -1}}
+		cs := NewCaps(CapParams{}, nil)
+		cs.Update([]CapConfig{{Name: "b", MaxNumSeqs: policy, Engine: e}})
+		return cs.Get("b"), e
+	}
+	t.Run("exact", func(t *testing.T) {
+		c, e := newCap(0)
+		e.scrape(0, 0, 0)
+		if n, from := c.SeatsSource(); n != 0 || from != SeatsUnknown {
+			t.Fatalf("before the probe: %d, %v", n, from)
+		}
+		e.probed(40, true)
+		e.scrape(0, 2, 0)
+		if n, from := c.SeatsSource(); n != 40 || from != SeatsQueue {
+			t.Fatalf("after the probe: SeatsSource = %d, %v; want 40, queue", n, from)
+		}
+		if n, exact := c.MeasuredSeats(); n != 40 || !exact {
+			t.Errorf("MeasuredSeats = %d, %v; want 40, exact", n, exact)
+		}
+		if lc, ls, l := c.LimitFor(Critical, true), c.LimitFor(Standard, true), c.Limit(); lc != 40 || ls != 40 || l < 40 {
+			t.Errorf("critical may fill %d, standard %d, limit %d; want 40, 40 and at least 40", lc, ls, l)
+		}
+		if f, known := c.Free(); f != 40 || !known {
+			t.Errorf("Free = %d, %v; want 40 known", f, known)
+		}
+		// The same probe is taken once: a measure the cap makes later stands.
+		c.ObserveScrape(time.Second, 3, 36)
+		c.ObserveScrape(time.Second, 3, 36)
+		for range seatsLowEvidence {
+			c.ObserveScrape(time.Second, 3, 36)
+		}
+		e.scrape(0, 36, 3)
+		if n, _ := c.SeatsSource(); n != 36 {
+			t.Errorf("after a queue at 36 and a scrape with the old probe: %d seats, want 36", n)
+		}
+	})
+	t.Run("lower bound", func(t *testing.T) {
+		c, e := newCap(0)
+		e.scrape(0, 0, 0)
+		e.probed(1024, false)
+		e.scrape(0, 0, 0)
+		if n, from := c.SeatsSource(); n != 1024 || from != SeatsFloor {
+			t.Fatalf("SeatsSource = %d, %v; want 1024, probe", n, from)
+		}
+		if lc, ls := c.LimitFor(Critical, true), c.LimitFor(Standard, true); lc != 1024 || ls != 1024+1024/probeShare {
+			t.Errorf("critical may fill %d, standard %d; want the 1024 ran and a probe past them", lc, ls)
+		}
+	})
+	t.Run("stated wins", func(t *testing.T) {
+		c, e := newCap(16)
+		e.probed(40, true)
+		e.scrape(0, 0, 0)
+		if n, from := c.SeatsSource(); n != 16 || from != SeatsPolicy {
+			t.Errorf("SeatsSource = %d, %v; want the policy's 16", n, from)
+		}
+	})
+}

@@ -41,7 +41,8 @@ type SeatsStatus struct {
 	// unknown.
 	From string `json:"from"`
 	// Via says, for seats from the engine, where it stated them: metrics, or its info document's path
-	// (/get_server_info, /info).
+	// (/get_server_info, /info); seat_probe for a figure the Monitor's seat probe measured (queue) or found a
+	// lower bound of (probe) before any load showed it (routing/seatprobe.go).
 	Via string `json:"via,omitempty"`
 	// Sure is stated (engine, policy), measured (queue), at_least (probe) or none.
 	Sure string `json:"sure"`
@@ -130,6 +131,10 @@ func (a *Admin) Backends() []BackendStatus {
 			}
 			if e := b.Engine(); from == admission.SeatsEngine && e != nil {
 				st.Seats.Via = e.MaxSeqsFrom
+			}
+			if p, exact, at := b.ProbedSeats(); !at.IsZero() && p == n &&
+				(from == admission.SeatsQueue && exact || from == admission.SeatsFloor && !exact) {
+				st.Seats.Via = "seat_probe"
 			}
 		} else {
 			st.Seats = SeatsStatus{From: admission.SeatsUnknown.String(), Sure: admission.SeatsUnknown.Sure()}

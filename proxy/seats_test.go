@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -138,4 +139,77 @@ func TestCriticalPassesTheProbeOnASoleEngine(t *testing.T) {
 			"sent (%d in flight on 64 seats): it waited behind them", c.Inflight())
 	}
 	wg.Wait()
+}
+
+// TestSeatProbeBeforeAnyLoad: a fresh gateway in front of engines that state no seats (vLLM's dialect) knows
+// them before the first request, measured by the Monitor's seat probe through real HTTP to the simulators, and
+// leaves nothing of the probe running or waiting there. The engines are two replicas of one deployment so that
+// their peer group does not stand in for a measure. Without the probe (idle_probes off) the gateway knows
+// nothing until load shows it, the control that says where the figure came from.
+func TestSeatProbeBeforeAnyLoad(t *testing.T) {
+	t.Parallel()
+	for _, probe := range []bool{true, false} {
+		t.Run(fmt.Sprintf("probe=%v", probe), func(t *testing.T) {
+			t.Parallel()
+			var urls []string
+			var sims []*sim.Backend
+			for i, seats := range []int{24, 6} {
+				be := startSim(t, fmt.Sprintf("s%d", i), func(c *sim.Config) {
+					c.MaxNumSeqs = seats
+					c.ITL = 10 * time.Millisecond
+					c.Overhead = time.Millisecond
+				})
+				urls, sims = append(urls, be.URL()), append(sims, be)
+			}
+			snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 0, urls...))
+			opts := routing.MonitorOptions{ScrapeInterval: 50 * time.Millisecond}
+			if !probe {
+				opts.IdleProbeAfter = -1
+			}
+			monitored(t, snap, opts)
+			gw := startGateway(t, snap, Options{})
+			want := []SeatsStatus{{Figure: 24, From: "queue", Sure: "measured", Via: "seat_probe", Working: 24,
+				Hint: seatsHint, Critical: 24}, {Figure: 6, From: "queue", Sure: "measured", Via: "seat_probe",
+				Working: 6, Hint: seatsHint, Critical: 6}}
+			var got []SeatsStatus
+			seen := func() bool {
+				got = got[:0]
+				for _, st := range NewAdmin(gw.s, gw.reg).Backends() {
+					got = append(got, st.Seats)
+				}
+				return got[0] == want[0] && got[1] == want[1]
+			}
+			if !probe {
+				time.Sleep(time.Second) // twenty scrapes
+				if a := post(t, gw.url, seatBody(3), nil); a.code != 200 {
+					t.Fatalf("first request: %d %s", a.code, a.body)
+				}
+				time.Sleep(200 * time.Millisecond)
+				if seen() || got[0].Sure == "measured" || got[1].Sure == "measured" || got[0].Via != "" || got[1].Via != "" {
+					t.Fatalf("without the seat probe, before any load: seats %+v", got)
+				}
+				return
+			}
+			// The Monitor probes every engine at its first scrapes; the caps are made at the first request.
+			for i, b := range snap.Backends {
+				waitFor(t, 10*time.Second, func() bool {
+					p := b.Status().SeatProbe
+					return p != nil && p.Exact && p.Seats == want[i].Figure
+				})
+				// Nothing of the probe is left on the engine: cancelled, not left to run its tokens.
+				waitFor(t, 5*time.Second, func() bool {
+					code, text := get(t, sims[i].URL()+"/metrics")
+					return code == 200 && strings.Contains(text, "vllm:num_requests_running{model_name=\"sim-model\"} 0") &&
+						strings.Contains(text, "vllm:num_requests_waiting{model_name=\"sim-model\"} 0")
+				})
+				if p := b.Status().SeatProbe; p.Requests > 2*want[i].Figure+8 {
+					t.Errorf("backend %d: %d probe requests for %d seats", i, p.Requests, want[i].Figure)
+				}
+			}
+			if a := post(t, gw.url, seatBody(3), nil); a.code != 200 {
+				t.Fatalf("first request: %d %s", a.code, a.body)
+			}
+			waitFor(t, 5*time.Second, seen) // the caps take the probe's figure at their next scrape
+		})
+	}
 }
