@@ -155,21 +155,22 @@ type Backend struct {
 	ttftCount atomic.Int64
 	lastTTFT  atomic.Int64 // UnixNano (backend clock) of the last TTFT observation
 
-	newTokAvg afloat    // EWMA of uncached tokens per dispatched request: converts the engine queue to tokens
-	hold      holdTime  // how long a request holds a seat on b (its prefill alone, then its decode)
-	fleetHold *holdTime // the same over every backend of b's Registry (nil outside one): b's until its own
-	meter     atomic.Pointer[seatMeterRef]
-	seatProbe atomic.Pointer[SeatProbe] // what the Monitor's seat probe found (seatprobe.go)
-	peers     *seatPeers                // the Registry's peer groups (nil outside one): seats from peers
-	group     atomic.Pointer[seatGroup] // b's peer group, set at its first scrape
-	hitScale  afloat                    // EWMA of (cached tokens the engine reported / cached tokens predicted), in [0, 1]
-	spec      specShare                 // share of a prefix still being prefilled here that a request sent now finds cached (specHit)
-	fleetSpec *specShare                // the same over every backend of b's Registry (nil outside one): b's until its own
-	hitRate   afloat                    // EWMA of cached/prompt tokens, from the engine's usage when reported
-	predRate  afloat                    // EWMA of predicted cached/prompt tokens, when the engine never reports usage
-	usageSeen atomic.Bool
-	alpha     afloat // share of the KV capacity the prefix index may assume (calibrated; starts at 0.8)
-	kvBlocks  atomic.Int64
+	newTokAvg   afloat    // EWMA of uncached tokens per dispatched request: converts the engine queue to tokens
+	hold        holdTime  // how long a request holds a seat on b (its prefill alone, then its decode)
+	fleetHold   *holdTime // the same over every backend of b's Registry (nil outside one): b's until its own
+	meter       atomic.Pointer[seatMeterRef]
+	seatProbe   atomic.Pointer[SeatProbe] // what the Monitor's seat probe found (seatprobe.go)
+	seatProbing atomic.Bool               // a seat probe runs
+	peers       *seatPeers                // the Registry's peer groups (nil outside one): seats from peers
+	group       atomic.Pointer[seatGroup] // b's peer group, set at its first scrape
+	hitScale    afloat                    // EWMA of (cached tokens the engine reported / cached tokens predicted), in [0, 1]
+	spec        specShare                 // share of a prefix still being prefilled here that a request sent now finds cached (specHit)
+	fleetSpec   *specShare                // the same over every backend of b's Registry (nil outside one): b's until its own
+	hitRate     afloat                    // EWMA of cached/prompt tokens, from the engine's usage when reported
+	predRate    afloat                    // EWMA of predicted cached/prompt tokens, when the engine never reports usage
+	usageSeen   atomic.Bool
+	alpha       afloat // share of the KV capacity the prefix index may assume (calibrated; starts at 0.8)
+	kvBlocks    atomic.Int64
 
 	owner atomic.Pointer[cache.Owner]
 	obs   atomic.Pointer[backendMetrics]

@@ -236,9 +236,6 @@ func (m *Monitor) run(ctx context.Context, b *Backend) {
 			if ctx.Err() != nil {
 				return
 			}
-			if err == nil && s.seatProbeDue(m.opts.Clock.Now()) {
-				s.startSeatProbe(ctx)
-			}
 			if m.opts.OnScrape != nil {
 				m.opts.OnScrape(b, err)
 			}
@@ -349,6 +346,9 @@ func (s *scraper) scrape(ctx context.Context) error {
 		}
 	}
 	s.last, s.lastOK = st, now
+	if s.seatProbeDue(now) {
+		s.startSeatProbe(ctx) // before the scrape is published: whoever sees it sees the probe running
+	}
 	b.engine.Store(st)
 	b.notePeers(st)
 	if o := b.obs.Load(); o != nil {

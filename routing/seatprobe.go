@@ -90,7 +90,7 @@ func (b *Backend) ProbedSeats() (seats int, exact bool, at time.Time) {
 // seatOutcome is how a probe ended, for the scraping goroutine to schedule the next.
 type seatOutcome struct {
 	done   bool // a figure the probe cannot better (exact, or a lower bound at maxSeatBurst), or a refusal
-	failed bool // nothing found: retry later
+	failed bool // a round failed before either: retry after seatProbeRetry, doubling
 }
 
 // seatProbeDue reports whether b's engine should be probed for its seats now: the engine states none (its
@@ -105,8 +105,6 @@ func (s *scraper) seatProbeDue(now time.Time) bool {
 		case r.failed:
 			s.seatFails++
 			s.seatNext = now.Add(min(seatProbeRetry<<min(s.seatFails-1, 16), maxSeatProbeRetry))
-		default:
-			s.seatFails = 0
 		}
 	}
 	b := s.b
@@ -134,11 +132,13 @@ func (s *scraper) seatProbeDue(now time.Time) bool {
 func (s *scraper) startSeatProbe(ctx context.Context) {
 	cl := s.client(s.b.Config())
 	s.seatBusy.Store(true)
+	s.b.seatProbing.Store(true)
 	s.m.wg.Add(1)
 	go func() {
 		defer s.m.wg.Done()
 		out := s.seatProbe(ctx, cl)
 		s.seatDone.Store(&out)
+		s.b.seatProbing.Store(false)
 		s.seatBusy.Store(false) // after the outcome: the next due check finds it
 	}()
 }
@@ -161,8 +161,9 @@ func (s *scraper) seatProbe(ctx context.Context, cl *http.Client) seatOutcome {
 		if err != nil {
 			res.Error = err.Error()
 			var ref *seatRefused
-			out.done = errors.As(err, &ref) // the engine refuses the probe: asking again changes nothing
-			out.failed = res.Seats == 0 && !out.done
+			// The engine refuses the probe, or does not hold its requests: asking again changes nothing.
+			out.done = errors.As(err, &ref) || errors.Is(err, errSeatStreamsEnd)
+			out.failed = !out.done // later, from the first round again: a lower bound found so far stands
 			break
 		}
 		res.Exact = exact
@@ -178,6 +179,11 @@ func (s *scraper) seatProbe(ctx context.Context, cl *http.Client) seatOutcome {
 	}
 	return out
 }
+
+// errSeatStreamsEnd: a probe request's stream ended before its round did. The engine stops at an end of sequence
+// although asked to ignore it, or answers at once (not an engine that batches): more rounds would measure the
+// same.
+var errSeatStreamsEnd = errors.New("seat probe: the engine ended a probe request's stream before the round ended")
 
 // seatRefused is a probe request the engine answered with a client error: it does not take the probe's
 // fields (ignore_eos) or its model name, and will not take them next time.
@@ -258,8 +264,9 @@ func (s *scraper) seatRound(ctx context.Context, cl *http.Client, br *bufio.Read
 		most = max(most, st.Running)
 		switch {
 		case r.ended.Load() > 0:
-			// A probe request ran all its tokens: its seat freed, and what waited took it. What ran stands.
-			return int(most), false, nil
+			// A probe request's stream ended before the round did: its seat freed, and what waited took it. What
+			// ran stands as a lower bound.
+			return int(most), false, errSeatStreamsEnd
 		case got == int64(k) && st.Waiting == 0:
 			return int(st.Running), false, nil
 		case got > 0 && st.Waiting > 0 && prevWait > 0 && st.Running == prevRun && got == prevGot:

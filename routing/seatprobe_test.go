@@ -175,15 +175,19 @@ func TestSeatProbeStopsAtTheBurstBound(t *testing.T) {
 }
 
 func TestSeatProbeRequestsThatEndEarly(t *testing.T) {
-	// An engine that ends the probe's streams at once (an EOS it did not ignore): what ran is a lower bound, and
-	// the probe goes on doubling.
+	// An engine that ends the probe's streams at once (an EOS it did not ignore, or no batching at all): what
+	// ran is a lower bound, and the probe stops, for this engine process, after its first round.
 	e := newSeatEngine(t, 20)
 	e.hold = time.Millisecond
 	s, b, _ := seatScraper(t, e.srv.URL)
-	s.seatProbe(context.Background(), s.client(b.Config()))
+	out := s.seatProbe(context.Background(), s.client(b.Config()))
 	e.settled(t)
 	if got, exact, _ := b.ProbedSeats(); exact || got > 20 {
 		t.Fatalf("streams that ended at once gave %d seats, exact %v: more than the engine has, or exact", got, exact)
+	}
+	if p := b.Status().SeatProbe; !out.done || p.Rounds != 1 || e.requests.Load() != seatBurstFirst || p.Error == "" {
+		t.Fatalf("outcome %+v, probe %+v, %d requests: want one round of %d and an error", out, p, e.requests.Load(),
+			seatBurstFirst)
 	}
 }
 

@@ -96,6 +96,8 @@ type BackendStatus struct {
 	// SeatProbe is what the Monitor's seat probe found of an engine that states no seats (seatprobe.go), nil
 	// before one ended.
 	SeatProbe *SeatProbe `json:"seat_probe,omitempty"`
+	// SeatProbing says a seat probe runs now: the engine runs some of the gateway's own requests.
+	SeatProbing bool `json:"seat_probing,omitempty"`
 }
 
 // statusPromptTokens is the "short prompt" of BackendStatus.TTFTms.
@@ -147,6 +149,7 @@ func (b *Backend) Status() BackendStatus {
 	s.TTFTModel, s.ITLModel = b.lat.status()
 	s.QueuedTokens, s.HitScale = l.queuedTok, b.hitScale.load()
 	s.SpecShare, s.SpecObserved = b.specShareNow(), b.spec.n.Load()
+	s.SeatProbing = b.seatProbing.Load()
 	if p := b.seatProbe.Load(); p != nil {
 		cp := *p
 		s.SeatProbe = &cp
