@@ -102,6 +102,11 @@ func (e *Env) startGateway(ctx context.Context, spec GatewaySpec, tag string) (*
 		p.Stop()
 		return nil, "", err
 	}
+	// The run starts once the gateway has measured its engines: a seat probe's requests are not the run's.
+	if err := WaitMeasured(ctx, "http://"+spec.AdminListen, e.ready(), p); err != nil {
+		p.Stop()
+		return nil, "", err
+	}
 	return p, "http://" + spec.Listen, nil
 }
 

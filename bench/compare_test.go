@@ -26,7 +26,8 @@ import (
 // helperEnv makes the test binary act as "switchyard sim -fleet FILE" or "switchyard serve -config FILE" when
 // Compare starts it as a child, so that compare is tested end to end (child processes, readiness, events,
 // metrics scraping, stop) without building the real binary. The fake gateway implements only the contract
-// compare relies on: the generated config's listen, admin_listen and backends, /readyz, X-Switchyard-Backend.
+// compare relies on: the generated config's listen, admin_listen and backends, /readyz, /debug/backends,
+// X-Switchyard-Backend.
 const helperEnv = "SWITCHYARD_BENCH_TEST_HELPER"
 
 func TestMain(m *testing.M) {
@@ -150,11 +151,14 @@ func fakeGateway(ctx context.Context, file string) int {
 		}
 	})}
 	admin := &http.Server{Addr: cfg.AdminListen, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/readyz" {
+		switch r.URL.Path {
+		case "/readyz":
 			w.WriteHeader(http.StatusOK)
-			return
+		case "/debug/backends":
+			_, _ = w.Write([]byte("[]")) // no engine scraped, no seat probe
+		default:
+			http.NotFound(w, r)
 		}
-		http.NotFound(w, r)
 	})}
 	go func() { _ = srv.ListenAndServe() }()
 	go func() { _ = admin.ListenAndServe() }()

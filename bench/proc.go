@@ -3,8 +3,10 @@ package bench
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -188,6 +190,44 @@ func WaitHTTP(ctx context.Context, url string, timeout time.Duration, p *Proc) e
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
 			return fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return nil
+	})
+}
+
+// WaitMeasured polls a Switchyard gateway's /debug/backends (admin the admin base URL) until it has scraped
+// every backend whose engine it scrapes and runs no seat probe: the engines then run none of the gateway's own
+// requests, whose completions (cancelled, so finished as aborts) would count in a run's engine requests.
+func WaitMeasured(ctx context.Context, admin string, timeout time.Duration, p *Proc) error {
+	return waitFor(ctx, timeout, p, admin+"/debug/backends", func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, admin+"/debug/backends", nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %d", resp.StatusCode)
+		}
+		var backends []struct {
+			Name        string    `json:"name"`
+			Signals     []string  `json:"signals"`
+			ScrapedAt   time.Time `json:"scraped_at"`
+			SeatProbing bool      `json:"seat_probing"`
+		}
+		if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&backends); err != nil {
+			return err
+		}
+		for _, b := range backends {
+			switch {
+			case len(b.Signals) > 0 && b.ScrapedAt.IsZero():
+				return fmt.Errorf("%s not scraped yet", b.Name)
+			case b.SeatProbing:
+				return fmt.Errorf("%s: a seat probe runs", b.Name)
+			}
 		}
 		return nil
 	})
