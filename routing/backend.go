@@ -372,8 +372,9 @@ func (b *Backend) seatsOf(e *EngineStats, cfg *BackendConfig) (seats float64, ex
 }
 
 // ownSeats returns what b knows of its own seats: its engine's figure as last scraped (e, may be nil), else the
-// policy's max_num_seqs, else the figure its SeatMeter measured (exact false: only a lower bound), which takes
-// the seat probe's figure as its own; without a SeatMeter, the seat probe's. 0 when none.
+// policy's max_num_seqs, else the figure its SeatMeter measured (which takes the seat probe's as its own), else
+// the seat probe's exact figure (a SeatMeter that does not measure: a static cap, or one not yet made), else the
+// SeatMeter's or the probe's lower bound (exact false). 0 when none.
 func (b *Backend) ownSeats(e *EngineStats, cfg *BackendConfig) (seats float64, exact bool) {
 	if e != nil && e.Has&HasMaxSeqs != 0 && e.MaxSeqs > 0 {
 		return e.MaxSeqs, true
@@ -381,12 +382,13 @@ func (b *Backend) ownSeats(e *EngineStats, cfg *BackendConfig) (seats float64, e
 	if cfg.MaxNumSeqs > 0 {
 		return float64(cfg.MaxNumSeqs), true
 	}
+	p, pexact, _ := b.ProbedSeats()
 	if r := b.meter.Load(); r != nil {
-		n, exact := r.m.MeasuredSeats()
-		return float64(max(n, 0)), exact
+		if n, exact := r.m.MeasuredSeats(); exact || !pexact {
+			return float64(max(n, 0)), exact
+		}
 	}
-	n, exact, _ := b.ProbedSeats()
-	return float64(n), exact
+	return float64(p), pexact
 }
 
 // seatsNow returns the seats to judge b's batch by at this instant: the exact figure (seatsOf); else, while a

@@ -15,10 +15,10 @@ import (
 )
 
 // The seat probe measures the seats of an engine that states none (vLLM exports its running batch and its queue,
-// not its --max-num-seqs) before any load shows them: docs/design.md, "Seats". Without it the gateway learned
-// them from the first queue its own traffic caused, in the middle of the first spike, and held critical
-// requests to the largest batch it had seen until then (critical p99 TTFT 3-5x unloaded in the protect
-// matrix's cells that leave the seats to discovery).
+// not its --max-num-seqs) before any load shows them: docs/design.md, "Seats, measured before load". Without it
+// the gateway learned them from the first queue its own traffic caused, in the middle of the first spike, and
+// held critical requests to the largest batch it had seen until then (critical p99 TTFT 3-5x unloaded in the
+// protect matrix's cells that leave the seats to discovery).
 //
 // A probe runs in rounds. Each round sends the engine k streamed completions of its own (a one-word prompt,
 // seatProbeTokens tokens, ignore_eos) and scrapes the engine's metrics until one of two things is seen:

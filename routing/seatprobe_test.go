@@ -104,10 +104,19 @@ func seatScraper(t *testing.T, url string) (*scraper, *Backend, *fakeClock) {
 	m := NewMonitor(reg, MonitorOptions{Clock: clk, Timeout: 5 * time.Second})
 	t.Cleanup(m.client.CloseIdleConnections)
 	s := &scraper{m: m, b: b, br: bufio.NewReader(nil)}
+	scrapeOnly(t, s)
+	return s, b, clk
+}
+
+// scrapeOnly scrapes once without letting the scrape start a seat probe of its own: the tests run theirs.
+func scrapeOnly(t *testing.T, s *scraper) {
+	t.Helper()
+	known := s.seatsKnown
+	s.seatsKnown = true
+	defer func() { s.seatsKnown = known }()
 	if err := s.scrape(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	return s, b, clk
 }
 
 func TestSeatProbeMeasuresTheSeats(t *testing.T) {
@@ -250,16 +259,12 @@ func TestSeatProbeDue(t *testing.T) {
 	b.cfg.Store(&cfg)
 	// The engine queues: its own traffic shows the seats.
 	e.waiting.Store(3)
-	if err := s.scrape(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	scrapeOnly(t, s)
 	e.waiting.Store(0)
 	if s.seatProbeDue(clk.Now()) {
 		t.Fatal("due while the engine keeps requests waiting")
 	}
-	if err := s.scrape(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	scrapeOnly(t, s)
 	if !s.seatProbeDue(clk.Now()) {
 		t.Fatal("not due once the queue is gone")
 	}
@@ -271,5 +276,47 @@ func TestSeatProbeDue(t *testing.T) {
 	b.cfg.Store(&noIdle)
 	if s.seatProbeDue(clk.Now()) {
 		t.Fatal("due although idle_probes is off")
+	}
+}
+
+// TestScrapeStartsTheSeatProbe: the scrape that finds a probe due starts it before publishing itself, so that
+// whoever sees the scrape sees the probe running (bench.WaitMeasured relies on it), and the probe's figure is
+// published when it ends.
+func TestScrapeStartsTheSeatProbe(t *testing.T) {
+	e := newSeatEngine(t, 12)
+	clk := newFakeClock()
+	reg := NewRegistry(WithClock(clk))
+	b := reg.Sync([]*BackendConfig{{Name: "e", URL: e.srv.URL, Engine: EngineVLLM, Models: []string{"up-model"}}})[0]
+	m := NewMonitor(reg, MonitorOptions{Clock: clk, Timeout: 5 * time.Second})
+	t.Cleanup(m.client.CloseIdleConnections)
+	s := &scraper{m: m, b: b, br: bufio.NewReader(nil)}
+	if err := s.scrape(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st := b.Status(); st.ScrapedAt.IsZero() || !st.SeatProbing {
+		t.Fatalf("after the first scrape: scraped at %v, seat probing %v", st.ScrapedAt, st.SeatProbing)
+	}
+	m.wg.Wait()
+	if st := b.Status(); st.SeatProbing || st.SeatProbe == nil || st.SeatProbe.Seats != 12 || !st.SeatProbe.Exact {
+		t.Fatalf("after the probe: seat probing %v, %+v", st.SeatProbing, st.SeatProbe)
+	}
+	e.settled(t)
+	if err := s.scrape(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if b.Status().SeatProbing {
+		t.Fatal("a measured engine is probed again")
+	}
+	// Routing's seats: the probe's exact figure over a meter's lower bound (a static cap measures nothing), a
+	// meter's exact figure over the probe's (the cap's later measure).
+	for _, tc := range []struct {
+		m     meter
+		seats float64
+		exact bool
+	}{{meter{5, false}, 12, true}, {meter{9, true}, 9, true}} {
+		b.SetSeatMeter(tc.m)
+		if n, exact := b.seatsOf(b.Engine(), b.Config()); n != tc.seats || exact != tc.exact {
+			t.Errorf("meter %+v: seats %v, exact %v; want %v, %v", tc.m, n, exact, tc.seats, tc.exact)
+		}
 	}
 }
