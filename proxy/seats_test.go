@@ -2,6 +2,9 @@ package proxy
 
 import (
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -211,5 +214,35 @@ func TestSeatProbeBeforeAnyLoad(t *testing.T) {
 			}
 			waitFor(t, 5*time.Second, seen) // the caps take the probe's figure at their next scrape
 		})
+	}
+}
+
+// TestNotReadyWhileMeasuring: a starting gateway answers /readyz "measuring engines" while the Monitor's first
+// measure of an engine runs (here a seat probe whose requests the engine holds without a first token, so its
+// round runs to its 3 s bound), and is ready once it ends: traffic a load balancer sends after that does not
+// share the engine with the probe's requests.
+func TestNotReadyWhileMeasuring(t *testing.T) {
+	t.Parallel()
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/metrics":
+			_, _ = io.WriteString(w, "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
+		case "/v1/completions":
+			_, _ = io.Copy(io.Discard, r.Body) // read: the server then sees the client leave
+			<-r.Context().Done()               // admitted, but never a first token
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(engine.Close) // after the Monitor stops (cleanups run last first): its requests end with it
+	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 0, engine.URL))
+	monitored(t, snap, routing.MonitorOptions{ScrapeInterval: 50 * time.Millisecond})
+	gw := startGateway(t, snap, Options{})
+	if ok, why := gw.s.Ready(); ok || why != "measuring engines" {
+		t.Fatalf("Ready() = %v %q while the seat probe runs, want false, measuring engines", ok, why)
+	}
+	waitFor(t, 10*time.Second, func() bool { ok, _ := gw.s.Ready(); return ok })
+	if p := snap.Backends[0].Status().SeatProbe; p == nil || p.Error == "" || snap.Backends[0].Measuring() {
+		t.Fatalf("after the probe: %+v, measuring %v", p, snap.Backends[0].Measuring())
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -180,6 +181,8 @@ type Server struct {
 	exchanges    sync.Pool
 	active       sync.WaitGroup
 	draining     atomic.Bool // set at Shutdown: /readyz fails, new requests are still served until the listener closes
+	measured     atomic.Bool // every backend had its first measure, or measureWait passed (Ready)
+	born         time.Time   // when New returned
 	drainExpired atomic.Bool // set when the drain timeout ends: in-flight requests are ended
 	watched      watchedSet  // the watchdogs of hijacked streams, whose client the parker watches (watchdog.go)
 
@@ -197,6 +200,7 @@ func New(src Source, opts Options) (*Server, error) {
 	opts.setDefaults()
 	s := &Server{src: src, opts: opts, m: opts.Metrics, log: opts.Logger, ups: newUpstreams(), clock: systemClock{},
 		homes: newHomes(defaultHomesMax, defaultHomesTTL, nil), conns: newConnLimits(opts.MaxConns, opts.MaxConnsPerIP)}
+	s.born = time.Now()
 	s.caps = admission.NewCaps(admission.DefaultCapParams(), opts.Metrics)
 	s.outliers = admission.NewOutlierDetector(admission.DefaultOutlierParams(), nil, opts.Metrics)
 	s.retries = admission.NewRetryBudget(20, 3, opts.Metrics)
@@ -255,7 +259,8 @@ func (s *Server) Serve(ln net.Listener) error {
 	return nil
 }
 
-// Ready reports whether the gateway should receive traffic: not draining, and at least one backend healthy.
+// Ready reports whether the gateway should receive traffic: not draining, past its first measure of the engines
+// (at most measureWait after New), and at least one backend healthy.
 func (s *Server) Ready() (bool, string) {
 	if s.draining.Load() {
 		return false, "draining"
@@ -264,6 +269,12 @@ func (s *Server) Ready() (bool, string) {
 	if snap == nil {
 		return false, "no policy loaded"
 	}
+	if !s.measured.Load() {
+		if slices.ContainsFunc(snap.Backends, (*routing.Backend).Measuring) && time.Since(s.born) < measureWait {
+			return false, "measuring engines"
+		}
+		s.measured.Store(true) // once: an engine probed again later (a restart) is measured while serving
+	}
 	for _, b := range snap.Backends {
 		if b.Healthy() {
 			return true, "ok"
@@ -271,6 +282,12 @@ func (s *Server) Ready() (bool, string) {
 	}
 	return false, "no healthy backend"
 }
+
+// measureWait bounds how long a starting gateway stays unready while the Monitor takes its first measure of the
+// engines (routing.Backend.Measuring): a scrape (at most a second) and, for an engine that states no seats, a
+// seat probe (rounds of tens of milliseconds each, routing/seatprobe.go). An engine that takes longer is
+// measured while the gateway serves.
+const measureWait = 10 * time.Second
 
 // BeginDrain makes /readyz fail with "draining" while the gateway goes on serving every request: the start of a
 // shutdown grace (cmd/switchyard/serve.go), in which load balancers take the gateway out of rotation before

@@ -161,6 +161,9 @@ type Backend struct {
 	meter       atomic.Pointer[seatMeterRef]
 	seatProbe   atomic.Pointer[SeatProbe] // what the Monitor's seat probe found (seatprobe.go)
 	seatProbing atomic.Bool               // a seat probe runs
+	probeGen    atomic.Uint64             // seat probes begun and ended: odd while one runs (perturbed)
+	watched     atomic.Bool               // a Monitor scrapes b (Measuring)
+	scrapedOnce atomic.Bool               // the Monitor's first scrape of b ended, well or not
 	peers       *seatPeers                // the Registry's peer groups (nil outside one): seats from peers
 	group       atomic.Pointer[seatGroup] // b's peer group, set at its first scrape
 	hitScale    afloat                    // EWMA of (cached tokens the engine reported / cached tokens predicted), in [0, 1]
@@ -246,6 +249,14 @@ func (b *Backend) Failures() uint64 { return b.failures.Load() }
 
 // Engine returns the last engine-metrics snapshot, or nil if b was never scraped. Check Fresh before trusting it.
 func (b *Backend) Engine() *EngineStats { return b.engine.Load() }
+
+// Measuring reports whether a Monitor is still taking b's first measure: its first scrape has not ended, or
+// a seat probe runs (seatprobe.go). A gateway is not ready for traffic before its first measure of every
+// backend (proxy.Server.Ready): requests sent meanwhile would share the engines with the probe's, and the
+// models would learn from them what the gateway itself caused. False for a backend no Monitor scrapes.
+func (b *Backend) Measuring() bool {
+	return b.watched.Load() && (!b.scrapedOnce.Load() || b.seatProbing.Load())
+}
 
 // EngineBatch returns what the engine's last successful scrape says of its batch: maxSeqs the most sequences it
 // runs at once as it exports them (SignalMaxSeqs; 0 when it does not), running and waiting its batch and queue
@@ -506,6 +517,7 @@ type Attempt struct {
 	uncached, queued, runAt0 float64
 	rtt, predTTFT            float64 // seconds: RTT, and the engine's mean TTFT predicted at dispatch
 	seatWait                 float64 // seconds: the wait for a seat predicted at dispatch (seatWait)
+	probeGen                 uint64  // b.probeGen at dispatch (perturbed)
 	revisedTTFT              float64 // seconds: predTTFT for the prefill the engine reported doing; 0 until then
 	runAtFirst               float64
 	ttft                     float64  // observed at FirstToken, seconds
@@ -586,6 +598,7 @@ func (b *Backend) Dispatch(r *Request) Attempt {
 
 func (b *Backend) begin(a *Attempt, prefillTok int64) {
 	a.prefillTok = prefillTok
+	a.probeGen = b.probeGen.Load()
 	b.inflight.Add(1)
 	b.prefilling.Add(1)
 	b.prefillTok.Add(prefillTok)
@@ -742,15 +755,28 @@ func (a *Attempt) KeepHashes() {
 // larger than a fast answer cannot make it vanish.
 func (a *Attempt) engineTTFT(ttft float64) float64 { return max(ttft-a.rtt-a.seatWait, ttft/10) }
 
+// perturbed reports whether a seat probe of this gateway ran on b while a was in flight (seatprobe.go): the
+// engine then also ran the probe's requests, which the scrapes the models read leave out (discount), so what a
+// learned of b's speed would be a slowdown the models cannot place. Learning through the probes of a 256-seat
+// engine at a gateway's start moved conversations off their backends for seconds after
+// (TestConversationAffinityAcrossReplicas).
+func (b *Backend) perturbed(a *Attempt) bool {
+	g := b.probeGen.Load()
+	return g&1 == 1 || g != a.probeGen
+}
+
 // observeTTFT trains b's TTFT model on ttft, an observation of a made at now (b's clock).
 func (b *Backend) observeTTFT(a *Attempt, ttft float64, now time.Time) {
+	b.lastTTFT.Store(now.UnixNano())
+	if b.perturbed(a) {
+		return
+	}
 	var s *seen
 	if a.pendingTTFT {
 		s = &a.seen
 	}
 	b.lat.fitTTFT(a.uncached, a.queued, a.runAt0, a.engineTTFT(ttft), s)
 	b.ttftCount.Add(1)
-	b.lastTTFT.Store(now.UnixNano())
 	if m := b.obs.Load(); m != nil && m.ttftError != nil {
 		if pred := a.predicted(); pred > 0 {
 			m.ttftError.Observe(math.Abs(ttft-pred) / pred)
@@ -900,7 +926,9 @@ func (a *Attempt) End(backendFailed bool) {
 	if e := b.engine.Load(); e.Fresh(now, time.Duration(b.staleAfter.Load())) {
 		running = max(running, e.Running)
 	}
-	b.lat.observeITL(running, elapsed/float64(a.completionTok-1))
+	if !b.perturbed(a) {
+		b.lat.observeITL(running, elapsed/float64(a.completionTok-1))
+	}
 }
 
 // applyCapacity sets b's prefix-index capacity to its KV blocks (scraped, configured or default) times the

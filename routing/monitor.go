@@ -198,6 +198,7 @@ func (m *Monitor) reconcileLocked(ctx context.Context) {
 		bctx, cancel := context.WithCancel(ctx)
 		m.running[b] = cancel
 		b.staleAfter.Store(int64(m.opts.StaleAfter))
+		b.watched.Store(true) // before its goroutine runs: Measuring is true from here until its first scrape
 		m.wg.Add(1)
 		go func() {
 			defer m.wg.Done()
@@ -240,6 +241,7 @@ func (m *Monitor) run(ctx context.Context, b *Backend) {
 				m.opts.OnScrape(b, err)
 			}
 		}
+		b.scrapedOnce.Store(true) // after the scrape: a seat probe it started is seen running (Measuring)
 		if now := time.Now(); !now.Before(nextProbe) {
 			s.probe(ctx)
 			nextProbe = now.Add(jitter(m.opts.ProbeInterval))
@@ -283,11 +285,12 @@ type scraper struct {
 	infoBusy  atomic.Bool
 	infoDone  atomic.Pointer[infoRead] // a finished read, for the scraping goroutine to take
 
-	seatBusy   atomic.Bool                 // a seat probe runs (seatprobe.go)
-	seatDone   atomic.Pointer[seatOutcome] // how the last one ended, for the scraping goroutine to take
-	seatsKnown bool                        // a probe of this engine process found what it can (or was refused)
-	seatFails  int                         // probes that found nothing, in a row
-	seatNext   time.Time                   // no probe before this, on the Monitor's clock
+	seatBusy   atomic.Bool                  // a seat probe runs (seatprobe.go)
+	seatOwn    atomic.Pointer[seatRequests] // the running round's requests, which scrapes leave out (discount)
+	seatDone   atomic.Pointer[seatOutcome]  // how the last one ended, for the scraping goroutine to take
+	seatsKnown bool                         // a probe of this engine process found what it can (or was refused)
+	seatFails  int                          // probes that found nothing, in a row
+	seatNext   time.Time                    // no probe before this, on the Monitor's clock
 }
 
 // client returns the HTTP client for the backend's current configuration: the Monitor's, or one that trusts
@@ -324,6 +327,7 @@ func (s *scraper) scrape(ctx context.Context) error {
 		return err
 	}
 	st.At = now
+	s.discount(st)
 	restarted := s.restarted(st, now)
 	s.refreshInfo(ctx, now, restarted)
 	s.applyInfo(st)
@@ -489,7 +493,8 @@ func (s *scraper) idleProbe(ctx context.Context, cl *http.Client) {
 		return
 	}
 	l := b.loadAt(b.clock.Now())
-	a := Attempt{b: b, uncached: 1, queued: l.queuedTok, runAt0: l.running, rtt: b.rtt(), seatWait: l.seatWait}
+	a := Attempt{b: b, uncached: 1, queued: l.queuedTok, runAt0: l.running, rtt: b.rtt(), seatWait: l.seatWait,
+		probeGen: b.probeGen.Load()}
 	a.predTTFT = b.lat.ttftMean(a.uncached, a.queued, a.runAt0)
 	start := time.Now()
 	resp, err := cl.Do(req)

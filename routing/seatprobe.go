@@ -43,14 +43,18 @@ const (
 	// seatBurstFirst is the first round's requests: the smallest --max-num-seqs in use is about 8, and a round
 	// that all ran costs nothing but the requests' one step of prefill.
 	seatBurstFirst = 8
-	// maxSeatBurst bounds a round's requests, and so the gateway's connections to one engine and the seats one
-	// round holds. Past it the probe leaves a lower bound, and the cap's slow start doubles from there (one
-	// doubling per scrape) under real load.
-	maxSeatBurst = 1024
+	// maxSeatBurst bounds a round's requests, and so the load a probe adds to an engine that other gateways
+	// serve, the connections it opens, and the seats one round holds: a probe sends at most 248 requests in 5
+	// rounds, and measures an engine of up to 128 seats less what it runs (every engine of the protect matrix,
+	// 8-64 seats, idle or at half load). Past it the probe leaves a lower bound of 128, and the cap's slow start
+	// (one doubling per scrape under real load, admission.Cap.ObserveBatch) finds the rest: an engine that large
+	// takes a spike longer to fill than a few scrapes. Rounds of 512 and 1,024 on 256-seat simulators behind two
+	// gateways starting together kept the machine busy for seconds (scrapes timed out).
+	maxSeatBurst = 128
 	// seatProbeTokens is each probe request's max_tokens: enough to hold its seat through a round on an engine
-	// of 5 ms per token (640 ms, against rounds of tens of milliseconds), little enough that a round whose
-	// cancellation is lost ends by itself within seconds.
-	seatProbeTokens = 128
+	// of 2 ms per token (512 ms, against rounds of tens to hundreds of milliseconds), little enough that a round
+	// whose cancellation is lost ends by itself within seconds.
+	seatProbeTokens = 256
 	// seatRoundTimeout bounds one round: an engine that shows neither outcome in that time is left for later.
 	seatRoundTimeout = 3 * time.Second
 	// seatScrapeEvery is the least time between two scrapes of a round.
@@ -133,11 +137,13 @@ func (s *scraper) startSeatProbe(ctx context.Context) {
 	cl := s.client(s.b.Config())
 	s.seatBusy.Store(true)
 	s.b.seatProbing.Store(true)
+	s.b.probeGen.Add(1)
 	s.m.wg.Add(1)
 	go func() {
 		defer s.m.wg.Done()
 		out := s.seatProbe(ctx, cl)
 		s.seatDone.Store(&out)
+		s.b.probeGen.Add(1)
 		s.b.seatProbing.Store(false)
 		s.seatBusy.Store(false) // after the outcome: the next due check finds it
 	}()
@@ -193,6 +199,26 @@ func (e *seatRefused) Error() string {
 	return fmt.Sprintf("seat probe: the engine refused a probe request with status %d", e.status)
 }
 
+// discount takes a running seat probe's own requests out of a scrape that routing and the caps read: they are
+// the gateway's, not load, and they end with their round. Counted in, a round of 512 showed a 256-seat engine
+// full with 256 waiting, and routing moved conversations off their backends for it (TestConversationAffinity-
+// AcrossReplicas, 82-90% of turns stayed against 95%). The round's own scrapes see the engine as it is.
+func (s *scraper) discount(st *EngineStats) {
+	r := s.seatOwn.Load()
+	if r == nil {
+		return
+	}
+	started := r.started.Load()
+	running := started - r.ended.Load()
+	waiting := r.sent - started - r.failed.Load() // a request still on its way counts here too: the clamp takes it
+	if st.Has&HasRunning != 0 {
+		st.Running = max(st.Running-float64(max(running, 0)), 0)
+	}
+	if st.Has&HasWaiting != 0 {
+		st.Waiting = max(st.Waiting-float64(max(waiting, 0)), 0)
+	}
+}
+
 // refuses reports whether an answer's status says the engine will not take the probe's requests at all (a
 // client error other than a timeout or too many requests).
 func refuses(status int) bool {
@@ -205,9 +231,11 @@ func (s *scraper) seatRound(ctx context.Context, cl *http.Client, br *bufio.Read
 	cfg := s.b.Config()
 	ctx, cancel := context.WithTimeout(ctx, seatRoundTimeout)
 	var wg sync.WaitGroup
+	r := &seatRequests{sent: int64(k)}
 	defer func() {
 		cancel()
 		wg.Wait()
+		s.seatOwn.Store(nil)
 	}()
 	// A waiting scrape first: the round adds to what runs now, and an engine that queues is measured by its
 	// own traffic (admission.Cap.ObserveBatch), not by more requests.
@@ -218,7 +246,7 @@ func (s *scraper) seatRound(ctx context.Context, cl *http.Client, br *bufio.Read
 	if st.Waiting > 0 {
 		return 0, false, errors.New("seat probe: the engine keeps requests waiting")
 	}
-	var r seatRequests
+	s.seatOwn.Store(r) // from here the scrapes routing and the caps read leave the round's requests out
 	body := `{"model":` + strconv.Quote(cfg.Models[0]) + `,"prompt":"ping","max_tokens":` +
 		strconv.Itoa(seatProbeTokens) + `,"ignore_eos":true,"stream":true}`
 	sent := time.Now()
@@ -279,6 +307,7 @@ func (s *scraper) seatRound(ctx context.Context, cl *http.Client, br *bufio.Read
 
 // seatRequests counts a round's probe requests.
 type seatRequests struct {
+	sent    int64        // requests the round sends
 	started atomic.Int64 // with a first token
 	ended   atomic.Int64 // streams the engine ended before the round did
 	failed  atomic.Int64 // refused, broken or unreachable before the round ended

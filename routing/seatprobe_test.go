@@ -166,9 +166,6 @@ func TestSeatProbeMeasuresTheSeats(t *testing.T) {
 }
 
 func TestSeatProbeStopsAtTheBurstBound(t *testing.T) {
-	if testing.Short() {
-		t.Skip("sends a thousand requests at once")
-	}
 	e := newSeatEngine(t, maxSeatBurst+200)
 	s, b, _ := seatScraper(t, e.srv.URL)
 	out := s.seatProbe(context.Background(), s.client(b.Config()))

@@ -56,7 +56,23 @@ func startServe(t testing.TB, policy string) gwReplica {
 	})
 	select {
 	case r := <-ready:
-		return r
+		// As a load balancer does: traffic once /readyz says so (after the gateway's first measure of its
+		// engines, their seat probes included).
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			resp, err := http.Get(r.admin + "/readyz")
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					return r
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("serve not ready after 15 s: %v", err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 	case err := <-done:
 		t.Fatalf("serve: %v", err)
 	case <-time.After(10 * time.Second):
