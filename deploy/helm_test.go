@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
@@ -347,13 +348,23 @@ func TestProbePathsAreReal(t *testing.T) {
 	be := startSim(t, "a", func(c *sim.Config) {})
 	gw := startGateway(t, fmtPolicy(be.URL(), be.URL(), be.URL()))
 	for _, p := range paths {
-		resp, err := http.Get(gw.admin + p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Errorf("admin %s: %d", p, resp.StatusCode)
+		// Probed again and again, as the kubelet and Prometheus do: readiness is 503 "measuring engines" for
+		// the moment the gateway takes its first measure of the engine (proxy.Server.Ready).
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			resp, err := http.Get(gw.admin + p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("admin %s: %d", p, resp.StatusCode)
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 	}
 }
