@@ -757,9 +757,8 @@ func (a *Attempt) engineTTFT(ttft float64) float64 { return max(ttft-a.rtt-a.sea
 
 // perturbed reports whether a seat probe of this gateway ran on b while a was in flight (seatprobe.go): the
 // engine then also ran the probe's requests, which the scrapes the models read leave out (discount), so what a
-// learned of b's speed would be a slowdown the models cannot place. Learning through the probes of a 256-seat
-// engine at a gateway's start moved conversations off their backends for seconds after
-// (TestConversationAffinityAcrossReplicas).
+// taught of b's speed would be a slowdown the models cannot place. Rare since a starting gateway is ready only
+// after its probes (proxy.Server.Ready): a probe after an engine's restart, while the gateway serves.
 func (b *Backend) perturbed(a *Attempt) bool {
 	g := b.probeGen.Load()
 	return g&1 == 1 || g != a.probeGen

@@ -200,9 +200,9 @@ func (e *seatRefused) Error() string {
 }
 
 // discount takes a running seat probe's own requests out of a scrape that routing and the caps read: they are
-// the gateway's, not load, and they end with their round. Counted in, a round of 512 showed a 256-seat engine
-// full with 256 waiting, and routing moved conversations off their backends for it (TestConversationAffinity-
-// AcrossReplicas, 82-90% of turns stayed against 95%). The round's own scrapes see the engine as it is.
+// the gateway's, not load, and they end with their round; counted in, a round that fills an engine shows it
+// full, with the round's own requests waiting. The round's own scrapes see the engine as it is. Other gateways'
+// scrapes do count the probe, as the load it is for them.
 func (s *scraper) discount(st *EngineStats) {
 	r := s.seatOwn.Load()
 	if r == nil {
