@@ -237,7 +237,7 @@ func (s *scraper) seatRound(ctx context.Context, cl *http.Client, br *bufio.Read
 		wg.Wait()
 		s.seatOwn.Store(nil)
 	}()
-	// A waiting scrape first: the round adds to what runs now, and an engine that queues is measured by its
+	// A scrape first: the round adds to what runs now, and an engine that queues is measured by its
 	// own traffic (admission.Cap.ObserveBatch), not by more requests.
 	st, err := s.fetchWith(ctx, br)
 	if err != nil {
