@@ -285,8 +285,7 @@ type scraper struct {
 	infoBusy  atomic.Bool
 	infoDone  atomic.Pointer[infoRead] // a finished read, for the scraping goroutine to take
 
-	seatBusy   atomic.Bool                  // a seat probe runs (seatprobe.go)
-	seatOwn    atomic.Pointer[seatRequests] // the running round's requests, which scrapes leave out (discount)
+	seatOwn    atomic.Pointer[seatRequests] // a seat probe's running round (seatprobe.go), which scrapes leave out
 	seatDone   atomic.Pointer[seatOutcome]  // how the last one ended, for the scraping goroutine to take
 	seatsKnown bool                         // a probe of this engine process found what it can (or was refused)
 	seatFails  int                          // probes that found nothing, in a row

@@ -116,7 +116,7 @@ func (s *scraper) seatProbeDue(now time.Time) bool {
 	spec := cfg.Spec()
 	st := s.last
 	switch {
-	case s.seatsKnown, s.seatBusy.Load(), now.Before(s.seatNext), st == nil:
+	case s.seatsKnown, s.b.seatProbing.Load(), now.Before(s.seatNext), st == nil:
 		return false
 	case s.m.opts.IdleProbeAfter < 0 || !spec.IdleProbes || len(cfg.Models) == 0 || !b.Healthy():
 		return false
@@ -135,7 +135,6 @@ func (s *scraper) seatProbeDue(now time.Time) bool {
 // Only the scraping goroutine calls it, after seatProbeDue.
 func (s *scraper) startSeatProbe(ctx context.Context) {
 	cl := s.client(s.b.Config())
-	s.seatBusy.Store(true)
 	s.b.seatProbing.Store(true)
 	s.b.probeGen.Add(1)
 	s.m.wg.Add(1)
@@ -144,8 +143,7 @@ func (s *scraper) startSeatProbe(ctx context.Context) {
 		out := s.seatProbe(ctx, cl)
 		s.seatDone.Store(&out)
 		s.b.probeGen.Add(1)
-		s.b.seatProbing.Store(false)
-		s.seatBusy.Store(false) // after the outcome: the next due check finds it
+		s.b.seatProbing.Store(false) // after the outcome: the next due check finds it
 	}()
 }
 
@@ -277,6 +275,9 @@ func (s *scraper) seatRound(ctx context.Context, cl *http.Client, br *bufio.Read
 		if r.failed.Load() > 0 {
 			return int(most), false, fmt.Errorf("seat probe: %s", r.why())
 		}
+		// The first tokens counted before the scrape: a request counted started is in the scrape's running count
+		// (counted after it, the scrape may predate it).
+		got := r.started.Load()
 		st, err := s.fetchWith(ctx, br)
 		if err != nil {
 			if ctx.Err() != nil && most > 0 {
@@ -284,7 +285,6 @@ func (s *scraper) seatRound(ctx context.Context, cl *http.Client, br *bufio.Read
 			}
 			return int(most), false, err
 		}
-		got := r.started.Load()
 		if got > 0 {
 			// Two scrapes at least a step apart: the round's first first token took one step at least.
 			spacing = max(spacing, time.Duration(r.first.Load()-sent.UnixNano()))
