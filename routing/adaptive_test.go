@@ -62,8 +62,9 @@ func (f *fleet) train(name string, truth law, n int) {
 
 // engine publishes a fresh engine snapshot on b.
 func (f *fleet) engine(name string, waiting, running, kv float64) {
-	f.b(name).engine.Store(&EngineStats{Waiting: waiting, Running: running, KVUsage: kv,
-		Has: HasWaiting | HasRunning | HasKVUsage, At: f.clk.Now()})
+	b := f.b(name)
+	b.engine.Store(&EngineStats{Waiting: waiting, Running: running, KVUsage: kv,
+		Has: HasWaiting | HasRunning | HasKVUsage, At: f.clk.Now(), begun: b.requests.Load(), ended: b.ended.Load()})
 }
 
 // hold makes the prefix index believe b holds prompt.

@@ -143,6 +143,7 @@ type Backend struct {
 	warm       atomic.Int64 // requests in flight that were dispatched to a prefix believed held here (pickCold)
 	healthy    atomic.Bool
 	requests   atomic.Uint64 // requests dispatched in total
+	ended      atomic.Uint64 // of which ended (engineOccupancy)
 	failures   atomic.Uint64 // attempts that failed because of the backend
 
 	engine     atomic.Pointer[EngineStats]
@@ -416,12 +417,35 @@ func (b *Backend) seatsNow(e *EngineStats, cfg *BackendConfig, fresh bool) float
 	return 0
 }
 
-// seatsFull reports whether e shows an engine whose batch is full, with requests waiting for a seat: running at
-// least its seats and a queue. Such an engine starts a new request only when a running one finishes, a wait the
-// TTFT model (which prices prefill and load) leaves to seatWait. False when the seats are not known.
-func seatsFull(e *EngineStats, seats float64) bool {
-	return seats > 0 && e.Has&HasRunning != 0 && e.Running >= seats && e.Waiting > 0
+// seatsFull reports whether an engine of the given seats whose scrape was e is full now, with requests waiting
+// for a seat: more requests in it than seats (engineOccupancy). Such an engine starts a new request only when a
+// running one finishes, a wait the TTFT model (which prices prefill and load) leaves to seatWait. False when the
+// seats are not known or e does not export its running batch and queue.
+func (b *Backend) seatsFull(e *EngineStats, seats float64) bool {
+	occ, ok := b.engineOccupancy(e)
+	return ok && seats > 0 && occ > seats
 }
+
+// engineOccupancy returns the requests in b's engine, running and waiting, as the scrape e counted them and
+// brought up to now with what this gateway did since: plus the requests it dispatched to b after the scrape was
+// sent, less those that ended after its answer came (EngineStats.begun, ended). It reports false when e does not
+// export both counts.
+//
+// A scrape is up to a scrape interval old, and an engine's batch changes with every request that ends: a
+// conversation's next turn, sent the moment its previous answer ended, found that answer still counted in the
+// scrape, so an owner with a seat free looked full, with a seat's wait to pay, and the turn moved (multi-turn at
+// 64 engines of 4 seats: 51 of adaptive's 54 moves left an owner with three requests in it). Only the gateway's
+// own traffic is brought up to date; the other replicas' counts are as old as their reports (PeerLoad). Both
+// corrections err towards more requests: one that ends while the scrape is on its way may or may not be in it
+// and is not taken off, one dispatched then may or may not be in it and is added.
+func (b *Backend) engineOccupancy(e *EngineStats) (float64, bool) {
+	if e.Has&HasRunning == 0 || e.Has&HasWaiting == 0 {
+		return 0, false
+	}
+	since := float64(b.requests.Load()-e.begun) - float64(b.ended.Load()-e.ended)
+	return max(e.Running+e.Waiting+since, 0), true
+}
+
 
 // seatWait is how long a request sent to an engine with occupied requests in it (running and waiting) would wait
 // for a seat: none while one of its seats is free; else, for itself and each request queued ahead of it, one
@@ -462,17 +486,18 @@ func (b *Backend) loadAt(now time.Time) load {
 	seats := b.seatsNow(e, b.Config(), l.fresh)
 	occupied := float64(b.Inflight())
 	if l.fresh {
-		l.full = seatsFull(e, seats)
 		l.waiting = e.Waiting
 		l.kv = e.KVUsage
 		l.running = max(l.running, e.Running)
 		l.queuedTok = max(l.queuedTok, e.Waiting*b.newTokAvg.load())
-		if e.Has&HasRunning != 0 && e.Has&HasWaiting != 0 {
-			occupied = max(occupied, e.Running+e.Waiting)
+		if occ, ok := b.engineOccupancy(e); ok {
+			occupied = max(occupied, occ)
 		}
 	}
-	// The gateway's own count shows a full batch before a scrape does: more requests in flight than seats.
-	l.full = l.full || (seats > 0 && occupied > seats)
+	// Every seat taken and a request waiting for one: the engine's occupancy as the scrape left it, brought up to
+	// now with this gateway's own dispatches and ends (engineOccupancy), or the gateway's own count, which shows a
+	// full batch before a scrape does.
+	l.full = seats > 0 && occupied > seats
 	l.seatWait = seatWait(occupied, seats, b.seatHold())
 	return l
 }
@@ -887,6 +912,7 @@ func (a *Attempt) End(backendFailed bool) {
 		b.prefillTok.Add(-a.prefillTok)
 	}
 	b.inflight.Add(-1)
+	b.ended.Add(1)
 	if a.warm {
 		b.warm.Add(-1)
 	}

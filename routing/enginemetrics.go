@@ -51,6 +51,10 @@ type EngineStats struct {
 	At time.Time
 	// Stale is set on a copy of the last good snapshot when a later scrape failed.
 	Stale bool
+
+	// begun and ended are the gateway's own requests to the backend dispatched in total when the scrape was sent
+	// and ended in total when its answer came (Backend.engineOccupancy).
+	begun, ended uint64
 }
 
 // EngineFields is a set of EngineStats fields.

@@ -314,9 +314,10 @@ func (s *scraper) closeCA() {
 
 // scrape fetches and parses the backend's /metrics once and publishes the result.
 func (s *scraper) scrape(ctx context.Context) error {
+	b := s.b
+	begun := b.requests.Load()
 	st, err := s.fetch(ctx)
 	now := s.m.opts.Clock.Now()
-	b := s.b
 	if err != nil {
 		if cur := b.engine.Load(); cur != nil && !cur.Stale {
 			stale := *cur
@@ -326,6 +327,7 @@ func (s *scraper) scrape(ctx context.Context) error {
 		return err
 	}
 	st.At = now
+	st.begun, st.ended = begun, b.ended.Load()
 	s.discount(st)
 	restarted := s.restarted(st, now)
 	s.refreshInfo(ctx, now, restarted)

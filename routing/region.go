@@ -125,7 +125,7 @@ func (s saturation) saturated(b *Backend, cfg *BackendConfig, now time.Time) boo
 	if seats > 0 && float64(b.Inflight()) > seats {
 		return true
 	}
-	return fresh && (e.Waiting > s.waiting || e.KVUsage > s.kv || seatsFull(e, seats))
+	return fresh && (e.Waiting > s.waiting || e.KVUsage > s.kv || b.seatsFull(e, seats))
 }
 
 // regionWeigher is implemented by a strategy that weighs regions in its own cost (the adaptive strategy's

@@ -1,7 +1,9 @@
 package routing
 
 import (
+	"context"
 	"math"
+	"net/http"
 	"testing"
 	"time"
 )
@@ -271,4 +273,65 @@ func TestTTFTObjectiveBesideITL(t *testing.T) {
 			got.Backend.Name())
 	}
 	endAll(atts)
+}
+
+// TestOccupancySinceTheScrape: a scrape is up to an interval old, and the engine's batch has changed since by what
+// this gateway dispatched and ended there. A conversation's next turn comes the moment its previous answer
+// ended: the scrape still counts that answer, and the owner, with a seat free again, must not look full. A
+// request dispatched after the scrape counts beside the engine's other clients the scrape saw.
+func TestOccupancySinceTheScrape(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		ours              int     // our requests in the engine when it is scraped
+		running, waiting  float64 // what the scrape shows (ours and the engine's other clients)
+		ended, dispatched int     // ours after the scrape
+		want              float64 // the engine's occupancy now
+		full              bool
+	}{
+		{name: "as scraped", ours: 4, running: 4, want: 4},
+		{name: "an answer ended since", ours: 4, running: 4, ended: 1, want: 3},
+		{name: "another client waiting, one of ours ended", ours: 4, running: 4, waiting: 1, ended: 1, want: 4},
+		{name: "another client waiting", ours: 4, running: 4, waiting: 1, want: 5, full: true},
+		{name: "dispatched since, beside other clients", ours: 2, running: 4, dispatched: 1, want: 5, full: true},
+		{name: "more ended than the scrape saw", ours: 4, running: 2, ended: 4, want: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newFakeEngine(t)
+			e.set(vllmText(tc.waiting, tc.running, 0.1, 4096, 1e9, false), http.StatusOK)
+			s, b, clk := scraperFor(t, e.srv.URL, EngineVLLM)
+			cfg := *b.Config()
+			cfg.MaxNumSeqs = 4
+			b.cfg.Store(&cfg)
+			for range 20 { // a request holds a seat for 2 s here
+				a := b.Begin(100)
+				clk.Advance(30 * time.Millisecond)
+				a.FirstToken()
+				clk.Advance(2*time.Second - 30*time.Millisecond)
+				a.End(false)
+			}
+			atts := occupy(b, tc.ours)
+			if err := s.scrape(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			endAll(atts[:tc.ended])
+			more := occupy(b, tc.dispatched)
+			got, ok := b.engineOccupancy(b.Engine())
+			if !ok || got != tc.want {
+				t.Fatalf("occupancy %v (%v), want %v", got, ok, tc.want)
+			}
+			l := b.loadAt(clk.Now())
+			if l.full != tc.full {
+				t.Fatalf("full = %v, want %v", l.full, tc.full)
+			}
+			if want := seatWait(tc.want, 4, 2); math.Abs(l.seatWait-want) > 0.05 {
+				t.Fatalf("seat wait %.3f s, want %.3f s", l.seatWait, want)
+			}
+			sat := saturationOf(DefaultAdaptiveParams())
+			if got := sat.saturated(b, b.Config(), clk.Now()); got != tc.full {
+				t.Fatalf("saturated = %v, want %v", got, tc.full)
+			}
+			endAll(atts[tc.ended:])
+			endAll(more)
+		})
+	}
 }
