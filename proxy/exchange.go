@@ -1024,6 +1024,16 @@ func (a *attempt) first() {
 	a.permit.First(&f)
 }
 
+// engineDone ends a's routing accounting when its engine sent the end of the answer, before the client reads that
+// end: the engine's seat is free, and a client that sends its next request the moment an answer ends (the next
+// turn of a conversation) must find it free, not counted until the exchange is settled (docs/design.md, "How a
+// stream ends"). The permit and the metrics are settled with the exchange, as before; routing.Attempt.End runs once.
+func (a *attempt) engineDone() {
+	if a.began {
+		a.acct.End(false)
+	}
+}
+
 // endAccounting ends a's routing accounting and its permit with o, filling o.Fault (the failure was the
 // backend's). It reports whether the routing accounting was still open.
 func (a *attempt) endAccounting(o *admission.Outcome) bool {

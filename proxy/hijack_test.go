@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -392,6 +393,67 @@ func TestKeepAlivePings(t *testing.T) {
 					t.Errorf("%d pings in 450 ms of silence, want %d-%d", pings[1], tc.min, tc.max)
 				}
 			})
+		}
+	}
+}
+
+// doneWatch is a listener whose connections record the backend's requests in flight at the moment the gateway
+// writes an answer's "[DONE]" to its client.
+type doneWatch struct {
+	net.Listener
+	b    *routing.Backend
+	seen chan int64
+}
+
+func (l doneWatch) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return doneConn{Conn: c, w: l}, nil
+}
+
+type doneConn struct {
+	net.Conn
+	w doneWatch
+}
+
+func (c doneConn) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte("data: [DONE]")) {
+		select {
+		case c.w.seen <- c.w.b.Inflight():
+		default:
+		}
+	}
+	return c.Conn.Write(p)
+}
+
+// TestSeatFreeBeforeTheClientReadsTheEnd: the engine's seat is free, in the backend's count, before the client
+// reads the end of its answer, so that the next turn of a conversation, sent the moment the answer ended, finds
+// the backend without it (before, the count fell only once the exchange was settled, after that write).
+func TestSeatFreeBeforeTheClientReadsTheEnd(t *testing.T) {
+	url, _ := heldEngine(t)
+	snap := snapshotOf(&routing.RoundRobin{}, 0, url)
+	w := doneWatch{b: snap.Backends[0], seen: make(chan int64, 1)}
+	gw := startGatewayWith(t, snap, Options{}, func(ln net.Listener) net.Listener { w.Listener = ln; return w })
+	for _, stream := range []bool{true, false} {
+		c := dialGateway(t, gw)
+		_, _ = io.WriteString(c, rawRequest(stream, true))
+		code, body := c.response(t)
+		if code != 200 {
+			t.Fatalf("status %d: %s", code, body)
+		}
+		if !stream {
+			waitFor(t, 5*time.Second, func() bool { return snap.Backends[0].Inflight() == 0 })
+			continue
+		}
+		select {
+		case n := <-w.seen:
+			if n != 0 {
+				t.Fatalf("%d requests in flight on the backend when [DONE] was written to the client, want 0", n)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("no [DONE] written")
 		}
 	}
 }

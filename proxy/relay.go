@@ -247,6 +247,7 @@ func (ex *exchange) step(emit func([]byte) error) (done bool, err error) {
 	data := ev.Data
 	if bytes.Equal(data, []byte("[DONE]")) {
 		a.complete = true
+		a.engineDone()
 		if emit != nil {
 			return true, emit(ev.Raw)
 		}
@@ -284,6 +285,7 @@ func (ex *exchange) step(emit func([]byte) error) (done bool, err error) {
 	}
 	if ex.ci.Terminal { // Responses and Messages streams end with their terminal event, not [DONE]
 		a.complete = true
+		a.engineDone()
 		if emit == nil {
 			if ex.endpoint == openai.Responses {
 				ex.out = append(ex.out[:0], ex.ci.Body...) // the whole response: a non-streaming client's body
