@@ -144,7 +144,6 @@ type Backend struct {
 	healthy    atomic.Bool
 	requests   atomic.Uint64 // requests dispatched in total
 	ended      atomic.Uint64 // of which ended (engineOccupancy)
-	peerEnded  atomic.Uint64 // the other replicas' requests that ended after a scrape that counted them (peerEnd)
 	failures   atomic.Uint64 // attempts that failed because of the backend
 
 	engine     atomic.Pointer[EngineStats]
@@ -219,7 +218,7 @@ func (b *Backend) Name() string { return b.cfg.Load().Name }
 func (b *Backend) Inflight() int64 {
 	n := b.inflight.Load()
 	if p := b.peer.Load(); p != nil && p.Inflight != 0 && b.clock.Now().Before(p.Until) { // no clock read without peers
-		n += p.inflight()
+		n += p.Inflight
 	}
 	return n
 }
@@ -429,32 +428,24 @@ func (b *Backend) seatsFull(e *EngineStats, seats float64) bool {
 
 // engineOccupancy returns the requests in b's engine, running and waiting, as the scrape e counted them and
 // brought up to now with what this gateway did since: plus the requests it dispatched to b after the scrape was
-// sent, less those that ended after its answer came (EngineStats.begun, ended), and less the other replicas'
-// requests it counted that ended since, as they announced them (peerEnd). It reports false when e does not export
-// both counts.
+// sent, less those that ended after its answer came (EngineStats.begun, ended). It reports false when e does not
+// export both counts.
 //
 // A scrape is up to a scrape interval old, and an engine's batch changes with every request that ends: a
 // conversation's next turn, sent the moment its previous answer ended, found that answer still counted in the
 // scrape, so an owner with a seat free looked full, with a seat's wait to pay, and the turn moved (multi-turn at
-// 64 engines of 4 seats: 51 of adaptive's 54 moves left an owner with three requests in it). The corrections err
-// towards more requests: one of ours that ends while the scrape is on its way may or may not be in it and is not
-// taken off, one dispatched then may or may not be in it and is added; the other replicas' dispatches since are
-// not known, and their ends only as peerEnd says.
+// 64 engines of 4 seats: 51 of adaptive's 54 moves left an owner with three requests in it). Only the gateway's
+// own traffic is brought up to date; the other replicas' counts are as old as their reports (PeerLoad). Both
+// corrections err towards more requests: one that ends while the scrape is on its way may or may not be in it
+// and is not taken off, one dispatched then may or may not be in it and is added.
 func (b *Backend) engineOccupancy(e *EngineStats) (float64, bool) {
 	if e.Has&HasRunning == 0 || e.Has&HasWaiting == 0 {
 		return 0, false
 	}
-	since := float64(b.requests.Load()-e.begun) - float64(b.ended.Load()-e.ended) - float64(b.peerEnded.Load()-e.peerEnded)
+	since := float64(b.requests.Load()-e.begun) - float64(b.ended.Load()-e.ended)
 	return max(e.Running+e.Waiting+since, 0), true
 }
 
-// peersOf returns the Peers that share b's load with the other replicas, or nil.
-func (b *Backend) peersOf() *Peers {
-	if c := b.hints; c != nil {
-		return c.p.Load()
-	}
-	return nil
-}
 
 // seatWait is how long a request sent to an engine with occupied requests in it (running and waiting) would wait
 // for a seat: none while one of its seats is free; else, for itself and each request queued ahead of it, one
@@ -486,7 +477,7 @@ func (b *Backend) loadAt(now time.Time) load {
 		// too fast), and leaving it out hid a neighbour's long prefill from the other replica, which then took
 		// a conversation's owner for idle or, once the wait showed, for slow. This replica's own prefill counts
 		// in full until its first token (drain.go says why).
-		l.running += float64(p.Decoding) * p.left()
+		l.running += float64(p.Decoding)
 		peerQ = max(peerQ, p.prefillLeft(now, b.lat.prefillPerToken()))
 	}
 	l.queuedTok += peerQ
@@ -552,7 +543,6 @@ type Attempt struct {
 	rtt, predTTFT            float64 // seconds: RTT, and the engine's mean TTFT predicted at dispatch
 	seatWait                 float64 // seconds: the wait for a seat predicted at dispatch (seatWait)
 	probeGen                 uint64  // b.probeGen at dispatch (perturbed)
-	peerSeq                  uint64  // the first of this replica's load reports that counts it; 0 without peers (peerends.go)
 	revisedTTFT              float64 // seconds: predTTFT for the prefill the engine reported doing; 0 until then
 	runAtFirst               float64
 	ttft                     float64  // observed at FirstToken, seconds
@@ -634,9 +624,6 @@ func (b *Backend) Dispatch(r *Request) Attempt {
 func (b *Backend) begin(a *Attempt, prefillTok int64) {
 	a.prefillTok = prefillTok
 	a.probeGen = b.probeGen.Load()
-	if p := b.peersOf(); p != nil {
-		a.peerSeq = p.dispatchSeq()
-	}
 	b.inflight.Add(1)
 	b.prefilling.Add(1)
 	b.prefillTok.Add(prefillTok)
@@ -926,11 +913,6 @@ func (a *Attempt) End(backendFailed bool) {
 	}
 	b.inflight.Add(-1)
 	b.ended.Add(1)
-	if a.peerSeq != 0 {
-		if p := b.peersOf(); p != nil {
-			p.ended(b, a.peerSeq, now.Sub(a.start))
-		}
-	}
 	if a.warm {
 		b.warm.Add(-1)
 	}

@@ -58,5 +58,5 @@ func (p *PeerLoad) prefillLeft(now time.Time, rate float64) float64 {
 	if rate <= 0 {
 		return 0
 	}
-	return max(float64(p.PrefillTokens)*p.left()-max(now.Sub(p.At).Seconds(), 0)/rate, 0)
+	return max(float64(p.PrefillTokens)-max(now.Sub(p.At).Seconds(), 0)/rate, 0)
 }

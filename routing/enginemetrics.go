@@ -53,10 +53,8 @@ type EngineStats struct {
 	Stale bool
 
 	// begun and ended are the gateway's own requests to the backend dispatched in total when the scrape was sent
-	// and ended in total when its answer came, and peerEnded the other replicas' ended since (peerEnd) then
-	// (Backend.engineOccupancy); sent is when the scrape was sent.
-	begun, ended, peerEnded uint64
-	sent                    time.Time
+	// and ended in total when its answer came (Backend.engineOccupancy).
+	begun, ended uint64
 }
 
 // EngineFields is a set of EngineStats fields.

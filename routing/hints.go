@@ -27,20 +27,6 @@ type PeerLoad struct {
 	// At is when PrefillTokens was left; Until is when the figures go stale (a replica that stopped reporting
 	// stops counting).
 	At, Until time.Time
-
-	gone int64 // of Inflight, the requests that ended since, as their replicas announced (peerends.go)
-}
-
-// inflight returns the other replicas' requests in flight: those reported, less those that ended since.
-func (p *PeerLoad) inflight() int64 { return max(p.Inflight-p.gone, 0) }
-
-// left returns the share of the reported requests that have not ended: the reported prefill and decoding are
-// scaled by it (which of them ended is not known), so that once every one has ended none of their load remains.
-func (p *PeerLoad) left() float64 {
-	if p.gone <= 0 || p.Inflight <= 0 {
-		return 1
-	}
-	return float64(p.inflight()) / float64(p.Inflight)
 }
 
 // peerLoad returns b's fresh peer load, or nil.
@@ -120,14 +106,7 @@ type Peers struct {
 	mu      sync.Mutex
 	pending []pendingHint
 	hashes  []uint64
-	ends    []pendingEnd     // ended requests to announce (peerends.go)
 	sent    map[uint64]int64 // deepest hash ^ backend name hash -> UnixNano when published or received
-
-	repBegun, repRead atomic.Uint64 // this replica's load reports begun, and read in full (sequence numbers)
-
-	endMu     sync.Mutex
-	installed map[string]uint64      // replica -> sequence number of its report installed
-	notices   map[string][]endNotice // replica -> its ended requests an installed report may still count
 }
 
 type pendingHint struct {
@@ -166,7 +145,7 @@ func NewPeers(c redis.UniversalClient, reg *Registry, o PeersOptions) *Peers {
 	}
 	return &Peers{c: c, reg: reg, o: o, loadKey: o.Prefix + "{fleet}:load", streamKey: o.Prefix + "{fleet}:prefixes",
 		stale: 3 * o.Interval, opTimeout: max(o.Interval, 100*time.Millisecond), sent: make(map[uint64]int64),
-		kick: make(chan struct{}, 1), installed: make(map[string]uint64), notices: make(map[string][]endNotice)}
+		kick: make(chan struct{}, 1)}
 }
 
 // ID returns this replica's name among its peers.
@@ -244,9 +223,7 @@ return out
 // syncLoad publishes this replica's load and installs the others'.
 func (p *Peers) syncLoad(ctx context.Context) {
 	backends := p.reg.Backends()
-	seq := p.repBegun.Add(1)
 	var b strings.Builder
-	b.WriteString(reportHeader(seq, p.o.ID)) // peerends.go
 	for _, be := range backends {
 		inflight := be.LocalInflight()
 		_, tok := be.Prefilling()
@@ -254,7 +231,9 @@ func (p *Peers) syncLoad(ctx context.Context) {
 		if inflight == 0 && tok == 0 && dec == 0 {
 			continue
 		}
-		b.WriteByte(';')
+		if b.Len() > 0 {
+			b.WriteByte(';')
+		}
 		b.WriteString(be.Name())
 		b.WriteByte('=')
 		b.WriteString(strconv.FormatInt(inflight, 10))
@@ -263,7 +242,6 @@ func (p *Peers) syncLoad(ctx context.Context) {
 		b.WriteByte(',')
 		b.WriteString(strconv.FormatInt(dec, 10))
 	}
-	p.repRead.Store(seq)
 	cctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	sent := p.o.Clock.Now()
 	res, err := loadScript.Run(cctx, p.c, []string{p.loadKey}, p.o.ID, b.String(), p.stale.Milliseconds()).StringSlice()
@@ -290,20 +268,23 @@ func (p *Peers) syncLoad(ctx context.Context) {
 		rates[be.Name()] = be.lat.prefillPerToken()
 	}
 	sums := make(map[string]*PeerLoad, len(backends))
-	seqs := make(map[string]uint64, len(res))
 	for _, r := range res {
 		left, report, ok := strings.Cut(r, " ")
 		ms, err := strconv.ParseInt(left, 10, 64)
 		if !ok || err != nil {
 			continue
 		}
-		if seq, id, rest, ok := parseReportHeader(report); ok {
-			seqs[id], report = seq, rest
-		}
 		age := min(max(p.stale-time.Duration(ms)*time.Millisecond, 0), p.stale)
 		parsePeerLoad(report, age, rates, sums)
 	}
-	p.install(backends, sums, seqs, read)
+	until := read.Add(p.stale)
+	for _, be := range backends {
+		pl := PeerLoad{At: read, Until: until}
+		if s := sums[be.Name()]; s != nil {
+			pl.Inflight, pl.PrefillTokens, pl.Decoding = s.Inflight, s.PrefillTokens, s.Decoding
+		}
+		be.peer.Store(&pl)
+	}
 }
 
 // parsePeerLoad adds one replica's report ("name=inflight,prefill_tokens,decoding;...") of age age to sums, its
@@ -379,7 +360,7 @@ func (p *Peers) routed(b *Backend, hashes []uint64, tok int64, now time.Time) {
 // flushHints publishes the queued hints as one stream entry.
 func (p *Peers) flushHints(ctx context.Context) {
 	p.mu.Lock()
-	if len(p.pending) == 0 && len(p.ends) == 0 {
+	if len(p.pending) == 0 {
 		p.mu.Unlock()
 		return
 	}
@@ -388,15 +369,14 @@ func (p *Peers) flushHints(ctx context.Context) {
 	for _, h := range p.pending {
 		toks = binary.AppendUvarint(toks, uint64(h.tok))
 	}
-	ends := encodeEnds(nil, p.ends) // peerends.go
 	count := len(p.pending)
-	p.pending, p.hashes, p.ends = p.pending[:0], p.hashes[:0], p.ends[:0]
+	p.pending, p.hashes = p.pending[:0], p.hashes[:0]
 	p.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
 	_, err := p.c.Pipelined(cctx, func(pl redis.Pipeliner) error {
 		pl.XAdd(cctx, &redis.XAddArgs{Stream: p.streamKey, MaxLen: streamMaxLen, Approx: true,
-			Values: []any{"r", p.o.ID, "d", payload, "q", toks, "e", ends}})
+			Values: []any{"r", p.o.ID, "d", payload, "q", toks}})
 		pl.PExpire(cctx, p.streamKey, streamTTL)
 		return nil
 	})
@@ -457,9 +437,8 @@ func (p *Peers) readLoop(ctx context.Context) {
 		if failed {
 			last = p.resume(ctx, last)
 		}
-		// The block is bounded: a cancelled context does not end a blocking read, so Stop waits for it.
 		streams, err := p.c.XRead(ctx, &redis.XReadArgs{Streams: []string{p.streamKey, last}, Count: 256,
-			Block: min(p.o.Interval, time.Second)}).Result()
+			Block: p.o.Interval}).Result()
 		if errors.Is(err, redis.Nil) {
 			failed = false
 			continue // nothing new within the block time
@@ -481,8 +460,7 @@ func (p *Peers) readLoop(ctx context.Context) {
 		for _, s := range streams {
 			for _, m := range s.Messages {
 				last = m.ID
-				r, _ := m.Values["r"].(string)
-				if r == p.o.ID {
+				if r, _ := m.Values["r"].(string); r == p.o.ID {
 					continue
 				}
 				d, _ := m.Values["d"].(string)
@@ -490,9 +468,6 @@ func (p *Peers) readLoop(ctx context.Context) {
 				ms, _, _ := strings.Cut(m.ID, "-")
 				at, _ := strconv.ParseInt(ms, 10, 64)
 				p.apply([]byte(d), []byte(q), at)
-				if e, _ := m.Values["e"].(string); e != "" && p.fresh(at) { // absent from replicas that predate it
-					p.applyEnds(r, []byte(e), p.o.Clock.Now())
-				}
 			}
 		}
 	}

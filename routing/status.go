@@ -143,7 +143,7 @@ func (b *Backend) Status() BackendStatus {
 		s.Info = &cp
 	}
 	if p := b.peerLoad(now); p != nil {
-		s.PeerInflight = p.inflight()
+		s.PeerInflight = p.Inflight
 	}
 	s.Stale = spec.Scrapes() && !l.fresh
 	s.TTFTModel, s.ITLModel = b.lat.status()
