@@ -546,6 +546,7 @@ func (m *Matrix) Prepare(c Cell, dir string) (*CellPlan, error) {
 		Warmup:   w.Warmup.String(),
 		Duration: w.Duration.String(),
 		Seed:     w.Seed,
+		SLO:      slowedSLO(w.SLO, c.Size.Slower),
 		Columns:  m.columnsFor(c.Workload.Name),
 	}
 	if m.Timeout > 0 {
@@ -611,9 +612,36 @@ type scenarioFile struct {
 	Duration string      `yaml:"duration"`
 	Seed     uint64      `yaml:"seed"`
 	Timeout  string      `yaml:"timeout,omitempty"`
+	SLO      *sloFile    `yaml:"slo,omitempty"`
 	Bursts   []burstFile `yaml:"bursts,omitempty"`
 	Columns  []Column    `yaml:"columns"`
 	Events   []eventFile `yaml:"events,omitempty"`
+}
+
+type sloFile struct {
+	TTFT string `yaml:"ttft,omitempty"`
+	ITL  string `yaml:"itl,omitempty"`
+}
+
+// slowedSLO returns the workload's objectives made f times looser, for a fleet made f times slower (SizeAxis.Slower),
+// or nil when there is nothing to scale. A cell's objectives were written for the fleet's own speed: kept as they
+// are on a fleet twice as slow, an inter-token objective of 50 ms on engines of 40 ms steps that slow with load
+// (fixed seats) is met only by idle engines, and adaptive routing, which ranks a backend predicted to miss the
+// objective below every one that meets it, spread conversations over idle backends and gave up their cached
+// history (64 fixed-seat engines, multi-turn: 25% of turns on the previous turn's backend, against 81% with the
+// objective scaled; bench/results/routing-2026-12-02-matrix.md, run 12).
+func slowedSLO(s SLO, f float64) *sloFile {
+	if f <= 1 || (s.TTFT <= 0 && s.ITL <= 0) {
+		return nil
+	}
+	var o sloFile
+	if s.TTFT > 0 {
+		o.TTFT = time.Duration(float64(s.TTFT) * f).String()
+	}
+	if s.ITL > 0 {
+		o.ITL = time.Duration(float64(s.ITL) * f).String()
+	}
+	return &o
 }
 
 type burstFile struct {

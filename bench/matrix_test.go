@@ -496,3 +496,42 @@ columns: [{strategy: round_robin}, {strategy: adaptive}, {name: adaptive-replica
 		}
 	}
 }
+
+// TestPrepareSlowerScalesObjectives: a fleet made twice as slow gets its workload's objectives twice as loose, so
+// that what a backend can meet stays what it could at its own speed; a fleet at its speed keeps them.
+func TestPrepareSlowerScalesObjectives(t *testing.T) {
+	dir := writeFiles(t, map[string]string{"same.yaml": testFleetSame, "w.yaml": testWL + "slo: {ttft: 1s, itl: 50ms}\n",
+		"m.yaml": `
+checks: {kind: routing}
+max_rate: 1000
+fleets: [{file: same.yaml}]
+sizes: [{n: 2}, {n: 4, slower: 2}]
+workloads: [{file: w.yaml}]
+loads: [{name: u60, load: 0.6}]
+columns: [{strategy: round_robin}, {strategy: adaptive}]
+`})
+	m, err := LoadMatrix(filepath.Join(dir, "m.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cells := m.Cells(nil)
+	if len(cells) != 2 {
+		t.Fatalf("%d cells", len(cells))
+	}
+	for i, want := range []SLO{{TTFT: time.Second, ITL: 50 * time.Millisecond}, {TTFT: 2 * time.Second, ITL: 100 * time.Millisecond}} {
+		p, err := m.Prepare(cells[i], filepath.Join(dir, "c"+strconv.Itoa(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := LoadWorkload(p.Scenario.Workload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w, err = w.Apply(p.Scenario.Overrides()); err != nil {
+			t.Fatal(err)
+		}
+		if w.SLO != want {
+			t.Errorf("%s: objectives %+v, want %+v", cells[i].Name, w.SLO, want)
+		}
+	}
+}
