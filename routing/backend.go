@@ -446,7 +446,6 @@ func (b *Backend) engineOccupancy(e *EngineStats) (float64, bool) {
 	return max(e.Running+e.Waiting+since, 0), true
 }
 
-
 // seatWait is how long a request sent to an engine with occupied requests in it (running and waiting) would wait
 // for a seat: none while one of its seats is free; else, for itself and each request queued ahead of it, one
 // release of a seat, which all seats together give at seats/hold a second (hold: how long a request holds one).
