@@ -1026,8 +1026,9 @@ func (a *attempt) first() {
 
 // engineDone ends a's routing accounting when its engine sent the end of the answer, before the client reads that
 // end: the engine's seat is free, and a client that sends its next request the moment an answer ends (the next
-// turn of a conversation) must find it free, not counted until the exchange is settled (docs/design.md, "How a
-// stream ends"). The permit and the metrics are settled with the exchange, as before; routing.Attempt.End runs once.
+// turn of a conversation) must find it free, not counted until the exchange is settled.
+// docs/design.md, "How a stream ends". The permit and the metrics are settled with the exchange, as before;
+// routing.Attempt.End runs once.
 func (a *attempt) engineDone() {
 	if a.began {
 		a.acct.End(false)
