@@ -24,6 +24,19 @@ func isTextPart(e Endpoint, typ []byte) bool {
 	return false
 }
 
+// isOutputItem reports whether a Responses input item whose "type" is typ (unescaped) is model output: one of
+// the item types the API returns in a response's "output" besides "message" (whose role tells). Inputs such as
+// function_call_output and item_reference are not.
+func isOutputItem(typ []byte) bool {
+	switch string(typ) {
+	case "function_call", "reasoning", "custom_tool_call", "web_search_call", "file_search_call", "computer_call",
+		"code_interpreter_call", "image_generation_call", "local_shell_call", "shell_call", "apply_patch_call",
+		"mcp_call", "mcp_list_tools", "mcp_approval_request":
+		return true
+	}
+	return false
+}
+
 // prefixName is the name of the text member that follows "tools" in the prompt's prefix.
 func prefixName(e Endpoint) string {
 	if e == Responses {
@@ -241,6 +254,7 @@ func (p *parser) itemList(v int) (int, error) {
 	name := listName(p.e)
 	p.sawPrompt = true
 	p.out = p.out[:p.promptStart]
+	p.beginList()
 	switch {
 	case b[v] == '[':
 	case b[v] == 'n':
@@ -297,6 +311,7 @@ func (p *parser) itemList(v int) (int, error) {
 		}
 		var more bool
 		if i, more, err = p.next(end, ']'); err != nil || !more {
+			p.endList()
 			return i, err
 		}
 	}
@@ -315,6 +330,7 @@ func (p *parser) item(v, n int) (int, error) {
 	var roleFlags uint8
 	var roleKind byte // the first byte of the last role value; 0 when absent
 	message := true   // every Anthropic message; a Responses item whose type is absent, null or "message"
+	output := false   // a Responses item of another type that is model output (isOutputItem)
 	var seenRole, seenContent bool
 	phase := 0 // written so far: 1 the role, 2 the content
 	direct := true
@@ -337,12 +353,13 @@ func (p *parser) item(v, n int) (int, error) {
 			if p.e == Responses && err == nil {
 				switch b[j] {
 				case 'n':
-					message = true
+					message, output = true, false
 				case '"':
 					_, tf, _ := p.str(j)
-					message = string(keyName(b[j+1:end-1], tf, &p.keyBuf)) == "message"
+					typ := keyName(b[j+1:end-1], tf, &p.keyBuf)
+					message, output = string(typ) == "message", isOutputItem(typ)
 				default:
-					message = false
+					message, output = false, false
 				}
 			}
 		case "role":
@@ -394,6 +411,7 @@ func (p *parser) item(v, n int) (int, error) {
 		p.out = append(p.out[:start], b[v:i]...)
 		p.out = append(p.out, '\n')
 		p.semErr = saved
+		p.answered(start, output)
 		return i, nil
 	}
 	if !direct || phase == 0 {
@@ -418,6 +436,7 @@ func (p *parser) item(v, n int) (int, error) {
 		p.semErr = saved
 	}
 	p.out = append(p.out, '\n')
+	p.answered(start, p.isAssistant(role, roleFlags)) // role is the last role, the one written
 	return i, nil
 }
 

@@ -46,6 +46,9 @@ func TestParseItemsLarge(t *testing.T) {
 			if !bytes.HasPrefix(s.Prompt, []byte("tools:")) {
 				t.Errorf("%v: prompt starts %.20q", e, s.Prompt)
 			}
+			if prev, ok, err := prevTurnReference(e, body); err != nil || !ok || s.PrevTurn != len(prev) || !bytes.HasPrefix(s.Prompt, prev) {
+				t.Errorf("%v %d bytes: PrevTurn %d, reference %d bytes (%v, %v)", e, size, s.PrevTurn, len(prev), ok, err)
+			}
 			if n := testing.AllocsPerRun(10, func() { s.Parse(e, body) }); n != 0 {
 				t.Errorf("Parse(%v) of %d bytes with a reused Summary: %v allocs, want 0", e, len(body), n)
 			}

@@ -217,12 +217,47 @@ func AppendPrompt(dst []byte, e Endpoint, body []byte) ([]byte, error) {
 // param returns name[i], for error messages.
 func param(name string, i int) string { return name + "[" + strconv.Itoa(i) + "]" }
 
+// beginList starts the conversation of a "messages" or "input" value, written from the end of out.
+func (p *parser) beginList() {
+	p.listStart, p.answer, p.inAnswer, p.answerTail = len(p.out), -1, false, 0
+}
+
+// answered records whether the message or item just written at out[start:] is model output. The answer is
+// the first of the last run of them (for chat and Messages each assistant message is a run of its own) that has
+// some conversation before it.
+func (p *parser) answered(start int, output bool) {
+	switch {
+	case !output:
+		p.inAnswer = false
+	case !p.inAnswer || p.e != Responses:
+		p.inAnswer = true
+		if start > p.listStart {
+			p.answer = start
+		}
+	}
+}
+
+// endList ends the conversation begun by beginList, read in full. Nothing is written after it: the conversation
+// is the tail of out, so the answer's distance from the end holds while run puts a prefix in front of it.
+func (p *parser) endList() {
+	if p.answer >= 0 {
+		p.answerTail = len(p.out) - p.answer
+	}
+}
+
+// isAssistant reports whether the role string at b[sp.Start:sp.End], with the scanner's flags, is "assistant"
+// once unescaped; false for an absent role.
+func (p *parser) isAssistant(sp Span, flags uint8) bool {
+	return sp.Start >= 0 && string(keyName(p.b[sp.Start+1:sp.End-1], flags, &p.keyBuf)) == "assistant"
+}
+
 // messages writes the prompt of the chat "messages" value at b[v].
 func (p *parser) messages(v int) (int, error) {
 	b := p.b
 	p.sawMessages = true
 	p.sawPrompt = true
 	p.out = p.out[:p.promptStart+p.toolsLen]
+	p.beginList()
 	switch b[v] {
 	case '[':
 	case 'n':
@@ -272,6 +307,7 @@ func (p *parser) messages(v int) (int, error) {
 		}
 		var more bool
 		if i, more, err = p.next(end, ']'); err != nil || !more {
+			p.endList()
 			return i, err
 		}
 	}
@@ -400,6 +436,7 @@ func (p *parser) message(v, n int) (int, error) {
 		}
 	}
 	p.out = append(p.out, '\n')
+	p.answered(start, p.isAssistant(role, roleFlags)) // role is the last string role, the one written
 	return i, nil
 }
 

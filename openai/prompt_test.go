@@ -40,6 +40,7 @@ var promptSeeds = []struct {
 	{Chat, `{"m\u006fdel":"a\u0062c","messages":[{"r\u006fle":"user","content":"x"}]}`},
 	{Chat, `{"model":"m","messages":[{"role":"user","content":"x","role":"system"}]}`},
 	{Chat, `{"model":"m","messages":[{"role":"user","content":"x","tool_calls":[],"content":"y"}]}`},
+	{Chat, `{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"q"},{"content":"a","role":"assistant"},{"role":"user","content":"q2"}],"tools":[{"type":"function"}]}`},
 	{Completions, `{"model":"m","prompt":"Once upon a time"}`},
 	{Completions, `{"model":"m","prompt":["first","second"]}`},
 	{Completions, `{"model":"m","prompt":[1,2,3]}`},

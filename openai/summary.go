@@ -80,6 +80,16 @@ type Summary struct {
 	// Prompts is how many prompts a completions or embeddings request carries (a list of strings or of token-ID
 	// lists is a batch; Prompt and PromptTokens describe the first one); 1 for the other endpoints.
 	Prompts int
+	// PrevTurn is the length of Prompt before the conversation's last answer, the model output the client sends
+	// back as history: the last message whose role is "assistant" (chat and Messages), or for Responses the first
+	// of the last run of consecutive model-output items (messages whose role is "assistant", and items of the
+	// types the API outputs: function_call, custom_tool_call, reasoning, the built-in tools' calls such as
+	// web_search_call or mcp_call). A trailing answer counts too (a prefill cannot be told from one). When the
+	// client resent its history unchanged, Prompt[:PrevTurn] is the canonical prompt of the request that produced
+	// that answer: routing uses it to recognise the previous turn of a conversation. 0 when no answer has a
+	// message or item before it (none at all, or only one that opens the conversation, whatever tools or system
+	// prefix precedes it), for a string "input", and for completions and embeddings.
+	PrevTurn int
 	// PreviousResponseID is the unescaped "previous_response_id" of a Responses request, the response whose
 	// conversation this one continues (nil when absent or null, and for the other endpoints). Like Model it
 	// aliases the body when the string has no escapes, else a buffer the Summary owns; either way it is valid
@@ -149,6 +159,9 @@ func (s *Summary) Parse(e Endpoint, body []byte) error {
 		}
 		return err
 	}
+	if p.answerTail > 0 {
+		s.PrevTurn = len(s.Prompt) - p.answerTail
+	}
 	if p.tokenIDs >= 0 {
 		s.PromptTokens = p.tokenIDs
 	} else {
@@ -188,6 +201,10 @@ type parser struct {
 	prefixErr   error // the fault of the last "instructions" or "system", if any
 	sawMessages bool  // a "messages" member was read
 	sawPrompt   bool  // the endpoint's prompt member was read ("messages", "prompt" or "input")
+	listStart   int   // where the conversation of the last "messages" or "input" list begins in out
+	answer      int   // where its last answer so far begins in out (see Summary.PrevTurn); -1 for none
+	inAnswer    bool  // the last item written is model output: a run of them is open (Responses)
+	answerTail  int   // len(out) - answer at the end of the list, kept as a prefix goes in front; 0 for none
 	tokenIDs    int   // number of token IDs in a token-ID prompt, -1 otherwise
 	semErr      error
 

@@ -481,7 +481,7 @@ func TestAppendPromptAllocs(t *testing.T) {
 
 func FuzzParse(f *testing.F) {
 	for _, tc := range promptSeeds {
-		f.Add(uint8(tc.e), []byte(tc.body))
+		f.Add(uint8(tc.e-1), []byte(tc.body))
 	}
 	f.Add(uint8(Chat), []byte(`{"model":"m","stream":"true","messages":[]}`))
 	f.Add(uint8(Chat), []byte(`{"model":"m","x":1e700,"messages":[{"role":"u","content":"x"}]}`))
@@ -509,8 +509,17 @@ func FuzzParse(f *testing.F) {
 		if perr != nil || !bytes.Equal(p, s.Prompt) {
 			t.Fatalf("%q: Prompt %q, AppendPrompt %q (%v)", body, s.Prompt, p, perr)
 		}
-		if ref, rerr := AppendPromptReference(nil, ep, body); rerr == nil && !referenceQuirk(ep, body) && !bytes.Equal(ref, s.Prompt) {
-			t.Fatalf("%q: Prompt %q, reference %q", body, s.Prompt, ref)
+		if ref, rerr := AppendPromptReference(nil, ep, body); rerr == nil && !referenceQuirk(ep, body) {
+			if !bytes.Equal(ref, s.Prompt) {
+				t.Fatalf("%q: Prompt %q, reference %q", body, s.Prompt, ref)
+			}
+			prev, ok, err := prevTurnReference(ep, body)
+			if err != nil {
+				t.Fatalf("%q: the previous turn's reference: %v", body, err)
+			}
+			if !ok && s.PrevTurn != 0 || ok && (s.PrevTurn != len(prev) || !bytes.HasPrefix(s.Prompt, prev)) {
+				t.Fatalf("%q: PrevTurn %d of %q, reference %q (%v)", body, s.PrevTurn, s.Prompt, prev, ok)
+			}
 		}
 		// The scalar parameters agree with encoding/json's reading of the body.
 		var m map[string]any
