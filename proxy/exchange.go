@@ -394,6 +394,7 @@ func (ex *exchange) degrade(d *Model) {
 	ex.rreq.PromptTokens = ex.sum.PromptTokens
 	ex.rreq.MaxTokens = ex.sum.MaxTokens
 	ex.rreq.Prompt = ex.sum.Prompt
+	ex.rreq.PrevTurn = ex.sum.PrevTurn
 	ex.rreq.ITLSLO = d.SLO.ITL
 	ex.routeObjective() // cost.go
 	clear(ex.tried)

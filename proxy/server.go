@@ -704,6 +704,7 @@ func (ex *exchange) route(h *fasthttp.RequestHeader) error {
 	ex.rreq.PromptTokens = ex.sum.PromptTokens
 	ex.rreq.MaxTokens = ex.sum.MaxTokens
 	ex.rreq.Prompt = ex.sum.Prompt
+	ex.rreq.PrevTurn = ex.sum.PrevTurn
 	ex.rreq.ITLSLO = m.SLO.ITL
 	ex.injectedUsage = (ex.endpoint == openai.Chat || ex.endpoint == openai.Completions) && !(ex.sum.Stream && ex.sum.IncludeUsage)
 	copyRequestHeaders(&ex.fwd, h)

@@ -221,11 +221,16 @@ func (s *Adaptive) Pick(r *Request, targets []Target) (Target, error) {
 	countLookup(s.lookup, s.hits, longest)
 	now := s.clock.Now()
 	prompt := r.promptTokens()
+	prev := turnsOf(targets).prevTurn(r, now) // the previous turn's backend, seen through another replica (turns.go)
 	minInflight := int64(math.MaxInt64)
 	overflow := false // Regional offered overflow backends beside dedicated ones
 	for _, t := range targets {
 		if t.Backend.Healthy() {
-			minInflight = min(minInflight, t.Backend.Inflight())
+			n := t.Backend.Inflight()
+			if prev.on(t.Backend).report > 0 && n > 0 {
+				n--
+			}
+			minInflight = min(minInflight, n)
 		}
 		overflow = overflow || t.Backend.Config().Tier == TierOverflow
 	}
@@ -238,7 +243,7 @@ func (s *Adaptive) Pick(r *Request, targets []Target) (Target, error) {
 		if conf > 0 {
 			conf = sc.owners[i].Confirmed(r.hb.Hashes[:conf])
 		}
-		c := s.evaluate(r, t.Backend, now, prompt, sc.counts[i], conf, float64(minInflight), overflow)
+		c := s.evaluate(r, t.Backend, now, prompt, sc.counts[i], conf, float64(minInflight), overflow, prev.on(t.Backend))
 		c.i = i
 		sc.cands = append(sc.cands, c)
 		best = min(best, c.tier)
@@ -292,9 +297,9 @@ const (
 // overflow says that Regional offered overflow backends beside the dedicated ones (Request.TTFTSLO set): a
 // dedicated backend predicted to miss the TTFT objective then ranks below them, so that a burst the dedicated
 // tier cannot serve in time goes to overflow rather than queueing on a slow backend.
-func (s *Adaptive) evaluate(r *Request, b *Backend, now time.Time, prompt, blocks, conf int, minInflight float64, overflow bool) cand {
+func (s *Adaptive) evaluate(r *Request, b *Backend, now time.Time, prompt, blocks, conf int, minInflight float64, overflow bool, less turnLess) cand {
 	cfg := b.Config()
-	l := b.loadAt(now)
+	l := b.loadLess(now, less)
 	hit, _, _ := b.specHit(blocks, conf, prompt, b.hitScale.load())
 	u := float64(uncachedTokens(prompt, hit))
 	mean := b.lat.ttftMean(u, l.queuedTok, l.running)
@@ -319,9 +324,9 @@ func (s *Adaptive) evaluate(r *Request, b *Backend, now time.Time, prompt, block
 		known: b.lat.ttftKnown.load(), region: k, ttft: rtt + l.seatWait + p90}
 	itlSLO := r.ITLSLO
 	switch {
-	case s.sat.at(b, cfg, l):
+	case s.sat.at(cfg, l):
 		c.tier = tierSaturated
-	case float64(b.Inflight()) > max(minInflight+s.p.ImbalanceAbs, minInflight*s.p.ImbalanceRel):
+	case float64(l.inflight) > max(minInflight+s.p.ImbalanceAbs, minInflight*s.p.ImbalanceRel):
 		c.tier = tierSaturated
 	case itlSLO > 0 && b.lat.itlMean(l.running+1) > itlSLO.Seconds():
 		// Judged on the mean inter-token latency predicted with this request added, not its p90: the spread

@@ -739,7 +739,7 @@ func TestAdaptiveFullSeatsSaturate(t *testing.T) {
 			f.engine("b1", 0, 0, 0)
 			sat := saturationOf(DefaultAdaptiveParams())
 			b := f.b("b0")
-			if got := sat.at(b, b.Config(), b.loadAt(f.clk.Now())); got != tc.saturated {
+			if got := sat.at(b.Config(), b.loadAt(f.clk.Now())); got != tc.saturated {
 				t.Fatalf("saturated = %v, want %v", got, tc.saturated)
 			}
 			if got := sat.saturated(b, b.Config(), f.clk.Now()); got != tc.saturated {

@@ -344,6 +344,7 @@ type load struct {
 	seatWait  float64 // seconds a new request would wait for a seat (seatWait); 0 while one is free or unknown
 	fresh     bool    // engine metrics are fresh
 	full      bool    // every seat taken and a request waiting for one (seatsFull, or the gateway's own count)
+	inflight  int64   // requests in flight from every replica (Backend.Inflight, less a previous turn's: turnLess)
 }
 
 // SeatMeter measures the seats of an engine that states none: admission.Cap, which the proxy installs with
@@ -465,11 +466,18 @@ func seatWait(occupied, seats, hold float64) float64 {
 // loadAt combines local accounting with the engine's view: the larger of the two
 // (docs/design.md, "Routing and protection"), so traffic from other gateway replicas counts too. Engine metrics count
 // only while fresh.
-func (b *Backend) loadAt(now time.Time) load {
+func (b *Backend) loadAt(now time.Time) load { return b.loadLess(now, turnLess{}) }
+
+// loadLess is loadAt with the previous turn of the request being routed taken off the views that counted it
+// (turns.go): less is for b or zero.
+func (b *Backend) loadLess(now time.Time, less turnLess) load {
 	_, tok := b.Prefilling()
-	l := load{queuedTok: float64(tok), running: float64(b.decoding.Load())}
+	l := load{queuedTok: float64(tok), running: float64(b.decoding.Load()), inflight: b.Inflight()}
 	peerQ := b.peerDispatchedLeft(now)
 	if p := b.peerLoad(now); p != nil {
+		if less.report > 0 && p.Inflight > 0 && l.inflight > 0 {
+			l.inflight--
+		}
 		// The other replicas' decoding sequences count, and their queued prefill as much of it as is left once
 		// the report's age is drained at the learned prefill rate (drain.go): a prefill lasts about as long as a
 		// report is old, so the raw figure is mostly stale (it taught the models a prefill rate several times
@@ -483,14 +491,14 @@ func (b *Backend) loadAt(now time.Time) load {
 	e := b.engine.Load()
 	l.fresh = e.Fresh(now, time.Duration(b.staleAfter.Load()))
 	seats := b.seatsNow(e, b.Config(), l.fresh)
-	occupied := float64(b.Inflight())
+	occupied := float64(l.inflight)
 	if l.fresh {
 		l.waiting = e.Waiting
 		l.kv = e.KVUsage
 		l.running = max(l.running, e.Running)
 		l.queuedTok = max(l.queuedTok, e.Waiting*b.newTokAvg.load())
 		if occ, ok := b.engineOccupancy(e); ok {
-			occupied = max(occupied, occ)
+			occupied = max(occupied, occ-min(less.engine, occ))
 		}
 	}
 	// Every seat taken and a request waiting for one: the engine's occupancy as the scrape left it, brought up to
@@ -542,6 +550,8 @@ type Attempt struct {
 	rtt, predTTFT            float64 // seconds: RTT, and the engine's mean TTFT predicted at dispatch
 	seatWait                 float64 // seconds: the wait for a seat predicted at dispatch (seatWait)
 	probeGen                 uint64  // b.probeGen at dispatch (perturbed)
+	turnKey                  uint64  // the prompt's turnKey, published at dispatch when turned (turns.go)
+	turned                   bool
 	revisedTTFT              float64 // seconds: predTTFT for the prefill the engine reported doing; 0 until then
 	runAtFirst               float64
 	ttft                     float64  // observed at FirstToken, seconds
@@ -608,14 +618,26 @@ func (b *Backend) Dispatch(r *Request) Attempt {
 	if a.promptTok > 0 {
 		b.predRate.ewma(float64(a.hitTok)/float64(a.promptTok), hitRateAlpha)
 	}
+	var peers *Peers
+	if c := b.hints; c != nil {
+		peers = c.p.Load()
+	}
 	if a.hashes != nil {
 		a.indexed = true
 		a.owner.Insert(a.hashes, now)
-		if c := b.hints; c != nil {
-			if p := c.p.Load(); p != nil {
-				p.routed(b, a.hashes, int64(a.uncached), now) // tell the other replicas at once (hints.go); copies, never blocks
-			}
+		if peers != nil {
+			peers.routed(b, a.hashes, int64(a.uncached), now) // tell the other replicas at once (hints.go); copies, never blocks
 		}
+	}
+	if peers != nil && len(r.Prompt) > 0 {
+		// The other replicas learn when this request began and ended, so that its conversation's next turn, if it
+		// reaches one of them, is judged without it (turns.go).
+		if !r.keyed {
+			r.key, r.keyed = turnKey(r.Model, r.Prompt), true
+		}
+		a.turnKey, a.turned = r.key, true
+		peers.turns.local(r.key)
+		peers.turn(b, r.key, turnDispatched, now)
 	}
 	return a
 }
@@ -912,6 +934,11 @@ func (a *Attempt) End(backendFailed bool) {
 	}
 	b.inflight.Add(-1)
 	b.ended.Add(1)
+	if a.turned && b.hints != nil {
+		if p := b.hints.p.Load(); p != nil {
+			p.turn(b, a.turnKey, turnEnded, now)
+		}
+	}
 	if a.warm {
 		b.warm.Add(-1)
 	}

@@ -53,8 +53,9 @@ type EngineStats struct {
 	Stale bool
 
 	// begun and ended are the gateway's own requests to the backend dispatched in total when the scrape was sent
-	// and ended in total when its answer came (Backend.engineOccupancy).
+	// and ended in total when its answer came (Backend.engineOccupancy); sent is when it was sent (turns.go).
 	begun, ended uint64
+	sent         time.Time
 }
 
 // EngineFields is a set of EngineStats fields.

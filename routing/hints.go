@@ -27,7 +27,16 @@ type PeerLoad struct {
 	// At is when PrefillTokens was left; Until is when the figures go stale (a replica that stopped reporting
 	// stops counting).
 	At, Until time.Time
+
+	reports *reportTimes // when each replica's report in the sums was taken (turns.go)
 }
+
+// reportTimes are when the other replicas' load reports of one sync were taken, by replica, on this replica's
+// clock.
+type reportTimes struct{ at map[string]reportSpan }
+
+// reportSpan is when a replica read the counts of its report: from no earlier than from to no later than to.
+type reportSpan struct{ from, to time.Time }
 
 // peerLoad returns b's fresh peer load, or nil.
 func (b *Backend) peerLoad(now time.Time) *PeerLoad {
@@ -100,13 +109,17 @@ type Peers struct {
 	wg                  sync.WaitGroup
 	published, received atomic.Uint64
 	offsetMs            atomic.Int64 // Redis TIME minus this replica's clock, in ms, as the last load script saw it
+	offsetErr           atomic.Int64 // how far offsetMs may be off, in ns: half the script's round trip
 	offsetKnown         atomic.Bool
+	turns               turnLog // the other replicas' requests (turns.go)
 
 	kick    chan struct{} // wakes the publisher when a hint is queued
 	mu      sync.Mutex
 	pending []pendingHint
 	hashes  []uint64
-	sent    map[uint64]int64 // deepest hash ^ backend name hash -> UnixNano when published or received
+	// pendingTurns are this replica's dispatches and ends waiting for the publisher (turns.go).
+	pendingTurns []turnEvent
+	sent         map[uint64]int64 // deepest hash ^ backend name hash -> UnixNano when published or received
 }
 
 type pendingHint struct {
@@ -143,9 +156,11 @@ func NewPeers(c redis.UniversalClient, reg *Registry, o PeersOptions) *Peers {
 		_, _ = rand.Read(b[:])
 		o.ID = hex.EncodeToString(b[:])
 	}
-	return &Peers{c: c, reg: reg, o: o, loadKey: o.Prefix + "{fleet}:load", streamKey: o.Prefix + "{fleet}:prefixes",
+	p := &Peers{c: c, reg: reg, o: o, loadKey: o.Prefix + "{fleet}:load", streamKey: o.Prefix + "{fleet}:prefixes",
 		stale: 3 * o.Interval, opTimeout: max(o.Interval, 100*time.Millisecond), sent: make(map[uint64]int64),
 		kick: make(chan struct{}, 1)}
+	p.turns.init()
+	return p
 }
 
 // ID returns this replica's name among its peers.
@@ -201,7 +216,8 @@ func (p *Peers) publishLoop(ctx context.Context) {
 
 // loadScript writes this replica's load report (ARGV[2]) under its id (ARGV[1]) with an expiry of ARGV[3] ms
 // in Redis TIME, deletes the expired reports, and returns Redis TIME in ms followed by the others' fresh reports,
-// each as "<ms until it expires> <report>": a report's age is the expiry it was written with less that.
+// each as two elements, "<ms until it expires> <report>" and the replica's id: a report's age is the expiry it was
+// written with less that. (The reply's shape is this binary's own: each replica runs its own script.)
 var loadScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -215,7 +231,10 @@ for i = 1, #all, 2 do
   local sp = string.find(v, ' ', 1, true)
   local exp = sp and tonumber(string.sub(v, 1, sp - 1))
   if exp == nil or exp <= now then redis.call('HDEL', KEYS[1], all[i])
-  elseif all[i] ~= ARGV[1] then out[#out + 1] = (exp - now) .. ' ' .. string.sub(v, sp + 1) end
+  elseif all[i] ~= ARGV[1] then
+    out[#out + 1] = (exp - now) .. ' ' .. string.sub(v, sp + 1)
+    out[#out + 1] = all[i]
+  end
 end
 return out
 `)
@@ -224,6 +243,7 @@ return out
 func (p *Peers) syncLoad(ctx context.Context) {
 	backends := p.reg.Backends()
 	var b strings.Builder
+	from := p.o.Clock.Now()
 	for _, be := range backends {
 		inflight := be.LocalInflight()
 		_, tok := be.Prefilling()
@@ -242,6 +262,17 @@ func (p *Peers) syncLoad(ctx context.Context) {
 		b.WriteByte(',')
 		b.WriteString(strconv.FormatInt(dec, 10))
 	}
+	if p.offsetKnown.Load() {
+		// When the counts were read, in Redis time (turns.go): an entry without '=', which parsePeerLoad skips.
+		off := p.offsetMs.Load()
+		if b.Len() > 0 {
+			b.WriteByte(';')
+		}
+		b.WriteString("@")
+		b.WriteString(strconv.FormatInt(from.UnixMilli()+off, 10))
+		b.WriteByte(',')
+		b.WriteString(strconv.FormatInt(p.o.Clock.Now().UnixMilli()+1+off, 10))
+	}
 	cctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	sent := p.o.Clock.Now()
 	res, err := loadScript.Run(cctx, p.c, []string{p.loadKey}, p.o.ID, b.String(), p.stale.Milliseconds()).StringSlice()
@@ -256,10 +287,10 @@ func (p *Peers) syncLoad(ctx context.Context) {
 	if len(res) == 0 {
 		return
 	}
+	mid := sent.Add(read.Sub(sent) / 2) // the script ran between sent and read: take the middle (on loopback or in one zone, a millisecond)
 	if redisMs, err := strconv.ParseInt(res[0], 10, 64); err == nil {
-		// The script ran between sent and read: take the middle (on loopback or in one zone, a millisecond).
-		mid := sent.Add(read.Sub(sent) / 2)
 		p.offsetMs.Store(redisMs - mid.UnixMilli())
+		p.offsetErr.Store(int64(read.Sub(sent) / 2))
 		p.offsetKnown.Store(true)
 	}
 	res = res[1:]
@@ -268,23 +299,41 @@ func (p *Peers) syncLoad(ctx context.Context) {
 		rates[be.Name()] = be.lat.prefillPerToken()
 	}
 	sums := make(map[string]*PeerLoad, len(backends))
-	for _, r := range res {
-		left, report, ok := strings.Cut(r, " ")
+	reports := &reportTimes{at: make(map[string]reportSpan, len(res)/2)}
+	for i := 0; i+1 < len(res); i += 2 {
+		left, report, ok := strings.Cut(res[i], " ")
 		ms, err := strconv.ParseInt(left, 10, 64)
 		if !ok || err != nil {
 			continue
 		}
 		age := min(max(p.stale-time.Duration(ms)*time.Millisecond, 0), p.stale)
 		parsePeerLoad(report, age, rates, sums)
+		reports.at[res[i+1]] = p.reportSpan(report, mid.Add(-age))
 	}
 	until := read.Add(p.stale)
 	for _, be := range backends {
-		pl := PeerLoad{At: read, Until: until}
+		pl := PeerLoad{At: read, Until: until, reports: reports}
 		if s := sums[be.Name()]; s != nil {
 			pl.Inflight, pl.PrefillTokens, pl.Decoding = s.Inflight, s.PrefillTokens, s.Decoding
 		}
 		be.peer.Store(&pl)
 	}
+}
+
+// reportSpan returns when the counts of report, written at written (on this replica's clock), were read: as
+// its "@from,to" entry says, in Redis time; without one (a replica that predates it, or knew no offset yet),
+// within the op timeout before the write.
+func (p *Peers) reportSpan(report string, written time.Time) reportSpan {
+	if i := strings.LastIndexByte(report, '@'); i >= 0 {
+		a, b, _ := strings.Cut(report[i+1:], ",")
+		from, err1 := strconv.ParseInt(a, 10, 64)
+		to, err2 := strconv.ParseInt(b, 10, 64)
+		if err1 == nil && err2 == nil && from <= to && p.offsetKnown.Load() {
+			off := p.offsetMs.Load()
+			return reportSpan{from: time.UnixMilli(from - off), to: time.UnixMilli(to - off)}
+		}
+	}
+	return reportSpan{from: written.Add(-p.opTimeout), to: written}
 }
 
 // parsePeerLoad adds one replica's report ("name=inflight,prefill_tokens,decoding;...") of age age to sums, its
@@ -360,7 +409,7 @@ func (p *Peers) routed(b *Backend, hashes []uint64, tok int64, now time.Time) {
 // flushHints publishes the queued hints as one stream entry.
 func (p *Peers) flushHints(ctx context.Context) {
 	p.mu.Lock()
-	if len(p.pending) == 0 {
+	if len(p.pending) == 0 && len(p.pendingTurns) == 0 {
 		p.mu.Unlock()
 		return
 	}
@@ -369,14 +418,17 @@ func (p *Peers) flushHints(ctx context.Context) {
 	for _, h := range p.pending {
 		toks = binary.AppendUvarint(toks, uint64(h.tok))
 	}
+	turns := encodeTurns(nil, p.pendingTurns, p.o.Clock.Now())
 	count := len(p.pending)
 	p.pending, p.hashes = p.pending[:0], p.hashes[:0]
+	clear(p.pendingTurns) // the names
+	p.pendingTurns = p.pendingTurns[:0]
 	p.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
 	_, err := p.c.Pipelined(cctx, func(pl redis.Pipeliner) error {
 		pl.XAdd(cctx, &redis.XAddArgs{Stream: p.streamKey, MaxLen: streamMaxLen, Approx: true,
-			Values: []any{"r", p.o.ID, "d", payload, "q", toks}})
+			Values: []any{"r", p.o.ID, "d", payload, "q", toks, "t", turns}})
 		pl.PExpire(cctx, p.streamKey, streamTTL)
 		return nil
 	})
@@ -460,14 +512,17 @@ func (p *Peers) readLoop(ctx context.Context) {
 		for _, s := range streams {
 			for _, m := range s.Messages {
 				last = m.ID
-				if r, _ := m.Values["r"].(string); r == p.o.ID {
+				r, _ := m.Values["r"].(string)
+				if r == p.o.ID {
 					continue
 				}
 				d, _ := m.Values["d"].(string)
 				q, _ := m.Values["q"].(string) // absent from replicas that predate it
+				t, _ := m.Values["t"].(string) // the same
 				ms, _, _ := strings.Cut(m.ID, "-")
 				at, _ := strconv.ParseInt(ms, 10, 64)
 				p.apply([]byte(d), []byte(q), at)
+				p.applyTurns(r, []byte(t), at)
 			}
 		}
 	}

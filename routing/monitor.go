@@ -315,7 +315,7 @@ func (s *scraper) closeCA() {
 // scrape fetches and parses the backend's /metrics once and publishes the result.
 func (s *scraper) scrape(ctx context.Context) error {
 	b := s.b
-	begun := b.requests.Load()
+	begun, sent := b.requests.Load(), s.m.opts.Clock.Now()
 	st, err := s.fetch(ctx)
 	now := s.m.opts.Clock.Now()
 	if err != nil {
@@ -327,7 +327,7 @@ func (s *scraper) scrape(ctx context.Context) error {
 		return err
 	}
 	st.At = now
-	st.begun, st.ended = begun, b.ended.Load()
+	st.begun, st.ended, st.sent = begun, b.ended.Load(), sent
 	s.discount(st)
 	restarted := s.restarted(st, now)
 	s.refreshInfo(ctx, now, restarted)

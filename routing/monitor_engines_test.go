@@ -138,7 +138,7 @@ func TestScrapeEachBuiltinEngine(t *testing.T) {
 			s, b, _ := scraperFor(t, srv.URL, tc.engine)
 			settled(t, s)
 			got := *b.Engine()
-			got.At = time.Time{}
+			got.At, got.sent = time.Time{}, time.Time{}
 			if got != tc.want {
 				t.Fatalf("scraped\n%+v\nwant\n%+v", got, tc.want)
 			}

@@ -106,9 +106,9 @@ func saturationOf(p AdaptiveParams) saturation {
 	return saturation{waiting: p.QueueThreshold * (1 + p.Headroom), kv: p.KVThreshold}
 }
 
-// at is the rule for b under load l (b.loadAt), whose configuration is cfg.
-func (s saturation) at(b *Backend, cfg *BackendConfig, l load) bool {
-	if c := cfg.MaxConcurrency; c > 0 && b.Inflight() >= int64(c) {
+// at is the rule for a backend under load l (Backend.loadAt), whose configuration is cfg.
+func (s saturation) at(cfg *BackendConfig, l load) bool {
+	if c := cfg.MaxConcurrency; c > 0 && l.inflight >= int64(c) {
 		return true
 	}
 	return l.full || (l.fresh && (l.waiting > s.waiting || l.kv > s.kv))

@@ -115,7 +115,7 @@ func TestAdaptiveWaitsForASeat(t *testing.T) {
 				t.Fatalf("seat wait %v, want %v", got, tc.wantWait)
 			}
 			sat := saturationOf(DefaultAdaptiveParams())
-			if got := sat.at(owner, owner.Config(), l); got != tc.saturated {
+			if got := sat.at(owner.Config(), l); got != tc.saturated {
 				t.Fatalf("saturated = %v, want %v", got, tc.saturated)
 			}
 			if got := sat.saturated(owner, owner.Config(), f.clk.Now()); got != tc.saturated {
@@ -205,7 +205,7 @@ func TestITLObjectiveOnTheMean(t *testing.T) {
 		if p90 := b.lat.itlMean(1) * b.lat.itlSpread.load(); name == "b1" && p90 <= 0.050 {
 			t.Fatalf("b1's p90 ITL %.1f ms is within the objective: the case is not tested", p90*1e3)
 		}
-		if c := s.evaluate(r, b, now, 100, 0, 0, 0, false); c.tier != want {
+		if c := s.evaluate(r, b, now, 100, 0, 0, 0, false, turnLess{}); c.tier != want {
 			t.Errorf("%s: tier %d, want %d (mean ITL %.1f ms)", name, c.tier, want, b.lat.itlMean(1)*1e3)
 		}
 	}
@@ -261,7 +261,7 @@ func TestTTFTObjectiveBesideITL(t *testing.T) {
 	s := adaptive(t, f, "")
 	r := &Request{Model: "m", Prompt: text(2, 400), ITLSLO: 50 * time.Millisecond, TTFTSLO: 500 * time.Millisecond}
 	now := f.clk.Now()
-	if c := s.evaluate(r, b0, now, 100, 0, 0, 0, false); c.tier != tierMisses {
+	if c := s.evaluate(r, b0, now, 100, 0, 0, 0, false, turnLess{}); c.tier != tierMisses {
 		t.Fatalf("b0, a second's wait for a seat against a 500 ms objective: tier %d, want %d", c.tier, tierMisses)
 	}
 	got, err := s.Pick(r, f.targets)

@@ -39,8 +39,12 @@ type Request struct {
 	PromptTokens int
 	// MaxTokens is the client's output bound (0 when unset).
 	MaxTokens int
-	// Prompt is the canonical prompt (openai.AppendPrompt), for prefix hashing; read during the first Pick only.
+	// Prompt is the canonical prompt (openai.AppendPrompt), for prefix hashing; read during Pick and Dispatch.
 	Prompt []byte
+	// PrevTurn is the length of Prompt before the conversation's last answer (openai.Summary.PrevTurn): Prompt[:PrevTurn]
+	// is the previous turn's prompt, whose request has ended since the client has its answer. 0 when there is none.
+	// With replicas, routing takes that request off the views of the backend that served it (turns.go).
+	PrevTurn int
 	// ITLSLO, when set, is the inter-token latency the model promises: the adaptive strategy avoids backends
 	// whose predicted mean ITL with this request added exceeds it, unless all do.
 	ITLSLO time.Duration
@@ -57,6 +61,8 @@ type Request struct {
 	hb     *cache.HashBuf
 	hashed bool
 	dec    Decision
+	key    uint64 // turnKey of Prompt, once keyed (Dispatch with peers)
+	keyed  bool
 }
 
 // Decision is what the last Pick chose and predicted, for admission (early SLO checks), logs and Dispatch.
