@@ -226,11 +226,7 @@ func (s *Adaptive) Pick(r *Request, targets []Target) (Target, error) {
 	overflow := false // Regional offered overflow backends beside dedicated ones
 	for _, t := range targets {
 		if t.Backend.Healthy() {
-			n := t.Backend.Inflight()
-			if prev.on(t.Backend).report > 0 && n > 0 {
-				n--
-			}
-			minInflight = min(minInflight, n)
+			minInflight = min(minInflight, t.Backend.Inflight())
 		}
 		overflow = overflow || t.Backend.Config().Tier == TierOverflow
 	}

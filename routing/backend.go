@@ -179,8 +179,10 @@ type Backend struct {
 	owner atomic.Pointer[cache.Owner]
 	obs   atomic.Pointer[backendMetrics]
 
-	peer  atomic.Pointer[PeerLoad] // the other gateway replicas' load on b (hints.go), until it goes stale
-	hints *hintCell                // where confirmed prefixes are published (the Registry's; nil outside one)
+	peer atomic.Pointer[PeerLoad] // the other gateway replicas' load on b (hints.go), until it goes stale
+	// peerReqs are the other replicas' recent requests on b, from their records (turns.go).
+	peerReqs peerReqs
+	hints    *hintCell // where confirmed prefixes are published (the Registry's; nil outside one)
 }
 
 // backendMetrics are a backend's resolved metric children (label lookups done once, not per request).
@@ -435,10 +437,10 @@ func (b *Backend) seatsFull(e *EngineStats, seats float64) bool {
 // A scrape is up to a scrape interval old, and an engine's batch changes with every request that ends: a
 // conversation's next turn, sent the moment its previous answer ended, found that answer still counted in the
 // scrape, so an owner with a seat free looked full, with a seat's wait to pay, and the turn moved (multi-turn at
-// 64 engines of 4 seats: 51 of adaptive's 54 moves left an owner with three requests in it). Only the gateway's
-// own traffic is brought up to date; the other replicas' counts are as old as their reports (PeerLoad). Both
-// corrections err towards more requests: one that ends while the scrape is on its way may or may not be in it
-// and is not taken off, one dispatched then may or may not be in it and is added.
+// 64 engines of 4 seats: 51 of adaptive's 54 moves left an owner with three requests in it). The other replicas'
+// traffic is brought up to date from their records by loadAt (turns.go). Both corrections err towards more
+// requests: one that ends while the scrape is on its way may or may not be in it and is not taken off, one
+// dispatched then may or may not be in it and is added.
 func (b *Backend) engineOccupancy(e *EngineStats) (float64, bool) {
 	if e.Has&HasRunning == 0 || e.Has&HasWaiting == 0 {
 		return 0, false
@@ -468,16 +470,17 @@ func seatWait(occupied, seats, hold float64) float64 {
 // only while fresh.
 func (b *Backend) loadAt(now time.Time) load { return b.loadLess(now, turnLess{}) }
 
-// loadLess is loadAt with the previous turn of the request being routed taken off the views that counted it
-// (turns.go): less is for b or zero.
+// loadLess is loadAt for a request whose previous turn, served through another replica on b, has ended (less;
+// zero for none or another backend). Both bring the other replicas' reports and the scrape up to now with their
+// dispatch and end records (turns.go).
 func (b *Backend) loadLess(now time.Time, less turnLess) load {
 	_, tok := b.Prefilling()
-	l := load{queuedTok: float64(tok), running: float64(b.decoding.Load()), inflight: b.Inflight()}
+	l := load{queuedTok: float64(tok), running: float64(b.decoding.Load()), inflight: b.inflight.Load()}
 	peerQ := b.peerDispatchedLeft(now)
+	adj := b.peerAdjustAt(now, less)
 	if p := b.peerLoad(now); p != nil {
-		if less.report > 0 && p.Inflight > 0 && l.inflight > 0 {
-			l.inflight--
-		}
+		// The other replicas' reports, brought up to now with their dispatch and end records (turns.go).
+		l.inflight += max(p.Inflight+int64(adj.report), 0)
 		// The other replicas' decoding sequences count, and their queued prefill as much of it as is left once
 		// the report's age is drained at the learned prefill rate (drain.go): a prefill lasts about as long as a
 		// report is old, so the raw figure is mostly stale (it taught the models a prefill rate several times
@@ -498,7 +501,7 @@ func (b *Backend) loadLess(now time.Time, less turnLess) load {
 		l.running = max(l.running, e.Running)
 		l.queuedTok = max(l.queuedTok, e.Waiting*b.newTokAvg.load())
 		if occ, ok := b.engineOccupancy(e); ok {
-			occupied = max(occupied, occ-min(less.engine, occ))
+			occupied = max(occupied, max(occ+adj.engine, 0))
 		}
 	}
 	// Every seat taken and a request waiting for one: the engine's occupancy as the scrape left it, brought up to

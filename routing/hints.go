@@ -91,6 +91,10 @@ type PeersOptions struct {
 //     replicas' hints in this replica's prefix index, so a prefix stays on one backend whichever replica
 //     receives it; the index's own TTL and capacity expire them. The same prefix on the same backend is
 //     published at most once a minute.
+//   - Dispatches and ends. Each request's dispatch and end, keyed by a hash of its prompt, go out in the same
+//     stream entries; the others bring their views of each backend (the reports, their scrapes) up to now with
+//     them, and a conversation's next turn counts its previous one as ended (turns.go). Each load report says
+//     when its counts were read, for the same purpose.
 //
 // A Redis failure costs nothing on the request path: the load hints in hand expire and routing falls back to
 // this replica's own accounting, unpublished hints are dropped, each failure is reported through OnError, and

@@ -11,20 +11,20 @@ import (
 	"github.com/switchyard/switchyard/cache"
 )
 
-// The previous turn of a conversation, served through another replica (docs/design.md, "Load between replicas").
+// The other replicas' requests, as their dispatch and end records tell (docs/design.md, "Load between replicas").
 //
-// A conversation whose turns alternate between two replicas sends its next turn the moment its previous answer
-// ended. The replica that receives it judges the previous turn's backend on views taken while that answer was
-// still running: the other replica's load report and its own scrape of the engine, each up to an interval old.
-// Both still count the answer, so the backend, with a seat free again, looks full (64 engines of 4 seats: most
-// moves across two replicas left a backend with three requests in it). The next turn itself says that the
-// previous one ended: its prompt is the previous prompt, the answer and the new message (openai.Summary.PrevTurn).
-// So every replica publishes, on the prefix-hint stream, when it dispatched each request and when it ended,
-// keyed by a hash of the prompt; the replica that receives the next turn looks its previous prompt up, and takes
-// the request off each view that surely counted it: a view taken after the dispatch and before the end, the end
-// being the published one or, when none has come yet, no earlier than the records' measured latency ago (had it
-// ended before, its record would be here). Every rule errs towards counting the request, and only the backend
-// that served the previous turn is corrected, for this pick only.
+// A replica judges a backend on views that are up to an interval old: the other replicas' load reports and its
+// own scrape of the engine. On engines of few seats the requests that ended since make a backend with a seat free
+// look full, and a conversation whose turns alternate between two replicas, which sends its next turn the moment
+// its previous answer ended, left its backend (64 engines of 4 seats: most moves across two replicas left a
+// backend with three requests in it, and the views there counted two or three more). So every replica publishes,
+// on the prefix-hint stream, when it dispatched each request and when it ended, keyed by a hash of its prompt, and
+// the others bring each view up to now with them, as a replica does with its own traffic (engineOccupancy): a
+// request a view surely counted that has ended since comes off it, one it may have missed that still runs goes on.
+// A conversation's next turn says more: its prompt is the previous prompt, the answer and the new message
+// (openai.Summary.PrevTurn), so the previous request has ended even when its end record has not come yet; it is
+// taken to have ended no earlier than the records' measured latency ago (had it ended before, its record would be
+// here). Every rule errs towards counting a request.
 
 // Turn record kinds on the hint stream.
 const (
@@ -152,41 +152,119 @@ func (l *turnLog) lookup(key uint64) (peerTurn, time.Duration, bool) {
 	return *t, time.Duration(l.lat * float64(time.Second)), true
 }
 
+// peerReqs are the other replicas' requests on one backend, as their dispatch and end records told, kept while a
+// view of the backend (a load report, a scrape) may still be older than their end. Safe for concurrent use.
+type peerReqs struct {
+	mu   sync.Mutex
+	reqs []peerReq
+}
+
+type peerReq struct {
+	key        uint64
+	replica    string
+	dispatched time.Time // on this replica's clock, estimated late
+	ended      time.Time // estimated early; zero until its end record came
+}
+
+// maxPeerReqs bounds a backend's list: beyond it the oldest dispatch goes, which every view counts by then.
+const maxPeerReqs = 1024
+
+// add records a dispatch, dropping what ended before keepFrom (no view is older).
+func (p *peerReqs) add(key uint64, replica string, at, keepFrom time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	kept := p.reqs[:0]
+	for _, q := range p.reqs {
+		if q.ended.IsZero() || !q.ended.Before(keepFrom) {
+			kept = append(kept, q)
+		}
+	}
+	clear(p.reqs[len(kept):])
+	p.reqs = kept
+	if len(p.reqs) >= maxPeerReqs {
+		oldest := 0
+		for i, q := range p.reqs {
+			if q.dispatched.Before(p.reqs[oldest].dispatched) {
+				oldest = i
+			}
+		}
+		p.reqs = append(p.reqs[:oldest], p.reqs[oldest+1:]...)
+	}
+	p.reqs = append(p.reqs, peerReq{key: key, replica: replica, dispatched: at})
+}
+
+// end records an end.
+func (p *peerReqs) end(key uint64, replica string, at time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := len(p.reqs) - 1; i >= 0; i-- {
+		if q := &p.reqs[i]; q.key == key && q.replica == replica && q.ended.IsZero() {
+			q.ended = at
+			return
+		}
+	}
+}
+
 // turnViews are the views of a backend a pick reads, with when each was taken (on this replica's clock).
 type turnViews struct {
-	report      reportSpan // the served replica's load report installed now; zero if none
-	scrapeSent  time.Time  // the engine scrape in use was sent...
-	scrapeAt    time.Time  // ...and answered; zero if none
+	reports     *reportTimes // the replicas' load reports installed now; nil if none
+	scrapeSent  time.Time    // the engine scrape in use was sent...
+	scrapeAt    time.Time    // ...and answered; zero if none
 	rtt, margin time.Duration
 }
 
-// counted says which views surely counted t, a request that has ended by now (the next turn of its conversation
-// came) and whose records arrive within lat: the load report if its counts were read after the dispatch and before
-// the end, the scrape if it was sent after the request reached the engine (a round trip after the dispatch) and
-// answered before it ended there (a round trip before the replica saw the end). Without an end record the end is
-// no earlier than lat ago. margin covers the clocks' offsets through Redis.
-func (t peerTurn) counted(v turnViews, now time.Time, lat time.Duration) (report, scrape bool) {
-	if t.b == nil || t.seen != 1 || t.dispatched.IsZero() {
-		return false, false
+// peerAdjust is what the other replicas' records change in a backend's views: the requests to add to (or, when
+// negative, take off) the sum of their load reports and the engine's scraped occupancy.
+type peerAdjust struct{ report, engine float64 }
+
+// adjust brings the views v up to now with the records: a request a view surely counted (taken after its
+// dispatch, answered before its end) that has ended comes off it, and one still running that the view may have
+// missed (dispatched after it was taken, or around it) goes on. prev, with prevEnd, is a request known to have
+// ended by prevEnd although its end record has not come (turnLess). For the report of the replica that
+// dispatched it; for the scrape, a round trip either side, for the request to reach the engine and its end to come
+// back. Every rule errs towards counting a request.
+func (p *peerReqs) adjust(v turnViews, prev uint64, prevEnd time.Time) peerAdjust {
+	var a peerAdjust
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, q := range p.reqs {
+		ended := q.ended
+		if ended.IsZero() && prev != 0 && q.key == prev {
+			ended = prevEnd
+		}
+		if v.reports != nil {
+			if r, ok := v.reports.at[q.replica]; ok {
+				switch {
+				case ended.IsZero() && q.dispatched.Add(v.margin).After(r.from):
+					a.report++ // running, and maybe not in the report
+				case !ended.IsZero() && !q.dispatched.Add(v.margin).After(r.from) && r.to.Add(v.margin).Before(ended):
+					a.report-- // in the report, and ended since
+				}
+			}
+		}
+		if !v.scrapeSent.IsZero() {
+			reach := q.dispatched.Add(v.margin + v.rtt)
+			switch {
+			case ended.IsZero() && reach.After(v.scrapeSent):
+				a.engine++
+			case !ended.IsZero() && !reach.After(v.scrapeSent) && v.scrapeAt.Add(v.margin+v.rtt).Before(ended):
+				a.engine--
+			}
+		}
 	}
-	end := t.ended
-	if end.IsZero() {
-		end = now.Add(-lat)
-	}
-	from := t.dispatched.Add(v.margin)
-	report = !v.report.from.IsZero() && !v.report.from.Before(from) && v.report.to.Add(v.margin).Before(end)
-	scrape = !v.scrapeSent.IsZero() && !v.scrapeSent.Before(from.Add(v.rtt)) && v.scrapeAt.Add(v.margin+v.rtt).Before(end)
-	return report, scrape
+	return a
 }
 
-// turnLess is what a pick takes off one backend's views: the previous turn of the request's conversation, which
-// another replica served and which has ended. The zero value takes nothing off.
+// turnLess is the previous turn of the request being routed, when another replica served it: its backend, its
+// key, and when it ended at the latest (its end record's time, or now less the records' latency: had it ended
+// earlier, its record would be here). The zero value names none.
 type turnLess struct {
-	b              *Backend
-	report, engine float64 // 1 when that view counted it
+	b   *Backend
+	key uint64
+	end time.Time
 }
 
-// on returns what t takes off b's views.
+// on returns t for b, or none.
 func (t turnLess) on(b *Backend) turnLess {
 	if t.b != b {
 		return turnLess{}
@@ -194,33 +272,42 @@ func (t turnLess) on(b *Backend) turnLess {
 	return t
 }
 
-// prevTurn returns what r's previous turn takes off the views of the backend that served it through another
-// replica, at now. Nothing without peers, without a previous turn in r's prompt, or without its records.
+// prevTurn returns r's previous turn, when another replica served it and its records are here. None without
+// peers, without a previous turn in r's prompt, or when its prompt was dispatched more than once.
 func (p *Peers) prevTurn(r *Request, now time.Time) turnLess {
 	if p == nil || r.PrevTurn <= 0 || r.PrevTurn > len(r.Prompt) {
 		return turnLess{}
 	}
-	t, lat, ok := p.turns.lookup(turnKey(r.Model, r.Prompt[:r.PrevTurn]))
-	if !ok || t.b == nil {
+	key := turnKey(r.Model, r.Prompt[:r.PrevTurn])
+	t, lat, ok := p.turns.lookup(key)
+	if !ok || t.b == nil || t.seen != 1 || t.dispatched.IsZero() {
 		return turnLess{}
 	}
-	b := t.b
-	v := turnViews{rtt: time.Duration(b.rtt() * float64(time.Second)), margin: p.margin()}
-	if pl := b.peerLoad(now); pl != nil && pl.reports != nil {
-		v.report = pl.reports.at[t.replica]
+	end := t.ended
+	if end.IsZero() {
+		end = now.Add(-lat)
 	}
-	if e := b.engine.Load(); e != nil && !e.Stale {
+	return turnLess{b: t.b, key: key, end: end}
+}
+
+// peerAdjustAt returns what the other replicas' records change in b's views at now (nothing without peers), with
+// prev, b's or none, taken as ended.
+func (b *Backend) peerAdjustAt(now time.Time, prev turnLess) peerAdjust {
+	if b.hints == nil {
+		return peerAdjust{}
+	}
+	p := b.hints.p.Load()
+	if p == nil {
+		return peerAdjust{}
+	}
+	v := turnViews{rtt: time.Duration(b.rtt() * float64(time.Second)), margin: p.margin()}
+	if pl := b.peerLoad(now); pl != nil {
+		v.reports = pl.reports
+	}
+	if e := b.engine.Load(); e != nil && !e.Stale && e.Fresh(now, time.Duration(b.staleAfter.Load())) {
 		v.scrapeSent, v.scrapeAt = e.sent, e.At
 	}
-	report, scrape := t.counted(v, now, lat)
-	less := turnLess{b: b}
-	if report {
-		less.report = 1
-	}
-	if scrape {
-		less.engine = 1
-	}
-	return less
+	return b.peerReqs.adjust(v, prev.key, prev.end)
 }
 
 // turnsOf returns the Peers of the registry that targets' backends belong to, or nil.
@@ -230,6 +317,10 @@ func turnsOf(targets []Target) *Peers {
 	}
 	return targets[0].Backend.hints.p.Load()
 }
+
+// keep is how long an ended request stays in a backend's list: as long as a load report counts (three
+// intervals) or an engine scrape stays fresh, whichever is longer, and a second for the records' own delay.
+func (p *Peers) keep() time.Duration { return max(p.stale, DefaultStaleAfter) + time.Second }
 
 // margin is how far apart two replicas' clocks may be through Redis: this replica's offset's uncertainty twice
 // (the other's is taken to be alike) and a millisecond for each of the two stream times' truncation.
@@ -298,10 +389,17 @@ func (p *Peers) applyTurns(replica string, payload []byte, addedMs int64) {
 	now := p.o.Clock.Now()
 	added := time.UnixMilli(addedMs - p.offsetMs.Load())
 	backends := p.reg.Backends()
+	keepFrom := now.Add(-p.keep())
 	_ = decodeTurns(payload, func(kind byte, name string, key uint64, age time.Duration) {
 		for _, b := range backends {
 			if b.Name() == name {
-				p.turns.add(b, replica, key, kind, added.Add(-age), now)
+				at := added.Add(-age)
+				p.turns.add(b, replica, key, kind, at, now)
+				if kind == turnDispatched {
+					b.peerReqs.add(key, replica, at, keepFrom)
+				} else {
+					b.peerReqs.end(key, replica, at)
+				}
 				return
 			}
 		}

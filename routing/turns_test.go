@@ -8,62 +8,95 @@ import (
 	"github.com/switchyard/switchyard/internal/redistest"
 )
 
-func TestPrevTurnCounted(t *testing.T) {
+func TestPeerAdjust(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	span := func(ms int) reportSpan { return reportSpan{from: at(ms - 1), to: at(ms)} }
-	b := &Backend{}
-	const lat = 3 * time.Millisecond
+	report := func(ms int) *reportTimes {
+		return &reportTimes{at: map[string]reportSpan{"a": {from: at(ms - 1), to: at(ms)}}}
+	}
+	type req struct {
+		replica       string
+		key           uint64
+		dispatch, end int // ms; end -1: running
+	}
 	for _, tc := range []struct {
-		name           string
-		turn           peerTurn
-		v              turnViews
-		nowMs          int
-		report, scrape bool
+		name    string
+		reqs    []req
+		v       turnViews
+		prev    int // key taken as ended, at prevEnd
+		prevEnd int
+		want    peerAdjust
 	}{
-		{name: "both views taken while it ran, no end record yet",
-			turn: peerTurn{b: b, seen: 1, dispatched: at(0)}, nowMs: 3000,
-			v:      turnViews{report: span(2900), scrapeSent: at(2850), scrapeAt: at(2860)},
-			report: true, scrape: true},
-		{name: "views taken just now: its end may be in them",
-			turn: peerTurn{b: b, seen: 1, dispatched: at(0)}, nowMs: 3000,
-			v: turnViews{report: span(2999), scrapeSent: at(2997), scrapeAt: at(2999)}},
-		{name: "views older than its dispatch",
-			turn: peerTurn{b: b, seen: 1, dispatched: at(0)}, nowMs: 3000,
-			v: turnViews{report: span(-50), scrapeSent: at(-30), scrapeAt: at(-20)}},
-		{name: "ended before the views were taken",
-			turn: peerTurn{b: b, seen: 1, dispatched: at(0), ended: at(2000)}, nowMs: 3000,
-			v: turnViews{report: span(2500), scrapeSent: at(2400), scrapeAt: at(2410)}},
-		{name: "ended after the views were taken",
-			turn: peerTurn{b: b, seen: 1, dispatched: at(0), ended: at(2000)}, nowMs: 3000,
-			v:      turnViews{report: span(1900), scrapeSent: at(1800), scrapeAt: at(1810)},
-			report: true, scrape: true},
-		{name: "the margin keeps a view taken at the dispatch",
-			turn: peerTurn{b: b, seen: 1, dispatched: at(0)}, nowMs: 3000,
-			v: turnViews{report: span(1), scrapeSent: at(1), scrapeAt: at(2), margin: 2 * time.Millisecond}},
-		{name: "a scrape sent within a round trip of the dispatch may have missed it",
-			turn: peerTurn{b: b, seen: 1, dispatched: at(0)}, nowMs: 3000,
-			v:      turnViews{report: span(5), scrapeSent: at(5), scrapeAt: at(7), rtt: 10 * time.Millisecond},
-			report: true},
-		{name: "a scrape answered within a round trip of the end may not count it",
-			turn: peerTurn{b: b, seen: 1, dispatched: at(0), ended: at(2000)}, nowMs: 3000,
-			v:      turnViews{report: span(1995), scrapeSent: at(1990), scrapeAt: at(1995), rtt: 10 * time.Millisecond},
-			report: true},
-		{name: "the same prompt dispatched twice",
-			turn: peerTurn{b: b, seen: 2, dispatched: at(0)}, nowMs: 3000,
-			v: turnViews{report: span(2900), scrapeSent: at(2850), scrapeAt: at(2860)}},
-		{name: "only its end was seen",
-			turn: peerTurn{b: b, seen: 0, ended: at(2000)}, nowMs: 3000,
-			v: turnViews{report: span(1900), scrapeSent: at(1800), scrapeAt: at(1810)}},
-		{name: "no views",
-			turn: peerTurn{b: b, seen: 1, dispatched: at(0)}, nowMs: 3000},
+		{name: "counted by both views, still running",
+			reqs: []req{{"a", 1, 0, -1}}, v: turnViews{reports: report(500), scrapeSent: at(400), scrapeAt: at(410)}},
+		{name: "counted by both views, ended since",
+			reqs: []req{{"a", 1, 0, 600}}, v: turnViews{reports: report(500), scrapeSent: at(400), scrapeAt: at(410)},
+			want: peerAdjust{report: -1, engine: -1}},
+		{name: "dispatched after both views, running",
+			reqs: []req{{"a", 1, 600, -1}}, v: turnViews{reports: report(500), scrapeSent: at(400), scrapeAt: at(410)},
+			want: peerAdjust{report: 1, engine: 1}},
+		{name: "dispatched and ended after both views",
+			reqs: []req{{"a", 1, 600, 700}}, v: turnViews{reports: report(500), scrapeSent: at(400), scrapeAt: at(410)}},
+		{name: "ended before both views",
+			reqs: []req{{"a", 1, 0, 300}}, v: turnViews{reports: report(500), scrapeSent: at(400), scrapeAt: at(410)}},
+		{name: "another replica's report is not this one's",
+			reqs: []req{{"c", 1, 0, 600}}, v: turnViews{reports: report(500), scrapeSent: at(400), scrapeAt: at(410)},
+			want: peerAdjust{engine: -1}},
+		{name: "dispatched within the margin of the report and ended since: kept; one sent a round trip before the scrape: added",
+			reqs: []req{{"a", 1, 498, 800}, {"a", 2, 395, -1}},
+			v:    turnViews{reports: report(500), scrapeSent: at(400), scrapeAt: at(410), margin: 2 * time.Millisecond, rtt: 5 * time.Millisecond},
+			want: peerAdjust{engine: 1}},
+		{name: "ended within the margin of the report (kept there), or a round trip of the scrape (kept there)",
+			reqs: []req{{"a", 1, 0, 501}, {"a", 2, 0, 412}},
+			v:    turnViews{reports: report(500), scrapeSent: at(400), scrapeAt: at(410), margin: 2 * time.Millisecond, rtt: 5 * time.Millisecond},
+			want: peerAdjust{engine: -1}},
+		{name: "the previous turn, ended by the follow-up's account",
+			reqs: []req{{"a", 7, 0, -1}, {"a", 8, 0, -1}}, prev: 7, prevEnd: 900,
+			v:    turnViews{reports: report(500), scrapeSent: at(400), scrapeAt: at(410)},
+			want: peerAdjust{report: -1, engine: -1}},
+		{name: "the previous turn, ended after the views were taken only by the follow-up's account",
+			reqs: []req{{"a", 7, 0, -1}}, prev: 7, prevEnd: 450,
+			v:    turnViews{reports: report(500), scrapeSent: at(400), scrapeAt: at(410)},
+			want: peerAdjust{engine: -1}},
+		{name: "no views", reqs: []req{{"a", 1, 0, 600}, {"a", 2, 700, -1}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			report, scrape := tc.turn.counted(tc.v, at(tc.nowMs), lat)
-			if report != tc.report || scrape != tc.scrape {
-				t.Fatalf("counted: report %v, scrape %v; want %v, %v", report, scrape, tc.report, tc.scrape)
+			var p peerReqs
+			for _, q := range tc.reqs {
+				p.add(q.key, q.replica, at(q.dispatch), time.Time{})
+				if q.end >= 0 {
+					p.end(q.key, q.replica, at(q.end))
+				}
+			}
+			var prevEnd time.Time
+			if tc.prev != 0 {
+				prevEnd = at(tc.prevEnd)
+			}
+			if got := p.adjust(tc.v, uint64(tc.prev), prevEnd); got != tc.want {
+				t.Fatalf("adjust %+v, want %+v", got, tc.want)
 			}
 		})
+	}
+}
+
+func TestPeerReqsAreBounded(t *testing.T) {
+	var p peerReqs
+	t0 := time.Unix(2000, 0)
+	for i := range 3 * maxPeerReqs {
+		at := t0.Add(time.Duration(i) * time.Millisecond)
+		p.add(uint64(i), "a", at, at.Add(-time.Second))
+		if i%2 == 0 {
+			p.end(uint64(i), "a", at)
+		}
+	}
+	if n := len(p.reqs); n > maxPeerReqs {
+		t.Fatalf("%d requests kept, want at most %d", n, maxPeerReqs)
+	}
+	// What ended before keepFrom went; what runs stays until the bound.
+	for _, q := range p.reqs {
+		if !q.ended.IsZero() && q.ended.Before(t0.Add(time.Duration(3*maxPeerReqs-1)*time.Millisecond-time.Second)) {
+			t.Fatalf("a request that ended at %v is still kept", q.ended.Sub(t0))
+		}
 	}
 }
 
@@ -189,13 +222,13 @@ func TestPrevTurnThroughAnotherReplica(t *testing.T) {
 		}
 		checks++
 		less := b.peers.prevTurn(next, now)
-		if less.b != bx || less.engine != 1 {
-			t.Fatalf("check %d: %+v; want the scrape of x corrected", checks, less)
+		if less.b != bx || less.end.After(now) {
+			t.Fatalf("check %d: previous turn %+v; want x's, ended by now", checks, less)
 		}
 		l := bx.loadLess(now, less.on(bx))
 		if l.inflight != 3 || l.seatWait != 0 || l.full {
-			t.Fatalf("check %d: %d in flight, seat wait %.3f s, full %v; want 3, 0, false (report corrected: %v)",
-				checks, l.inflight, l.seatWait, l.full, less.report)
+			t.Fatalf("check %d: %d in flight, seat wait %.3f s, full %v; want 3, 0, false", checks, l.inflight,
+				l.seatWait, l.full)
 		}
 	}
 	if checks < 10 {
@@ -204,12 +237,26 @@ func TestPrevTurnThroughAnotherReplica(t *testing.T) {
 	if tr, _, _ := b.peers.turns.lookup(key); tr.ended.IsZero() {
 		t.Fatal("the end record did not reach b")
 	}
+	// Once its end record came, every pick sees x brought up to now, not only the conversation's next turn.
+	if l := bx.loadAt(time.Now()); l.seatWait != 0 || l.full {
+		t.Fatalf("after the end record: seat wait %.3f s, full %v; want 0, false", l.seatWait, l.full)
+	}
+	// A request a's report and b's scrape did not see yet counts at once.
+	late := a.backend("x").Dispatch(&Request{Model: "m", Prompt: []byte("a new conversation")})
+	waitUntil(t, 2*time.Second, "b has a's record of the new request", func() bool {
+		_, _, ok := b.peers.turns.lookup(turnKey("m", []byte("a new conversation")))
+		return ok
+	})
+	if l := bx.loadAt(time.Now()); l.seatWait == 0 {
+		t.Fatalf("a new request on x: seat wait %.3f s, want one (x full again)", l.seatWait)
+	}
+	late.End(false)
 
 	// A turn whose prompt was also dispatched elsewhere is not trusted; a request without a previous turn, or
 	// routed by a replica without peers, corrects nothing.
 	dup := b.backend("y").Dispatch(&Request{Model: "m", Prompt: prev})
-	if less := b.peers.prevTurn(next, time.Now()); less.report != 0 || less.engine != 0 {
-		t.Fatalf("an ambiguous previous turn corrected %+v", less)
+	if less := b.peers.prevTurn(next, time.Now()); less.b != nil {
+		t.Fatalf("an ambiguous previous turn: %+v", less)
 	}
 	dup.End(false)
 	if less := b.peers.prevTurn(&Request{Model: "m", Prompt: next.Prompt}, time.Now()); less.b != nil {
