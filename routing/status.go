@@ -14,9 +14,13 @@ type BackendStatus struct {
 	// Inflight, Prefilling and Decoding are the gateway's own counts of requests; PrefillTokens is the uncached
 	// prompt tokens dispatched without a first token yet.
 	Inflight int64 `json:"inflight"`
-	// PeerInflight is the requests the other gateway replicas reported in flight to the backend (fresh load
-	// hints through Redis; 0 without them). Routing counts Inflight + PeerInflight.
+	// PeerInflight is the requests the other gateway replicas have in flight to the backend as routing counts
+	// them now: their fresh load reports through Redis brought up to now with their dispatch and end records
+	// (turns.go; 0 without reports). Routing counts Inflight + PeerInflight. PeerReported is the reports' own sum,
+	// and PeerRunning the requests their records say run there now.
 	PeerInflight  int64 `json:"peer_inflight"`
+	PeerReported  int64 `json:"peer_reported"`
+	PeerRunning   int   `json:"peer_running"`
 	Prefilling    int64 `json:"prefilling"`
 	PrefillTokens int64 `json:"prefill_tokens"`
 	Decoding      int64 `json:"decoding"`
@@ -143,8 +147,9 @@ func (b *Backend) Status() BackendStatus {
 		s.Info = &cp
 	}
 	if p := b.peerLoad(now); p != nil {
-		s.PeerInflight = p.Inflight
+		s.PeerInflight, s.PeerReported = l.inflight-b.LocalInflight(), p.Inflight
 	}
+	s.PeerRunning = b.peerReqs.running()
 	s.Stale = spec.Scrapes() && !l.fresh
 	s.TTFTModel, s.ITLModel = b.lat.status()
 	s.QueuedTokens, s.HitScale = l.queuedTok, b.hitScale.load()

@@ -205,6 +205,19 @@ func (p *peerReqs) end(key uint64, replica string, at time.Time) {
 	}
 }
 
+// running returns how many of the requests have no end record.
+func (p *peerReqs) running() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, q := range p.reqs {
+		if q.ended.IsZero() {
+			n++
+		}
+	}
+	return n
+}
+
 // turnViews are the views of a backend a pick reads, with when each was taken (on this replica's clock).
 type turnViews struct {
 	reports     *reportTimes // the replicas' load reports installed now; nil if none
