@@ -23,13 +23,19 @@ type replica struct {
 
 func newReplica(t *testing.T, c redis.UniversalClient, prefix string, names ...string) *replica {
 	t.Helper()
+	return newReplicaEvery(t, c, prefix, 20*time.Millisecond, names...)
+}
+
+// newReplicaEvery is newReplica syncing every interval.
+func newReplicaEvery(t *testing.T, c redis.UniversalClient, prefix string, interval time.Duration, names ...string) *replica {
+	t.Helper()
 	r := &replica{reg: NewRegistry()}
 	cfgs := make([]*BackendConfig, len(names))
 	for i, n := range names {
 		cfgs[i] = &BackendConfig{Name: n, URL: "http://127.0.0.1:1/" + n, Engine: EngineOpenAI}
 	}
 	r.reg.Sync(cfgs)
-	r.peers = NewPeers(c, r.reg, PeersOptions{Prefix: prefix, Interval: 20 * time.Millisecond,
+	r.peers = NewPeers(c, r.reg, PeersOptions{Prefix: prefix, Interval: interval,
 		OnError: func(string, error) { r.errs.Add(1) }})
 	r.peers.Start()
 	t.Cleanup(r.peers.Stop)

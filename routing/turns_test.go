@@ -178,7 +178,10 @@ func TestTurnLogIsBounded(t *testing.T) {
 func TestPrevTurnThroughAnotherReplica(t *testing.T) {
 	addr := redistest.Addr(t)
 	prefix := redistest.Prefix(t)
-	a := newReplica(t, redistest.Client(t, addr), prefix, "x", "y")
+	// a reports every 300 ms: the report b holds when the turn ends was read well before the end, and the next is
+	// read well after it, so that no report is of uncertain timing (those keep the request: erring towards
+	// counting it).
+	a := newReplicaEvery(t, redistest.Client(t, addr), prefix, 300*time.Millisecond, "x", "y")
 	b := newReplica(t, redistest.Client(t, addr), prefix, "x", "y")
 	bx := b.backend("x")
 	cfg := *bx.Config()
@@ -201,7 +204,13 @@ func TestPrevTurnThroughAnotherReplica(t *testing.T) {
 		p := bx.peerLoad(time.Now())
 		return ok && tr.b == bx && !tr.dispatched.IsZero() && p != nil && p.Inflight == 4
 	})
-	time.Sleep(50 * time.Millisecond)
+	// End the turn 60 ms after b installed a fresh report of a's.
+	installed := bx.peer.Load()
+	waitUntil(t, 2*time.Second, "b installs a's next report", func() bool {
+		p := bx.peer.Load()
+		return p != installed && p.reports != nil && !p.reports.at[a.peers.ID()].to.IsZero()
+	})
+	time.Sleep(60 * time.Millisecond)
 	// b's own scrape of x, taken while the turn ran: four requests running, every seat taken.
 	now := time.Now()
 	bx.engine.Store(&EngineStats{Running: 4, Has: HasRunning | HasWaiting, sent: now.Add(-20 * time.Millisecond),
@@ -213,7 +222,7 @@ func TestPrevTurnThroughAnotherReplica(t *testing.T) {
 	turn.End(false) // the answer ended; the client sends its next turn at once, through b
 	next := &Request{Model: "m", Prompt: append(append([]byte{}, prev...), "assistant:A cache of keys and values.\nuser:Why?\n"...),
 		PrevTurn: len(prev)}
-	deadline := time.Now().Add(300 * time.Millisecond)
+	deadline := time.Now().Add(150 * time.Millisecond) // before a's next report
 	checks := 0
 	for ; time.Now().Before(deadline); time.Sleep(3 * time.Millisecond) {
 		now := time.Now()
@@ -234,9 +243,10 @@ func TestPrevTurnThroughAnotherReplica(t *testing.T) {
 	if checks < 10 {
 		t.Fatalf("a's report was there for %d checks only", checks)
 	}
-	if tr, _, _ := b.peers.turns.lookup(key); tr.ended.IsZero() {
-		t.Fatal("the end record did not reach b")
-	}
+	waitUntil(t, 2*time.Second, "the end record reaches b", func() bool {
+		tr, _, _ := b.peers.turns.lookup(key)
+		return !tr.ended.IsZero()
+	})
 	// Once its end record came, every pick sees x brought up to now, not only the conversation's next turn.
 	if l := bx.loadAt(time.Now()); l.seatWait != 0 || l.full {
 		t.Fatalf("after the end record: seat wait %.3f s, full %v; want 0, false", l.seatWait, l.full)
