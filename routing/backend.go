@@ -477,8 +477,11 @@ func (b *Backend) loadLess(now time.Time, less turnLess) load {
 	_, tok := b.Prefilling()
 	l := load{queuedTok: float64(tok), running: float64(b.decoding.Load()), inflight: b.inflight.Load()}
 	peerQ := b.peerDispatchedLeft(now)
-	adj := b.peerAdjustAt(now, less)
-	if p := b.peerLoad(now); p != nil {
+	e := b.engine.Load()
+	l.fresh = e.Fresh(now, time.Duration(b.staleAfter.Load()))
+	p := b.peerLoad(now)
+	adj := b.peerAdjustAt(p, e, l.fresh, less)
+	if p != nil {
 		// The other replicas' reports, brought up to now with their dispatch and end records (turns.go).
 		l.inflight += max(p.Inflight+int64(adj.report), 0)
 		// The other replicas' decoding sequences count, and their queued prefill as much of it as is left once
@@ -491,8 +494,6 @@ func (b *Backend) loadLess(now time.Time, less turnLess) load {
 		peerQ = max(peerQ, p.prefillLeft(now, b.lat.prefillPerToken()))
 	}
 	l.queuedTok += peerQ
-	e := b.engine.Load()
-	l.fresh = e.Fresh(now, time.Duration(b.staleAfter.Load()))
 	seats := b.seatsNow(e, b.Config(), l.fresh)
 	occupied := float64(l.inflight)
 	if l.fresh {

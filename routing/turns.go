@@ -54,17 +54,17 @@ const turnLogSize = 1 << 15
 // previous turn's) seeded with the model, as every replica computes it.
 func turnKey(model string, prompt []byte) uint64 { return xxhash.Sum64(prompt) ^ cache.Seed(model) }
 
-// peerTurn is one request as the turn records told of it.
+// peerTurn is a prompt as the dispatch records told of it: the backend of its last dispatch by another replica
+// (nil if none), and how many dispatches of it any replica made, this one included. Its times are in the
+// backend's list (peerReqs).
 type peerTurn struct {
-	b          *Backend
-	replica    string
-	dispatched time.Time // on this replica's clock, estimated late (zero: no dispatch record came)
-	ended      time.Time // estimated early; zero until its end record came
-	seen       int       // dispatches of this prompt seen, by any replica this one included: 1 to trust it
-	slot       int       // its place in the eviction ring
+	b    *Backend
+	seen int // 1 to trust it: a prompt dispatched twice (a shared opening message, a retry, a hedge) is ambiguous
+	slot int // its place in the eviction ring
 }
 
-// turnLog holds the other replicas' recent requests by prompt key, and the latency of their records.
+// turnLog holds the other replicas' recent prompts by key, for a follow-up turn to find its previous one, and the
+// latency of their records.
 type turnLog struct {
 	mu     sync.Mutex
 	m      map[uint64]*peerTurn
@@ -113,19 +113,14 @@ func (l *turnLog) local(key uint64) {
 	l.mu.Unlock()
 }
 
-// add folds in one record of another replica, received at now.
-func (l *turnLog) add(b *Backend, replica string, key uint64, kind byte, at, now time.Time) {
+// add folds in one record of another replica, of an event at at, received at now.
+func (l *turnLog) add(b *Backend, key uint64, kind byte, at, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	t := l.entry(key)
-	switch kind {
-	case turnDispatched:
+	if kind == turnDispatched {
+		t := l.entry(key)
+		t.b = b
 		t.seen++
-		t.b, t.replica, t.dispatched, t.ended = b, replica, at, time.Time{}
-	case turnEnded:
-		if t.b == b && t.replica == replica && !t.dispatched.IsZero() {
-			t.ended = at
-		}
 	}
 	l.observeLatency(now.Sub(at).Seconds(), now)
 }
@@ -269,7 +264,7 @@ func (p *peerReqs) adjust(v turnViews, prev uint64, prevEnd time.Time) peerAdjus
 }
 
 // turnLess is the previous turn of the request being routed, when another replica served it: its backend, its
-// key, and when it ended at the latest (its end record's time, or now less the records' latency: had it ended
+// key, and when it ended at the latest, until its end record says: now less the records' latency (had it ended
 // earlier, its record would be here). The zero value names none.
 type turnLess struct {
 	b   *Backend
@@ -293,19 +288,15 @@ func (p *Peers) prevTurn(r *Request, now time.Time) turnLess {
 	}
 	key := turnKey(r.Model, r.Prompt[:r.PrevTurn])
 	t, lat, ok := p.turns.lookup(key)
-	if !ok || t.b == nil || t.seen != 1 || t.dispatched.IsZero() {
+	if !ok || t.b == nil || t.seen != 1 {
 		return turnLess{}
 	}
-	end := t.ended
-	if end.IsZero() {
-		end = now.Add(-lat)
-	}
-	return turnLess{b: t.b, key: key, end: end}
+	return turnLess{b: t.b, key: key, end: now.Add(-lat)}
 }
 
-// peerAdjustAt returns what the other replicas' records change in b's views at now (nothing without peers), with
-// prev, b's or none, taken as ended.
-func (b *Backend) peerAdjustAt(now time.Time, prev turnLess) peerAdjust {
+// peerAdjustAt returns what the other replicas' records change in b's views at now (nothing without peers): their
+// reports pl (nil if none fresh) and, when fresh, the scrape e; prev, b's or none, is taken as ended.
+func (b *Backend) peerAdjustAt(pl *PeerLoad, e *EngineStats, fresh bool, prev turnLess) peerAdjust {
 	if b.hints == nil {
 		return peerAdjust{}
 	}
@@ -314,10 +305,10 @@ func (b *Backend) peerAdjustAt(now time.Time, prev turnLess) peerAdjust {
 		return peerAdjust{}
 	}
 	v := turnViews{rtt: time.Duration(b.rtt() * float64(time.Second)), margin: p.margin()}
-	if pl := b.peerLoad(now); pl != nil {
+	if pl != nil {
 		v.reports = pl.reports
 	}
-	if e := b.engine.Load(); e != nil && !e.Stale && e.Fresh(now, time.Duration(b.staleAfter.Load())) {
+	if fresh {
 		v.scrapeSent, v.scrapeAt = e.sent, e.At
 	}
 	return b.peerReqs.adjust(v, prev.key, prev.end)
@@ -407,7 +398,7 @@ func (p *Peers) applyTurns(replica string, payload []byte, addedMs int64) {
 		for _, b := range backends {
 			if b.Name() == name {
 				at := added.Add(-age)
-				p.turns.add(b, replica, key, kind, at, now)
+				p.turns.add(b, key, kind, at, now)
 				if kind == turnDispatched {
 					b.peerReqs.add(key, replica, at, keepFrom)
 				} else {

@@ -152,7 +152,7 @@ func TestTurnLogIsBounded(t *testing.T) {
 	now := time.Unix(3000, 0)
 	b := &Backend{}
 	for i := range turnLogSize + 100 {
-		l.add(b, "a", uint64(i), turnDispatched, now, now)
+		l.add(b, uint64(i), turnDispatched, now, now)
 	}
 	if len(l.m) != turnLogSize || len(l.ring) != turnLogSize {
 		t.Fatalf("%d records, ring of %d; want %d", len(l.m), len(l.ring), turnLogSize)
@@ -202,7 +202,7 @@ func TestPrevTurnThroughAnotherReplica(t *testing.T) {
 	waitUntil(t, 2*time.Second, "b has a's records and its report of four requests on x", func() bool {
 		tr, _, ok := b.peers.turns.lookup(key)
 		p := bx.peerLoad(time.Now())
-		return ok && tr.b == bx && !tr.dispatched.IsZero() && p != nil && p.Inflight == 4
+		return ok && tr.b == bx && bx.peerReqs.running() == 4 && p != nil && p.Inflight == 4
 	})
 	// End the turn 60 ms after b installed a fresh report of a's.
 	installed := bx.peer.Load()
@@ -244,8 +244,7 @@ func TestPrevTurnThroughAnotherReplica(t *testing.T) {
 		t.Fatalf("a's report was there for %d checks only", checks)
 	}
 	waitUntil(t, 2*time.Second, "the end record reaches b", func() bool {
-		tr, _, _ := b.peers.turns.lookup(key)
-		return !tr.ended.IsZero()
+		return bx.peerReqs.running() == 3
 	})
 	// Once its end record came, every pick sees x brought up to now, not only the conversation's next turn.
 	if l := bx.loadAt(time.Now()); l.seatWait != 0 || l.full {
