@@ -346,7 +346,7 @@ type load struct {
 	seatWait  float64 // seconds a new request would wait for a seat (seatWait); 0 while one is free or unknown
 	fresh     bool    // engine metrics are fresh
 	full      bool    // every seat taken and a request waiting for one (seatsFull, or the gateway's own count)
-	inflight  int64   // requests in flight from every replica (Backend.Inflight, less a previous turn's: turnLess)
+	inflight  int64   // requests in flight from every replica: this one's, and the others' reports brought up to now (turns.go)
 }
 
 // SeatMeter measures the seats of an engine that states none: admission.Cap, which the proxy installs with

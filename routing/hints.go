@@ -115,7 +115,7 @@ type Peers struct {
 	offsetMs            atomic.Int64 // Redis TIME minus this replica's clock, in ms, as the last load script saw it
 	offsetErr           atomic.Int64 // how far offsetMs may be off, in ns: half the script's round trip
 	offsetKnown         atomic.Bool
-	turns               turnLog // the other replicas' requests (turns.go)
+	turns               turnLog // the prompts dispatched lately, for a follow-up to find its previous turn (turns.go)
 
 	kick    chan struct{} // wakes the publisher when a hint is queued
 	mu      sync.Mutex
