@@ -358,8 +358,8 @@ func encodeTurns(dst []byte, ts []turnEvent, flush time.Time) []byte {
 	return dst
 }
 
-// decodeTurns calls fn for each record in b; it stops at the first malformed one.
-func decodeTurns(b []byte, fn func(kind byte, name string, key uint64, age time.Duration)) error {
+// decodeTurns calls fn for each record in b (name aliases b); it stops at the first malformed one.
+func decodeTurns(b []byte, fn func(kind byte, name []byte, key uint64, age time.Duration)) error {
 	for len(b) > 0 {
 		if len(b) < 2 {
 			return errBadHints
@@ -368,7 +368,7 @@ func decodeTurns(b []byte, fn func(kind byte, name string, key uint64, age time.
 		if len(b) < 2+nl+8 {
 			return errBadHints
 		}
-		name := string(b[2 : 2+nl])
+		name := b[2 : 2+nl]
 		key := binary.LittleEndian.Uint64(b[2+nl:])
 		b = b[2+nl+8:]
 		us, n := binary.Uvarint(b)
@@ -394,9 +394,9 @@ func (p *Peers) applyTurns(replica string, payload []byte, addedMs int64) {
 	added := time.UnixMilli(addedMs - p.offsetMs.Load())
 	backends := p.reg.Backends()
 	keepFrom := now.Add(-p.keep())
-	_ = decodeTurns(payload, func(kind byte, name string, key uint64, age time.Duration) {
+	_ = decodeTurns(payload, func(kind byte, name []byte, key uint64, age time.Duration) {
 		for _, b := range backends {
-			if b.Name() == name {
+			if b.Name() == string(name) { // no copy
 				at := added.Add(-age)
 				p.turns.add(b, key, kind, at, now)
 				if kind == turnDispatched {

@@ -115,8 +115,8 @@ func TestTurnEncoding(t *testing.T) {
 		age  time.Duration
 	}
 	var got []rec
-	if err := decodeTurns(b, func(kind byte, name string, key uint64, age time.Duration) {
-		got = append(got, rec{kind, name, key, age})
+	if err := decodeTurns(b, func(kind byte, name []byte, key uint64, age time.Duration) {
+		got = append(got, rec{kind, string(name), key, age})
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestTurnEncoding(t *testing.T) {
 	// A kind this version does not know is skipped; a truncated record stops the decoding.
 	other := append([]byte{'z', 1, 'q'}, make([]byte, 9)...)
 	n := 0
-	if err := decodeTurns(append(other, b...), func(byte, string, uint64, time.Duration) { n++ }); err != nil || n != 3 {
+	if err := decodeTurns(append(other, b...), func(byte, []byte, uint64, time.Duration) { n++ }); err != nil || n != 3 {
 		t.Fatalf("with an unknown kind first: %d records, %v; want 3, nil", n, err)
 	}
 	whole := map[int]bool{}
@@ -140,7 +140,7 @@ func TestTurnEncoding(t *testing.T) {
 		whole[len(encodeTurns(nil, evs[:i], flush))] = true
 	}
 	for cut := 1; cut < len(b); cut++ {
-		if err := decodeTurns(b[:cut], func(byte, string, uint64, time.Duration) {}); err == nil && !whole[cut] {
+		if err := decodeTurns(b[:cut], func(byte, []byte, uint64, time.Duration) {}); err == nil && !whole[cut] {
 			t.Fatalf("truncated at %d of %d bytes: no error", cut, len(b))
 		}
 	}
