@@ -58,7 +58,15 @@ func (e *Env) ready() time.Duration {
 }
 
 // startFleet starts "switchyard sim -fleet" on a copy of src with free ports and waits for every /health.
-func (e *Env) startFleet(ctx context.Context, src, tag string) (*Proc, []FleetBackend, error) {
+func (e *Env) startFleet(ctx context.Context, src, tag string) (p *Proc, backends []FleetBackend, err error) {
+	err = onFreePorts(func() error {
+		p, backends, err = e.startFleetOnce(ctx, src, tag)
+		return err
+	})
+	return p, backends, err
+}
+
+func (e *Env) startFleetOnce(ctx context.Context, src, tag string) (*Proc, []FleetBackend, error) {
 	dst := filepath.Join(e.WorkDir, tag+"-fleet.yaml")
 	backends, err := PrepareFleet(src, dst)
 	if err != nil {
@@ -79,7 +87,15 @@ func (e *Env) startFleet(ctx context.Context, src, tag string) (*Proc, []FleetBa
 
 // startGateway writes a gateway config for spec (free ports), starts "switchyard serve" on it and waits for the
 // admin /readyz. It returns the process and the client base URL.
-func (e *Env) startGateway(ctx context.Context, spec GatewaySpec, tag string) (*Proc, string, error) {
+func (e *Env) startGateway(ctx context.Context, spec GatewaySpec, tag string) (p *Proc, url string, err error) {
+	err = onFreePorts(func() error {
+		p, url, err = e.startGatewayOnce(ctx, spec, tag)
+		return err
+	})
+	return p, url, err
+}
+
+func (e *Env) startGatewayOnce(ctx context.Context, spec GatewaySpec, tag string) (*Proc, string, error) {
 	ports, err := FreePorts(2)
 	if err != nil {
 		return nil, "", err
@@ -379,7 +395,15 @@ func (p replicaPicker) Pick(_ context.Context, it *Item) (string, error) {
 
 // startRedis starts a redis-server of the column's own on a free loopback port (no persistence), for replicas
 // that share state, and returns it and its address.
-func (e *Env) startRedis(ctx context.Context, tag string) (*Proc, string, error) {
+func (e *Env) startRedis(ctx context.Context, tag string) (p *Proc, addr string, err error) {
+	err = onFreePorts(func() error {
+		p, addr, err = e.startRedisOnce(ctx, tag)
+		return err
+	})
+	return p, addr, err
+}
+
+func (e *Env) startRedisOnce(ctx context.Context, tag string) (*Proc, string, error) {
 	exe, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, "", fmt.Errorf("bench: replicas share a redis-server, and none is on PATH (Debian: apt-get install redis-server): %w", err)

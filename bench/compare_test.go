@@ -160,8 +160,19 @@ func fakeGateway(ctx context.Context, file string) int {
 			http.NotFound(w, r)
 		}
 	})}
-	go func() { _ = srv.ListenAndServe() }()
-	go func() { _ = admin.ListenAndServe() }()
+	// Like switchyard serve, a port that cannot be bound ends the process with the error, at once.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fake gateway: listen:", err)
+		return 1
+	}
+	aln, err := net.Listen("tcp", cfg.AdminListen)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fake gateway: admin listen:", err)
+		return 1
+	}
+	go func() { _ = srv.Serve(ln) }()
+	go func() { _ = admin.Serve(aln) }()
 	<-ctx.Done()
 	_ = srv.Close()
 	_ = admin.Close()

@@ -176,6 +176,26 @@ func FreePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
+// onFreePorts calls start, which picks free ports and starts a child on them, up to three times while the child
+// fails because one of its ports was taken. A port is free when FreePort(s) picks it and taken again by the time
+// the child binds it when any other process on the machine (a test of another package, a client's outgoing
+// connection, which draws from the same ephemeral range) gets it in between: rare, and a fresh pick is the cure.
+func onFreePorts(start func() error) error {
+	var err error
+	for range 3 {
+		if err = start(); err == nil || !portTaken(err) {
+			return err
+		}
+	}
+	return err
+}
+
+// portTaken reports whether err (a child's exit, which carries the end of its log) says a port it binds was in
+// use: Go ("address already in use") and redis-server ("Address already in use") say it alike.
+func portTaken(err error) bool {
+	return strings.Contains(strings.ToLower(err.Error()), "address already in use")
+}
+
 // WaitHTTP polls url until it answers 200, the timeout passes, ctx is done or p (when not nil) exits.
 func WaitHTTP(ctx context.Context, url string, timeout time.Duration, p *Proc) error {
 	return waitFor(ctx, timeout, p, url, func(ctx context.Context) error {

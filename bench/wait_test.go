@@ -2,8 +2,13 @@ package bench
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -45,5 +50,59 @@ func TestWaitMeasured(t *testing.T) {
 	}
 	if state.Load() != 2 {
 		t.Fatal("returned while the seat probe ran")
+	}
+}
+
+// TestTakenPortRetried: a gateway whose port another process took in the moment after FreePorts picked it
+// exits at once saying so, and the harness starts it again on fresh ports; the first attempt's error names the
+// port, and any other failure is not retried.
+func TestTakenPortRetried(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(helperEnv, "1")
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "gw.yaml")
+	text := "listen: " + taken.Addr().String() + "\nadmin_listen: 127.0.0.1:1\n" +
+		"backends: [{name: b, url: 'http://127.0.0.1:1'}]\nmodels: [{name: m, strategy: adaptive}]\n"
+	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := StartProc(context.Background(), "gateway", filepath.Join(dir, "gw.log"), exe, "serve", "-config", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	start := time.Now()
+	err = WaitHTTP(context.Background(), "http://127.0.0.1:1/readyz", 20*time.Second, p)
+	if err == nil || !portTaken(err) || time.Since(start) > 10*time.Second {
+		t.Fatalf("after %v: %v", time.Since(start), err)
+	}
+
+	calls := 0
+	err = onFreePorts(func() error {
+		if calls++; calls < 3 {
+			return fmt.Errorf("bench: gateway exited: %w", errors.New("listen tcp: bind: Address already in use"))
+		}
+		return nil
+	})
+	if err != nil || calls != 3 {
+		t.Errorf("taken twice: %d calls, %v", calls, err)
+	}
+	calls = 0
+	err = onFreePorts(func() error { calls++; return errors.New("bench: not ready after 20s") })
+	if err == nil || calls != 1 {
+		t.Errorf("another failure: %d calls, %v", calls, err)
+	}
+	calls = 0
+	err = onFreePorts(func() error { calls++; return errors.New("address already in use") })
+	if err == nil || calls != 3 {
+		t.Errorf("always taken: %d calls, %v", calls, err)
 	}
 }
