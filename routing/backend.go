@@ -155,6 +155,7 @@ type Backend struct {
 	lat       latency
 	ttftCount atomic.Int64
 	lastTTFT  atomic.Int64 // UnixNano (backend clock) of the last TTFT observation
+	idle      idleState    // the traffic it gets and its idle probes (idleprobe.go)
 
 	newTokAvg   afloat    // EWMA of uncached tokens per dispatched request: converts the engine queue to tokens
 	hold        holdTime  // how long a request holds a seat on b (its prefill alone, then its decode)
@@ -346,6 +347,7 @@ type load struct {
 	seatWait  float64 // seconds a new request would wait for a seat (seatWait); 0 while one is free or unknown
 	fresh     bool    // engine metrics are fresh
 	full      bool    // every seat taken and a request waiting for one (seatsFull, or the gateway's own count)
+	occupied  float64 // requests in the engine, running and waiting, brought up to now (engineOccupancy), or in flight
 	inflight  int64   // requests in flight from every replica: this one's, and the others' reports brought up to now (turns.go)
 }
 
@@ -509,6 +511,7 @@ func (b *Backend) loadLess(now time.Time, less turnLess) load {
 	// now with this gateway's own dispatches and ends (engineOccupancy), or the gateway's own count, which shows a
 	// full batch before a scrape does.
 	l.full = seats > 0 && occupied > seats
+	l.occupied = occupied
 	l.seatWait = seatWait(occupied, seats, b.seatHold())
 	return l
 }
@@ -554,6 +557,7 @@ type Attempt struct {
 	rtt, predTTFT            float64 // seconds: RTT, and the engine's mean TTFT predicted at dispatch
 	seatWait                 float64 // seconds: the wait for a seat predicted at dispatch (seatWait)
 	probeGen                 uint64  // b.probeGen at dispatch (perturbed)
+	idleProbe                bool    // the Monitor's idle probe, not traffic (idleprobe.go)
 	turnKey                  uint64  // the prompt's turnKey, published at dispatch when turned (turns.go)
 	turned                   bool
 	revisedTTFT              float64 // seconds: predTTFT for the prefill the engine reported doing; 0 until then
@@ -817,6 +821,9 @@ func (b *Backend) perturbed(a *Attempt) bool {
 // observeTTFT trains b's TTFT model on ttft, an observation of a made at now (b's clock).
 func (b *Backend) observeTTFT(a *Attempt, ttft float64, now time.Time) {
 	b.lastTTFT.Store(now.UnixNano())
+	if !a.idleProbe {
+		b.idle.firsts.Add(1)
+	}
 	if b.perturbed(a) {
 		return
 	}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -32,9 +31,10 @@ const (
 	DefaultRestartGap = 10 * time.Second
 	// DefaultScrapeTimeout bounds one scrape or probe.
 	DefaultScrapeTimeout = time.Second
-	// DefaultIdleProbeAfter is how long a backend may go without a first token before the Monitor sends it a
-	// one-token completion to measure its TTFT (so a backend that routing avoids after a slowdown is seen to
-	// recover); the probes repeat at this interval while it stays idle.
+	// DefaultIdleProbeAfter is the least time a backend may go without a first token before the Monitor sends it
+	// a one-token completion to measure its TTFT (so a backend that routing avoids after a slowdown is seen to
+	// recover); the probes repeat at that interval while it stays idle. A backend whose fair share of its models'
+	// traffic is sparser waits longer (idleprobe.go).
 	DefaultIdleProbeAfter = 2 * time.Second
 	// idleProbeTimeout bounds one idle probe: a backend slower than this teaches the model by the timeout.
 	idleProbeTimeout = 10 * time.Second
@@ -54,9 +54,9 @@ type MonitorOptions struct {
 	RestartGap time.Duration
 	// Timeout bounds each scrape and probe.
 	Timeout time.Duration
-	// IdleProbeAfter is how long a backend may go without a first token before it is sent a one-token
-	// completion (only to engines whose spec allows it: never to hosted APIs, which bill per request). Negative
-	// disables idle probes.
+	// IdleProbeAfter is the least time a backend may go without a first token before it is sent a one-token
+	// completion (only to engines whose spec allows it: never to hosted APIs, which bill per request; see
+	// idleprobe.go for the rest of the rule). Negative disables idle probes.
 	IdleProbeAfter time.Duration
 	// Client does the scrapes and HTTP probes; nil means a keep-alive client of the Monitor's own.
 	Client *http.Client
@@ -163,7 +163,9 @@ func (m *Monitor) Start() {
 				}
 				m.mu.Unlock()
 			case <-sweep.C:
-				m.reg.Index().Sweep(m.opts.Clock.Now())
+				now := m.opts.Clock.Now()
+				m.reg.Index().Sweep(now)
+				m.sweepIdle(now)
 			}
 		}
 	}()
@@ -466,48 +468,4 @@ func (s *scraper) probe(ctx context.Context) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 	resp.Body.Close()
 	s.b.observeProbe(d)
-}
-
-// idleProbeDue reports whether the backend has gone IdleProbeAfter without a first token (nor an idle probe).
-func (s *scraper) idleProbeDue() bool {
-	after := s.m.opts.IdleProbeAfter
-	cfg := s.b.Config()
-	if after < 0 || !cfg.Spec().IdleProbes || len(cfg.Models) == 0 || !s.b.Healthy() {
-		return false
-	}
-	now := s.b.clock.Now()
-	return now.Sub(time.Unix(0, s.b.lastTTFT.Load())) >= after && now.Sub(s.lastIdleP) >= after
-}
-
-// idleProbe sends the backend a one-token completion and feeds its latency to the TTFT model as a one-token
-// prompt under the backend's current load. Routing avoids a backend its model predicts slow; without traffic
-// the model would never learn that it recovered. A failed probe teaches nothing (health is the breaker's job),
-// except a timeout, which is a TTFT of at least that long.
-func (s *scraper) idleProbe(ctx context.Context, cl *http.Client) {
-	b := s.b
-	cfg := b.Config()
-	ctx, cancel := context.WithTimeout(ctx, idleProbeTimeout)
-	defer cancel()
-	body := `{"model":` + strconv.Quote(cfg.Models[0]) + `,"prompt":"ping","max_tokens":1,"stream":false}`
-	req, err := completionRequest(ctx, cfg, body)
-	if err != nil {
-		return
-	}
-	l := b.loadAt(b.clock.Now())
-	a := Attempt{b: b, uncached: 1, queued: l.queuedTok, runAt0: l.running, rtt: b.rtt(), seatWait: l.seatWait,
-		probeGen: b.probeGen.Load()}
-	a.predTTFT = b.lat.ttftMean(a.uncached, a.queued, a.runAt0)
-	start := time.Now()
-	resp, err := cl.Do(req)
-	if err != nil {
-		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
-			b.observeTTFT(&a, time.Since(start).Seconds(), b.clock.Now())
-		}
-		return
-	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-	resp.Body.Close()
-	if resp.StatusCode == http.StatusOK {
-		b.observeTTFT(&a, time.Since(start).Seconds(), b.clock.Now())
-	}
 }

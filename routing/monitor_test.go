@@ -314,12 +314,18 @@ func TestIdleProbeTeachesTheModel(t *testing.T) {
 		t.Fatalf("probe bodies %q", seen)
 	}
 	mu.Unlock()
+	if st := b.Status(); b.idle.firsts.Load() != 0 || st.IdleProbes != 3 {
+		t.Fatalf("after three probes: %d first tokens of traffic, %d probes", b.idle.firsts.Load(), st.IdleProbes)
+	}
 	// Traffic makes probes unnecessary.
 	a := b.Begin(10)
 	a.FirstToken()
 	a.End(false)
 	if s.idleProbeDue() {
 		t.Fatal("probe due right after a first token")
+	}
+	if b.idle.firsts.Load() != 1 {
+		t.Fatalf("a request's first token: %d first tokens of traffic", b.idle.firsts.Load())
 	}
 	// Hosted APIs are never probed with completions.
 	hosted := NewRegistry(WithClock(clk)).Sync([]*BackendConfig{{Name: "h", URL: srv.URL, Engine: EngineOpenAI,

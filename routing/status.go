@@ -102,6 +102,13 @@ type BackendStatus struct {
 	SeatProbe *SeatProbe `json:"seat_probe,omitempty"`
 	// SeatProbing says a seat probe runs now: the engine runs some of the gateway's own requests.
 	SeatProbing bool `json:"seat_probing,omitempty"`
+	// FirstTokensPerS is the backend's rate of first tokens of traffic, smoothed over about 10 s;
+	// IdleProbeAfterMs how long it may go without one before the Monitor sends it an idle probe (its fair share
+	// of its models' traffic, idleprobe.go; 0 while idle probes are off for it), and IdleProbes how many were
+	// sent.
+	FirstTokensPerS  float64 `json:"first_tokens_per_s"`
+	IdleProbeAfterMs float64 `json:"idle_probe_after_ms"`
+	IdleProbes       uint64  `json:"idle_probes"`
 }
 
 // statusPromptTokens is the "short prompt" of BackendStatus.TTFTms.
@@ -155,6 +162,10 @@ func (b *Backend) Status() BackendStatus {
 	s.QueuedTokens, s.HitScale = l.queuedTok, b.hitScale.load()
 	s.SpecShare, s.SpecObserved = b.specShareNow(), b.spec.n.Load()
 	s.SeatProbing = b.seatProbing.Load()
+	s.FirstTokensPerS, s.IdleProbes = b.idle.rate.load(), b.idle.probes.Load()
+	if d := b.idle.after.Load(); d > 0 && spec.IdleProbes {
+		s.IdleProbeAfterMs = float64(d) / 1e6
+	}
 	if p := b.seatProbe.Load(); p != nil {
 		cp := *p
 		s.SeatProbe = &cp
