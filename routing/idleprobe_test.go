@@ -136,3 +136,67 @@ func TestIdleProbeTakesNoSeat(t *testing.T) {
 		}
 	}
 }
+
+// TestUnpredictedSeatWaitNotLearned: a request sent while the engine ran all its seats, the views saying one had
+// freed since, whose first token comes later than the model's p90, waited for a seat: the TTFT model does not
+// learn it. One as fast as predicted is learned, and so is a slow one sent with a seat free.
+func TestUnpredictedSeatWaitNotLearned(t *testing.T) {
+	clk := newFakeClock()
+	reg := NewRegistry(WithClock(clk))
+	b := reg.Sync([]*BackendConfig{{Name: "four", URL: "http://127.0.0.1:1", Engine: EngineVLLM, Models: []string{"m"},
+		MaxNumSeqs: 4}})[0]
+	// The scrape counts 4 running; one of them (this gateway's) has ended since: the views see a seat free.
+	scrape := func(running float64, endOne bool) {
+		var a Attempt
+		if endOne {
+			a = b.Begin(10)
+			a.FirstToken()
+		}
+		b.engine.Store(&EngineStats{Running: running, Has: HasRunning | HasWaiting, At: clk.Now(), sent: clk.Now(),
+			begun: b.requests.Load(), ended: b.ended.Load()})
+		if endOne {
+			a.End(false)
+		}
+	}
+	scrape(4, true)
+	if l := b.loadAt(clk.Now()); l.seatWait != 0 || !l.seatRisky() {
+		t.Fatalf("a full engine with one request ended since its scrape: seat wait %v, risky %v", l.seatWait, l.seatRisky())
+	}
+	samples := b.ttftCount.Load()
+	before := b.lat.ttftMean(100, 0, 4)
+
+	a := b.Begin(100)
+	clk.Advance(2 * time.Second)
+	a.FirstToken()
+	a.End(false)
+	if after := b.lat.ttftMean(100, 0, 4); b.ttftCount.Load() != samples || after != before || b.Status().SeatWaits != 1 {
+		t.Fatalf("a 2 s first token after a seat wait: %d samples (%d before), prediction %v -> %v, seat waits %d",
+			b.ttftCount.Load(), samples, before, after, b.Status().SeatWaits)
+	}
+
+	scrape(4, true)
+	samples = b.ttftCount.Load()
+	a = b.Begin(100)
+	if !a.seatRisk {
+		t.Fatal("not at risk")
+	}
+	clk.Advance(duration(a.predTTFT * 0.9))
+	a.FirstToken()
+	a.End(false)
+	if b.ttftCount.Load() != samples+1 {
+		t.Fatalf("a first token as fast as predicted was not learned (%d samples)", b.ttftCount.Load()-samples)
+	}
+
+	scrape(2, false)
+	if l := b.loadAt(clk.Now()); l.seatRisky() {
+		t.Fatal("an engine running 2 of its 4 seats is at risk")
+	}
+	a = b.Begin(100)
+	clk.Advance(2 * time.Second)
+	a.FirstToken()
+	a.End(false)
+	if b.ttftCount.Load() != samples+2 || b.Status().SeatWaits != 1 {
+		t.Fatalf("a slow first token with seats free was not learned (%d samples, %d seat waits)",
+			b.ttftCount.Load()-samples, b.Status().SeatWaits)
+	}
+}
