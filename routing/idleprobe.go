@@ -21,7 +21,9 @@ import (
 //     default, at most maxIdleProbeAfter). With a fixed 2 s, a fleet of 64 engines at some 12 requests/s per
 //     gateway replica went 2 s without a first token on most engines most of the time: the probes were two
 //     requests for every request of traffic through one gateway and 4.6 through two replicas (the routing
-//     matrix's 64-engine cells), to engines that real traffic kept measured anyway.
+//     matrix's 64-engine cells), to engines that real traffic kept measured anyway. A backend whose
+//     model the regime detector rescaled for a slowdown it has not seen end (slowed) is probed at the floor:
+//     it is the backend routing avoids, and the probe is how its recovery is seen.
 //   - A probe takes no seat that a request needs: it is sent only while the engine, as routing sees it now,
 //     has nothing waiting and room for the probe and one more request (or, its seats unknown, runs nothing).
 //     Through two replicas a replica probed engines its traffic did not reach but the other replica's filled:
@@ -108,9 +110,18 @@ func (m *Monitor) sweepIdle(now time.Time) {
 		if fair > 0 {
 			after = min(duration(idleGaps/fair), maxIdleProbeAfter)
 		}
+		if b.slowed() {
+			after = floor
+		}
 		b.idle.after.Store(int64(max(after, floor)))
 	}
 }
+
+// slowed reports whether b's TTFT model was rescaled up by the regime detector (a slowdown seen in its first
+// tokens) by more than the detector's own trigger, and not seen since to recover: routing avoids such a backend
+// for what its model says, and only a probe shows it wrong once the backend gets no traffic. It is probed at the
+// floor, as every backend was before its wait followed its share of the traffic.
+func (b *Backend) slowed() bool { return b.lat.ttftSlowed.load() > regimeTrigger }
 
 // idleAfter returns how long b may go without a first token before it is probed: the last sweep's figure, the
 // floor before any.

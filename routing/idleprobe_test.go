@@ -81,6 +81,28 @@ func TestIdleWaitFollowsTraffic(t *testing.T) {
 	if got := after(3); got < 15*time.Second || got > 17*time.Second {
 		t.Errorf("with one of m's 5 backends down: %v, want about 16 s", got)
 	}
+	// A backend the regime detector saw slow down (its first tokens five times as slow as its model) is probed at
+	// the floor until it is seen to recover; its peers keep their fair-share wait.
+	fit := func(b *Backend, factor float64, n int) {
+		for range n {
+			b.lat.observeTTFT(statusPromptTokens, 0, 0, factor*b.lat.ttftMean(statusPromptTokens, 0, 0))
+		}
+	}
+	fit(bs[2], 1, 30)
+	fit(bs[2], 5, 6)
+	m.sweepIdle(clk.Now())
+	if got := after(2); !bs[2].slowed() || got != DefaultIdleProbeAfter {
+		t.Errorf("a backend seen to slow down: slowed %v (%.2f), wait %v, want the floor", bs[2].slowed(),
+			bs[2].lat.ttftSlowed.load(), got)
+	}
+	if got := after(3); got < 15*time.Second {
+		t.Errorf("its peer: %v, want the fair-share wait", got)
+	}
+	fit(bs[2], 0.2, 6)
+	m.sweepIdle(clk.Now())
+	if got := after(2); bs[2].slowed() || got < 15*time.Second {
+		t.Errorf("after its recovery: slowed %v (%.2f), wait %v", bs[2].slowed(), bs[2].lat.ttftSlowed.load(), got)
+	}
 	// Off: nothing is set.
 	off := NewMonitor(reg, MonitorOptions{Clock: clk, IdleProbeAfter: -1})
 	bs[0].idle.after.Store(0)

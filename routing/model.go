@@ -181,6 +181,9 @@ type errStat struct {
 	last  [3]float64 // the last three log errors, newest first
 	v     float64    // EWMA of squared log errors
 	level float64    // log of the product of the rescales applied so far (0 at the prior)
+	// slowed is the log of the product of the rescales the detector applied (level without the prior's
+	// calibration): above regimeTrigger, the backend was seen to slow down and has not been seen to recover.
+	slowed float64
 }
 
 // seen is what the regime detector made of an observation shown to it before its fit (detectTTFT): the
@@ -249,6 +252,7 @@ func detect(m *rls, st *errStat, le float64) {
 		k := min(max(math.Exp(median3(st.last[0], st.last[1], st.last[2])), 1/regimeMaxStep), regimeMaxStep)
 		m.rescale(k)
 		st.level += math.Log(k)
+		st.slowed = max(st.slowed+math.Log(k), 0)
 		st.shift = 0
 	}
 }
@@ -298,6 +302,7 @@ type latency struct {
 	pubITL     [2]afloat
 	ttftSpread afloat // exp(z90*sigma)
 	ttftKnown  afloat // exp(z90*sigma/sqrt(n+1)): the p90 factor of the mean's own error (knownFactor)
+	ttftSlowed afloat // ttftE.slowed
 	itlSpread  afloat
 }
 
@@ -318,6 +323,7 @@ func (l *latency) publish() {
 	}
 	l.ttftSpread.store(math.Exp(z90 * min(math.Sqrt(l.ttftE.v), maxSigma)))
 	l.ttftKnown.store(knownFactor(l.ttftE.v, l.nTTFT))
+	l.ttftSlowed.store(l.ttftE.slowed)
 	l.itlSpread.store(math.Exp(z90 * min(math.Sqrt(l.itlE.v), maxSigma)))
 }
 
