@@ -155,7 +155,6 @@ type Backend struct {
 	lat       latency
 	ttftCount atomic.Int64
 	lastTTFT  atomic.Int64 // UnixNano (backend clock) of the last TTFT observation
-	seatWaits atomic.Int64 // first tokens taken for an unpredicted wait for a seat, not learned (Attempt.waited)
 	idle      idleState    // the traffic it gets and its idle probes (idleprobe.go)
 
 	newTokAvg   afloat    // EWMA of uncached tokens per dispatched request: converts the engine queue to tokens
@@ -349,7 +348,6 @@ type load struct {
 	fresh     bool    // engine metrics are fresh
 	full      bool    // every seat taken and a request waiting for one (seatsFull, or the gateway's own count)
 	occupied  float64 // requests in the engine, running and waiting, brought up to now (engineOccupancy), or in flight
-	seats     float64 // the seats judged by (seatsNow); 0 when not known
 	inflight  int64   // requests in flight from every replica: this one's, and the others' reports brought up to now (turns.go)
 }
 
@@ -469,14 +467,6 @@ func seatWait(occupied, seats, hold float64) float64 {
 	return (occupied - seats + 1) * hold / seats
 }
 
-// seatRisky reports whether a request sent now may wait for a seat that no view predicts it waits for: the seats
-// are known, the engine runs all of them as last counted (its scrape, or the replicas' decoding sequences), and
-// the views brought up to now say one is free (seatWait 0). Such a request's first token may include a seat's
-// wait, which is not what the TTFT model learns (Attempt.FirstToken).
-func (l load) seatRisky() bool {
-	return l.seatWait == 0 && l.seats > 0 && l.running >= l.seats
-}
-
 // loadAt combines local accounting with the engine's view: the larger of the two
 // (docs/design.md, "Routing and protection"), so traffic from other gateway replicas counts too. Engine metrics count
 // only while fresh.
@@ -521,7 +511,7 @@ func (b *Backend) loadLess(now time.Time, less turnLess) load {
 	// now with this gateway's own dispatches and ends (engineOccupancy), or the gateway's own count, which shows a
 	// full batch before a scrape does.
 	l.full = seats > 0 && occupied > seats
-	l.occupied, l.seats = occupied, seats
+	l.occupied = occupied
 	l.seatWait = seatWait(occupied, seats, b.seatHold())
 	return l
 }
@@ -574,8 +564,6 @@ type Attempt struct {
 	runAtFirst               float64
 	ttft                     float64  // observed at FirstToken, seconds
 	pendingTTFT              bool     // ttft awaits the usage's cached_tokens before training the model
-	seatRisk                 bool     // dispatched to an engine running all its seats, with no wait predicted (seatRisky)
-	waited                   bool     // its TTFT showed a wait for a seat that was not predicted: not learned (FirstToken)
 	seen                     seen     // what the regime detector made of ttft while pendingTTFT
 	hashes                   []uint64 // the request's prefix hashes until the first token (then nil; see Request.ReleaseHashes)
 	indexed                  bool     // the prompt's blocks went into the prefix index at dispatch
@@ -592,7 +580,7 @@ func (b *Backend) Begin(promptTokens int) Attempt {
 	now := b.clock.Now()
 	l := b.loadAt(now)
 	a := Attempt{b: b, start: now, promptTok: promptTokens, uncached: float64(promptTokens),
-		queued: l.queuedTok, runAt0: l.running, rtt: b.rtt(), seatWait: l.seatWait, seatRisk: l.seatRisky()}
+		queued: l.queuedTok, runAt0: l.running, rtt: b.rtt(), seatWait: l.seatWait}
 	a.predTTFT = b.lat.ttftMean(a.uncached, a.queued, a.runAt0)
 	b.begin(&a, int64(promptTokens))
 	return a
@@ -608,8 +596,7 @@ func (b *Backend) Begin(promptTokens int) Attempt {
 func (b *Backend) Dispatch(r *Request) Attempt {
 	now := b.clock.Now()
 	l := b.loadAt(now)
-	a := Attempt{b: b, start: now, queued: l.queuedTok, runAt0: l.running, rtt: b.rtt(), seatWait: l.seatWait,
-		seatRisk: l.seatRisky()}
+	a := Attempt{b: b, start: now, queued: l.queuedTok, runAt0: l.running, rtt: b.rtt(), seatWait: l.seatWait}
 	a.promptTok = r.promptTokens()
 	a.owner = b.prefixOwner()
 	if r.hb != nil && a.owner != nil && len(r.hb.Hashes) > 0 {
@@ -792,18 +779,7 @@ func (a *Attempt) FirstToken() {
 	a.firstAt = now
 	a.runAtFirst = float64(b.decoding.Load())
 	a.ttft = now.Sub(a.start).Seconds()
-	// A request sent while the engine ran all its seats, its views saying one had just freed, may have waited for
-	// one after all (another replica's request took it, or the end the views counted came later): a first token
-	// later than the model's p90 is then taken for that wait, which is not prefill, and the models learn nothing
-	// from it. Through two replicas on 64 engines of 4 seats such waits of 0.5-3 s, learned as prefill under load,
-	// made owners with a seat free predict 0.3-0.9 s, and conversations left them
-	// (docs/design.md, "Load between replicas").
-	a.waited = a.seatRisk && a.engineTTFT(a.ttft) > a.predTTFT*b.lat.ttftSpread.load()
-	if a.waited {
-		b.lastTTFT.Store(now.UnixNano())
-		b.idle.firsts.Add(1)
-		b.seatWaits.Add(1)
-	} else if b.usageSeen.Load() {
+	if b.usageSeen.Load() {
 		// The engine reports cached_tokens: fit the model when they come, on the prefill the engine really did
 		// rather than on the index's guess (a guess wrong in either direction would teach it a wrong prefill
 		// rate). The regime detector sees the observation now, so a sudden slowdown is caught at first tokens.
@@ -844,9 +820,6 @@ func (b *Backend) perturbed(a *Attempt) bool {
 
 // observeTTFT trains b's TTFT model on ttft, an observation of a made at now (b's clock).
 func (b *Backend) observeTTFT(a *Attempt, ttft float64, now time.Time) {
-	if a.waited { // FirstToken counted it, and it teaches nothing
-		return
-	}
 	b.lastTTFT.Store(now.UnixNano())
 	if !a.idleProbe {
 		b.idle.firsts.Add(1)

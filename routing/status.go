@@ -39,11 +39,8 @@ type BackendStatus struct {
 	RTTms float64 `json:"rtt_ms"`
 	// PrefillMsPerKTok is the learned prefill time per 1,000 uncached tokens.
 	PrefillMsPerKTok float64 `json:"prefill_ms_per_ktok"`
-	// TTFTSamples is how many first tokens trained the TTFT model; SeatWaits how many it did not learn from
-	// because they came later than its p90 from an engine that ran all its seats when they were sent, a wait for
-	// a seat that no view predicted (Attempt.FirstToken).
+	// TTFTSamples is how many first tokens trained the TTFT model.
 	TTFTSamples int64 `json:"ttft_samples"`
-	SeatWaits   int64 `json:"seat_waits"`
 	// PrefixHitRate is the share of prompt tokens served from the engine's prefix cache, smoothed: from the
 	// cached_tokens the engine reports when it does, else as the prefix index predicted.
 	PrefixHitRate float64 `json:"prefix_hit_rate"`
@@ -127,7 +124,7 @@ func (b *Backend) Status() BackendStatus {
 	s := BackendStatus{
 		Name: cfg.Name, Region: cfg.Region, Engine: cfg.Engine, Healthy: b.Healthy(),
 		Inflight: b.LocalInflight(), Prefilling: req, PrefillTokens: tok, Decoding: b.Decoding(),
-		RTTms: b.rtt() * 1e3, TTFTSamples: b.ttftCount.Load(), SeatWaits: b.seatWaits.Load(), Requests: b.Requests(), Failures: b.Failures(),
+		RTTms: b.rtt() * 1e3, TTFTSamples: b.ttftCount.Load(), Requests: b.Requests(), Failures: b.Failures(),
 		PrefillMsPerKTok: b.lat.pubTTFT[1].load() * 1e3,
 	}
 	mean := b.lat.ttftMean(statusPromptTokens, l.queuedTok, l.running)
