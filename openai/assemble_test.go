@@ -159,9 +159,9 @@ func TestAssemblerAllocs(t *testing.T) {
 }
 
 func FuzzAssembler(f *testing.F) {
-	f.Add(uint8(Chat), []byte(`{"id":"c","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"a"},"logprobs":{"content":[{"token":"a"}]}}]}`),
+	f.Add(uint8(Chat-1), []byte(`{"id":"c","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"a"},"logprobs":{"content":[{"token":"a"}]}}]}`),
 		[]byte(`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"x","function":{"name":"f","arguments":"{"}}]},"finish_reason":"stop"}],"usage":{"total_tokens":1}}`))
-	f.Add(uint8(Completions), []byte(`{"choices":[{"index":1,"text":"a\u00e9"}]}`), []byte(`{"choices":[{"index":0,"text":"b","logprobs":{"tokens":["b"]}}]}`))
+	f.Add(uint8(Completions-1), []byte(`{"choices":[{"index":1,"text":"a\u00e9"}]}`), []byte(`{"choices":[{"index":0,"text":"b","logprobs":{"tokens":["b"]}}]}`))
 	f.Fuzz(func(t *testing.T, e uint8, c1, c2 []byte) {
 		var a Assembler
 		a.Reset(Endpoint(e%2 + 1))

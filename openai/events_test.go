@@ -399,14 +399,14 @@ func unquoteRaw(raw []byte) string {
 
 func FuzzInspectEvent(f *testing.F) {
 	for _, s := range streamData(responsesStream) {
-		f.Add(uint8(Responses), []byte(s))
+		f.Add(uint8(Responses-1), []byte(s))
 	}
 	for _, s := range streamData(anthropicStream) {
-		f.Add(uint8(Messages), []byte(s))
+		f.Add(uint8(Messages-1), []byte(s))
 	}
-	f.Add(uint8(Responses), []byte(`{"response":{"incomplete_details":{"reason":"max_output_tokens"},"status":"incomplete","usage":{"input_tokens_details":null}},"type":"response.incomplete"}`))
-	f.Add(uint8(Messages), []byte(`{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"input_tokens":1,"cache_read_input_tokens":null}}`))
-	f.Add(uint8(Chat), []byte(`{"choices":[{"delta":{"content":"x"}}]}`))
+	f.Add(uint8(Responses-1), []byte(`{"response":{"incomplete_details":{"reason":"max_output_tokens"},"status":"incomplete","usage":{"input_tokens_details":null}},"type":"response.incomplete"}`))
+	f.Add(uint8(Messages-1), []byte(`{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"input_tokens":1,"cache_read_input_tokens":null}}`))
+	f.Add(uint8(Chat-1), []byte(`{"choices":[{"delta":{"content":"x"}}]}`))
 	f.Fuzz(func(t *testing.T, e uint8, data []byte) {
 		ep := Endpoint(e%uint8(lastEndpoint) + 1)
 		var ci ChunkInfo

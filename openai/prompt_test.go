@@ -214,7 +214,7 @@ func referenceQuirk(e Endpoint, body []byte) bool {
 
 func FuzzAppendPrompt(f *testing.F) {
 	for _, tc := range promptSeeds {
-		f.Add(uint8(tc.e), []byte(tc.body))
+		f.Add(uint8(tc.e-1), []byte(tc.body))
 	}
 	f.Fuzz(func(t *testing.T, e uint8, body []byte) {
 		ep := Endpoint(e%uint8(lastEndpoint) + 1)

@@ -72,10 +72,10 @@ func TestAppendUpstreamBodyAllocs(t *testing.T) {
 
 func FuzzAppendUpstreamBody(f *testing.F) {
 	for _, tc := range promptSeeds {
-		f.Add(uint8(tc.e), []byte(tc.body), "new-model", true)
+		f.Add(uint8(tc.e-1), []byte(tc.body), "new-model", true)
 	}
-	f.Add(uint8(Chat), []byte(`{"model":"a","stream_options":{"include_usage":false,"x":[1]},"stream":false,"messages":[{"role":"u","content":"x"}]}`), "", true)
-	f.Add(uint8(Chat), []byte(`{"model":"m","x":-1e700,"messages":[{"role":"u","content":"x"}]}`), "b", true)
+	f.Add(uint8(Chat-1), []byte(`{"model":"a","stream_options":{"include_usage":false,"x":[1]},"stream":false,"messages":[{"role":"u","content":"x"}]}`), "", true)
+	f.Add(uint8(Chat-1), []byte(`{"model":"m","x":-1e700,"messages":[{"role":"u","content":"x"}]}`), "b", true)
 	f.Fuzz(func(t *testing.T, e uint8, body []byte, model string, streamUsage bool) {
 		ep := Endpoint(e%uint8(lastEndpoint) + 1)
 		var s Summary

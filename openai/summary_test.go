@@ -483,8 +483,8 @@ func FuzzParse(f *testing.F) {
 	for _, tc := range promptSeeds {
 		f.Add(uint8(tc.e-1), []byte(tc.body))
 	}
-	f.Add(uint8(Chat), []byte(`{"model":"m","stream":"true","messages":[]}`))
-	f.Add(uint8(Chat), []byte(`{"model":"m","x":1e700,"messages":[{"role":"u","content":"x"}]}`))
+	f.Add(uint8(Chat-1), []byte(`{"model":"m","stream":"true","messages":[]}`))
+	f.Add(uint8(Chat-1), []byte(`{"model":"m","x":1e700,"messages":[{"role":"u","content":"x"}]}`))
 	f.Add(uint8(Responses-1), []byte(`{"model":"m","max_output_tokens":3,"max_tokens":4,"previous_response_id":"r","background":true,"input":"x"}`))
 	f.Add(uint8(Messages-1), []byte(`{"model":"m","max_tokens":3,"max_completion_tokens":4,"n":2,"messages":[{"role":"u","content":"x"}]}`))
 	f.Fuzz(func(t *testing.T, e uint8, body []byte) {
