@@ -58,12 +58,8 @@ func (e *Env) ready() time.Duration {
 }
 
 // startFleet starts "switchyard sim -fleet" on a copy of src with free ports and waits for every /health.
-func (e *Env) startFleet(ctx context.Context, src, tag string) (p *Proc, backends []FleetBackend, err error) {
-	err = onFreePorts(func() error {
-		p, backends, err = e.startFleetOnce(ctx, src, tag)
-		return err
-	})
-	return p, backends, err
+func (e *Env) startFleet(ctx context.Context, src, tag string) (*Proc, []FleetBackend, error) {
+	return onFreePorts(func() (*Proc, []FleetBackend, error) { return e.startFleetOnce(ctx, src, tag) })
 }
 
 func (e *Env) startFleetOnce(ctx context.Context, src, tag string) (*Proc, []FleetBackend, error) {
@@ -87,12 +83,8 @@ func (e *Env) startFleetOnce(ctx context.Context, src, tag string) (*Proc, []Fle
 
 // startGateway writes a gateway config for spec (free ports), starts "switchyard serve" on it and waits for the
 // admin /readyz. It returns the process and the client base URL.
-func (e *Env) startGateway(ctx context.Context, spec GatewaySpec, tag string) (p *Proc, url string, err error) {
-	err = onFreePorts(func() error {
-		p, url, err = e.startGatewayOnce(ctx, spec, tag)
-		return err
-	})
-	return p, url, err
+func (e *Env) startGateway(ctx context.Context, spec GatewaySpec, tag string) (*Proc, string, error) {
+	return onFreePorts(func() (*Proc, string, error) { return e.startGatewayOnce(ctx, spec, tag) })
 }
 
 func (e *Env) startGatewayOnce(ctx context.Context, spec GatewaySpec, tag string) (*Proc, string, error) {
@@ -395,12 +387,8 @@ func (p replicaPicker) Pick(_ context.Context, it *Item) (string, error) {
 
 // startRedis starts a redis-server of the column's own on a free loopback port (no persistence), for replicas
 // that share state, and returns it and its address.
-func (e *Env) startRedis(ctx context.Context, tag string) (p *Proc, addr string, err error) {
-	err = onFreePorts(func() error {
-		p, addr, err = e.startRedisOnce(ctx, tag)
-		return err
-	})
-	return p, addr, err
+func (e *Env) startRedis(ctx context.Context, tag string) (*Proc, string, error) {
+	return onFreePorts(func() (*Proc, string, error) { return e.startRedisOnce(ctx, tag) })
 }
 
 func (e *Env) startRedisOnce(ctx context.Context, tag string) (*Proc, string, error) {

@@ -177,17 +177,17 @@ func FreePorts(n int) ([]int, error) {
 }
 
 // onFreePorts calls start, which picks free ports and starts a child on them, up to three times while the child
-// fails because one of its ports was taken. A port is free when FreePort(s) picks it and taken again by the time
-// the child binds it when any other process on the machine (a test of another package, a client's outgoing
-// connection, which draws from the same ephemeral range) gets it in between: rare, and a fresh pick is the cure.
-func onFreePorts(start func() error) error {
-	var err error
+// fails because one of its ports was taken, and returns what the last call returned. A port is free when
+// FreePort(s) picks it and taken again by the time the child binds it when any other process on the machine (a
+// test of another package, a client's outgoing connection, which draws from the same ephemeral range) gets it in
+// between: rare, and a fresh pick is the cure.
+func onFreePorts[T any](start func() (*Proc, T, error)) (p *Proc, v T, err error) {
 	for range 3 {
-		if err = start(); err == nil || !portTaken(err) {
-			return err
+		if p, v, err = start(); err == nil || !portTaken(err) {
+			break
 		}
 	}
-	return err
+	return p, v, err
 }
 
 // portTaken reports whether err (a child's exit, which carries the end of its log) says a port it binds was in

@@ -86,8 +86,13 @@ func TestTakenPortRetried(t *testing.T) {
 	}
 
 	calls := 0
-	err = onFreePorts(func() error {
-		if calls++; calls < 3 {
+	try := func(fail func() error) error {
+		calls = 0
+		_, _, err := onFreePorts(func() (*Proc, int, error) { calls++; return nil, 0, fail() })
+		return err
+	}
+	err = try(func() error {
+		if calls < 3 {
 			return fmt.Errorf("bench: gateway exited: %w", errors.New("listen tcp: bind: Address already in use"))
 		}
 		return nil
@@ -95,13 +100,11 @@ func TestTakenPortRetried(t *testing.T) {
 	if err != nil || calls != 3 {
 		t.Errorf("taken twice: %d calls, %v", calls, err)
 	}
-	calls = 0
-	err = onFreePorts(func() error { calls++; return errors.New("bench: not ready after 20s") })
+	err = try(func() error { return errors.New("bench: not ready after 20s") })
 	if err == nil || calls != 1 {
 		t.Errorf("another failure: %d calls, %v", calls, err)
 	}
-	calls = 0
-	err = onFreePorts(func() error { calls++; return errors.New("address already in use") })
+	err = try(func() error { return errors.New("address already in use") })
 	if err == nil || calls != 3 {
 		t.Errorf("always taken: %d calls, %v", calls, err)
 	}

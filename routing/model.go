@@ -181,8 +181,9 @@ type errStat struct {
 	last  [3]float64 // the last three log errors, newest first
 	v     float64    // EWMA of squared log errors
 	level float64    // log of the product of the rescales applied so far (0 at the prior)
-	// slowed is the log of the product of the rescales the detector applied (level without the prior's
-	// calibration): above regimeTrigger, the backend was seen to slow down and has not been seen to recover.
+	// slowed sums the logs of the rescales the detector applied, never below 0 (so not the prior's calibration,
+	// and a faster start is no credit): above regimeTrigger, the backend was seen to slow down by more than it has
+	// been seen to recover since.
 	slowed float64
 }
 
