@@ -42,8 +42,13 @@ type Claim struct {
 	// for (Cap.LimitFor).
 	Class Class
 	Guard bool
-	// Force lets the attempt go without a concurrency slot when the cap is full: retries and hedges of an
-	// admitted request, which already hold their place.
+	// Force lets the attempt go when the cap is full, its slot counted past the limit (Cap.AcquirePast):
+	// hedges of an admitted request, and retries on a gateway without admission control. (With admission on,
+	// a retry claims under its class's rules and waits in the queue: proxy's exchange.requeue.) The slot is counted all the
+	// same because the engine runs or queues the attempt all the same: uncounted, a retry that failed over
+	// from a backend that went down left the cap of the backend it went to one seat short of the truth, and the
+	// next critical request sent into that "free" seat waited inside the engine for a completion
+	// (bench/results/protect-2026-12-02-matrix.md, the one-down cell).
 	Force bool
 	// Retries, when set, is the budget whose retry slot the attempt holds (RetryBudget.Allow returned true):
 	// the permit gives it back at the first token or at the end. On a refusal it stays the caller's.
@@ -147,7 +152,7 @@ func (p *Permit) Acquire(e *Endpoint, f *Fleet, c Claim) error {
 			}
 			return ErrCapFull
 		}
-		cp = nil
+		cp.AcquirePast()
 	}
 	if o := e.Outlier; o != nil && !o.Acquire() {
 		if done != nil {
@@ -195,7 +200,8 @@ func (p *Permit) Cancel() {
 // Held reports whether p holds an attempt (Acquire succeeded and End has not run).
 func (p *Permit) Held() bool { return p.held }
 
-// Slot reports whether p holds a concurrency slot (false for an attempt forced past a full cap).
+// Slot reports whether p holds a concurrency slot: always once Acquire succeeded on a backend with a cap, an
+// attempt forced past a full cap included (Claim.Force).
 func (p *Permit) Slot() bool { return p.cap != nil }
 
 // First records that the attempt's answer began: the cap and the detector observe its first token, the fleet's

@@ -83,19 +83,30 @@ func TestPermitAcquireAllOrNone(t *testing.T) {
 		if len(r.brk.outcomes) != 1 || r.brk.outcomes[0] != ErrNotSent {
 			t.Fatalf("breaker outcomes %v, want the refused attempt's permission back as ErrNotSent", r.brk.outcomes)
 		}
-		if err := second.Acquire(&r.end, &r.fleet, Claim{Force: true}); err != nil || second.Slot() {
-			t.Fatalf("forced Acquire = %v (slot %v), want a permit without a slot", err, second.Slot())
+		if err := second.Acquire(&r.end, &r.fleet, Claim{Force: true}); err != nil || !second.Slot() {
+			t.Fatalf("forced Acquire = %v (slot %v), want a permit with a slot past the limit", err, second.Slot())
+		}
+		// The forced attempt runs on the engine: the cap counts it, and no seat looks free while it runs.
+		if r.cap.Inflight() != 2 || !r.cap.Full() {
+			t.Fatalf("cap inflight %d (full %v) with a forced attempt past a limit of 1, want 2 and full", r.cap.Inflight(), r.cap.Full())
+		}
+		if free, known := r.cap.Free(); known && free != 0 {
+			t.Fatalf("free seats %d with the cap past its limit, want 0", free)
+		}
+		var third Permit
+		if err := third.Acquire(&r.end, &r.fleet, Claim{Class: Critical, Guard: true}); err != ErrCapFull {
+			t.Fatalf("critical Acquire while a forced attempt holds the seat = %v, want ErrCapFull", err)
 		}
 		second.End(&Outcome{})
 		if r.cap.Inflight() != 1 {
-			t.Fatalf("cap inflight %d after a slotless permit ended, want 1", r.cap.Inflight())
+			t.Fatalf("cap inflight %d after the forced permit ended, want 1", r.cap.Inflight())
 		}
-		if n := r.reserve.done.count(r.clk.Now(), ReserveLongWindow); n != 0 {
-			t.Fatalf("reserve completions %d, want 0: a slotless attempt frees no seat", n)
+		if n := r.reserve.done.count(r.clk.Now(), ReserveLongWindow); n != 1 {
+			t.Fatalf("reserve completions %d, want 1: the forced attempt's end frees an engine seat", n)
 		}
 		first.End(&Outcome{})
-		if r.cap.Inflight() != 0 || r.reserve.done.count(r.clk.Now(), ReserveLongWindow) != 1 {
-			t.Fatalf("cap inflight %d, completions %d after End, want 0 and 1", r.cap.Inflight(), r.reserve.done.count(r.clk.Now(), ReserveLongWindow))
+		if r.cap.Inflight() != 0 || r.reserve.done.count(r.clk.Now(), ReserveLongWindow) != 2 {
+			t.Fatalf("cap inflight %d, completions %d after End, want 0 and 2", r.cap.Inflight(), r.reserve.done.count(r.clk.Now(), ReserveLongWindow))
 		}
 	})
 	t.Run("outlier ejected", func(t *testing.T) {
