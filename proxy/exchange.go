@@ -521,8 +521,9 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 
 // take claims t's permit for attempt a (admission.Permit: breaker, concurrency slot, outlier probe). It returns
 // errNoCapacity when one is refused, and excludes t from this request's picks unless only its concurrency cap
-// refused (capacity may free). With force (retries and hedges of an admitted request, which already hold their
-// place), a full cap does not refuse: the attempt goes without a slot.
+// refused (capacity may free). With force (hedges of an admitted request, and retries with admission off), a
+// full cap does not refuse: the attempt takes a slot past the limit (admission.Cap.AcquirePast), so that
+// the cap still counts what its engine was sent.
 func (ex *exchange) take(a *attempt, t routing.Target, force bool) error {
 	b := t.Backend
 	c := admission.Claim{Class: ex.class, Guard: ex.guard, Force: force}
@@ -546,7 +547,7 @@ func (ex *exchange) take(a *attempt, t routing.Target, force bool) error {
 }
 
 // pick chooses a backend for a and claims its slots, trying the next best when a claim is refused. With
-// respectCaps false (retries and hedges, and gateways without admission control) full concurrency caps neither
+// respectCaps false (hedges, and gateways without admission control) full concurrency caps neither
 // filter the candidates nor refuse the claim.
 func (ex *exchange) pick(a *attempt, respectCaps bool) error {
 	for range len(ex.model.Targets) + 1 {
@@ -798,11 +799,23 @@ func (ex *exchange) next(last error) (*attempt, error) {
 	}
 	a := newAttempt(ex.s, ex.wd)
 	a.retry = retry
-	if err := ex.pick(a, !retry && ex.attempts == 0 && ex.snap.Shedder != nil); err != nil {
+	var err error
+	if last != nil && ex.snap.Shedder != nil {
+		err = ex.requeue(a)
+	} else {
+		err = ex.pick(a, !retry && ex.attempts == 0 && ex.snap.Shedder != nil)
+	}
+	if err != nil {
 		if retry {
 			ex.s.retries.Done()
 		}
+		if ex.queued == a {
+			ex.queued = nil
+		}
 		a.free()
+		if why := ex.cancelled(); why != nil {
+			return nil, why
+		}
 		if last != nil && (errors.Is(err, routing.ErrNoBackend) || errors.Is(err, errNoCapacity)) {
 			return nil, last // every backend was tried: the last failure says more
 		}
@@ -812,6 +825,39 @@ func (ex *exchange) next(last error) (*attempt, error) {
 		return nil, err
 	}
 	return a, nil
+}
+
+// requeue claims a backend for a retry under the rules a new request of its class meets: a seat its class may take
+// now (for standard and sheddable requests, past the seats kept free for critical ones), else a place in the
+// model's queue, ahead of later arrivals of its class (earliest deadline first), until a seat frees on any
+// backend. The deadline is the request's own, from its arrival (admission.Shedder.Deadline), and a standard or
+// sheddable retry that could no longer meet its objective is refused there (ErrQueueTimeout, 503), as a queued
+// request is.
+//
+// Why not past a full cap, as retries went before: a retry moving off a backend that died in a spike went
+// into the full engine routing liked best, where it waited for a completion inside the engine, and took the seats
+// kept for critical requests; with the engine's seats all taken, the next critical requests waited there too. In
+// the protect matrix's one-down cell the forced retries held 17-19 requests on 16-seat engines and critical p99
+// first tokens were 6-8x unloaded (bench/results/protect-2026-12-02-matrix.md).
+func (ex *exchange) requeue(a *attempt) error {
+	err := ex.pick(a, true)
+	if !errors.Is(err, errNoCapacity) {
+		return err
+	}
+	snap := ex.snap
+	in := admission.ShedInput{Class: ex.class, SLO: ex.model.SLO.TTFT, TTFT: ex.rreq.Decision().TTFT,
+		Calibration: ex.rec.fleet.Calibration}
+	ex.queued = a
+	ctx, cancel := ex.wd.queueContext()
+	enqueued := ex.s.clock.Now()
+	err = ex.rec.queue.Wait(ctx, ex, ex.class, snap.Shedder.Deadline(ex.arrival, &in, snap.Queue.Timeout))
+	ex.queueWait += max(ex.s.clock.Now().Sub(enqueued), time.Nanosecond)
+	cancel()
+	if err != nil {
+		return err
+	}
+	ex.queued = nil
+	return nil
 }
 
 // retryWhole restarts a non-streaming request whose answer broke off after its first token: the client has

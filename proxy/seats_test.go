@@ -246,3 +246,81 @@ func TestNotReadyWhileMeasuring(t *testing.T) {
 		t.Fatalf("after the probe: %+v, measuring %v", p, snap.Backends[0].Measuring())
 	}
 }
+
+// TestRetryKeepsTheCriticalSeat checks, through the real gateway, a simulated engine of two seats stated in the
+// policy and a backend that answers every request 429, that a standard request retried off the failing backend
+// meets the rules a new standard request meets: it does not take the seat kept for critical requests, it waits in
+// the gateway's queue for a seat its class may take, and a critical request arriving meanwhile starts at once.
+//
+// Before, a retry went past the caps (Claim.Force) without being counted: the engine ran both seats for standard
+// requests and the cap counted one, so the critical request was sent as the engine's third and waited inside it
+// for a standard one to finish (the protect matrix's one-down cell: critical p99 6-8x unloaded).
+func TestRetryKeepsTheCriticalSeat(t *testing.T) {
+	t.Parallel()
+	be := startSim(t, "a", func(c *sim.Config) {
+		c.MaxNumSeqs = 2
+		c.ITL = 10 * time.Millisecond
+		c.Overhead = time.Millisecond
+	})
+	var failed sync.Map // the prompts the failing backend answered
+	bad := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if i := strings.Index(string(b), "long "); i >= 0 {
+			failed.Store(string(b[i:i+6]), true)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusTooManyRequests) // retried, and never counted by the breaker, which stays closed
+		_, _ = io.WriteString(w, `{"error":{"message":"busy","type":"rate_limit_error"}}`)
+	}))
+	t.Cleanup(bad.Close)
+	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 1, be.URL(), bad.URL))
+	snap.Models["sim-model"].SLO = SLO{TTFT: time.Minute}
+	editBackends(snap, func(c *routing.BackendConfig) {
+		if c.Name == "b0" {
+			c.MaxNumSeqs = 2
+		}
+	})
+	gw := startGateway(t, snap, Options{})
+
+	// Critical demand, so that a seat is kept for it (the reserve: at least one of the two).
+	for range 2 {
+		if a := post(t, gw.url, seatBody(2), criticalHeader); a.code != 200 {
+			t.Fatalf("critical warm-up: %d %s", a.code, a.body)
+		}
+	}
+	c := gw.s.caps.Get("b0")
+	const long = 150 // 1.5 s at 10 ms a token
+	body := func(i int) string {
+		return fmt.Sprintf(`{"model":"sim-model","max_tokens":%d,"messages":[{"role":"user","content":"long %d"}]}`, long, i)
+	}
+	var mu sync.Mutex
+	var order []string
+	done := func(what string, a answer) {
+		mu.Lock()
+		defer mu.Unlock()
+		order = append(order, what)
+		if a.code != 200 {
+			t.Errorf("%s: %d %s", what, a.code, a.body)
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { done("first standard", post(t, gw.url, body(1), nil)) })
+	waitFor(t, 5*time.Second, func() bool { return c.Inflight() == 1 })
+
+	// The engine's last free seat is the critical one: the second standard request goes to the failing backend,
+	// and its retry must wait in the gateway.
+	wg.Go(func() { done("retried standard", post(t, gw.url, body(2), nil)) })
+	waitFor(t, 5*time.Second, func() bool { _, ok := failed.Load("long 2"); return ok })
+	time.Sleep(100 * time.Millisecond) // the retry's decision
+	if n := c.Inflight(); n != 1 {
+		t.Errorf("%d requests in flight on the engine after the retry, want 1: the retry took the seat kept for critical requests", n)
+	}
+	if n := simGauge(t, be.URL(), "vllm:num_requests_running") + simGauge(t, be.URL(), "vllm:num_requests_waiting"); n != 1 {
+		t.Errorf("the engine holds %v requests, want 1", n)
+	}
+	done("critical", post(t, gw.url, seatBody(2), criticalHeader))
+	wg.Wait()
+	if len(order) != 3 || order[0] != "critical" || order[2] != "retried standard" {
+		t.Errorf("answers came in the order %v, want the critical request first and the retried standard request, which waited for a seat, last", order)
+	}
+}
