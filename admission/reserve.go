@@ -7,8 +7,14 @@ import (
 )
 
 // ReserveMiss is the share of critical requests that may find no free engine seat in a saturated fleet: the
-// target SeatReserve sizes its reserve for.
-const ReserveMiss = 0.01
+// target SeatReserve sizes its reserve for. It follows from the objective the reserve serves, a critical p99
+// first token through a spike: a request that finds no seat waits for a completion, far longer than a first
+// token, so at most 1% of them may, and a spike has some 100 critical requests, whose p99 is their worst or
+// second worst. At a 1% target the count of such requests in a spike of 100 is 2 or more about a quarter of the
+// time (Poisson with mean 1), and the protect matrix's 8x8-seat cell missed its p99 in half its runs with every
+// other part of the protection working (the reserve sized for 1%: 5 seats of 64 at rho 0.38). Half of it, 0.5%,
+// makes that about one time in ten, for one seat more at the usual rho.
+const ReserveMiss = 0.005
 
 // The forecast's windows. A spike of critical traffic shows in the short one within its first seconds; the
 // long one remembers the demand of the last minute, so that a lull between two spikes does not give the
@@ -34,7 +40,7 @@ const (
 // freed seat goes to critical requests first while the reserve is short), so the reserve's shortfall is a
 // birth-death queue with ratio rho = critical arrivals / completions of the full fleet, and a reserve of R seats
 // runs dry with probability about rho^R. Seats returns the smallest R with rho^R <= ReserveMiss: 6 seats when
-// critical traffic is 40% of what the fleet completes, 3 at 20%, 0 without critical traffic in the last minute
+// critical traffic is 40% of what the fleet completes, 4 at 20%, 0 without critical traffic in the last minute
 // (then nothing is held idle). Each figure is measured:
 //
 //	critical rate  the larger of the critical arrivals over ReserveShortWindow and ReserveLongWindow (Forecast),
@@ -46,10 +52,10 @@ const (
 //	               reserve matters only once the fleet is full, when arrivals are at least its completions and
 //	               critical ones at least that share of them. It holds the reserve from before a spike: at a
 //	               base load, when critical arrivals are few next to the full fleet's completions
-//	surge          rho is at least that share of the arrivals of every class over the last second (Surge), over
-//	               the completions, when those arrivals are more: a spike shows in every class's arrivals at
+//	surge          rho is at least that share of the arrivals of every class over the last half second, second
+//	               or two (Surge, the highest), over the completions, when those arrivals are more: a spike shows in every class's arrivals at
 //	               once, many more of them than critical ones, so that the critical demand it brings is known
-//	               within a second instead of the short window's three (a fleet of 64 seats held a reserve of 3
+//	               within half a second instead of the short window's three (a fleet of 64 seats held a reserve of 3
 //	               through the first seconds of a 2x spike, whose critical requests needed 6, and the
 //	               critical p99 of those seconds was 1.6-2.2x the unloaded one). It assumes the spike brings
 //	               critical requests at their share; one that brings fewer is reserved for as if it did,
@@ -63,6 +69,7 @@ type SeatReserve struct {
 	born     atomic.Int64 // UnixNano of the first event (0: none yet)
 	critical rateWindow
 	all      rateWindow // arrivals of every class
+	recent   tickWindow // the same, in surgeTick buckets (Surge)
 	done     rateWindow
 	timed    rateWindow // completions whose seat time is known (Served)
 	held     rateWindow // their seat time, in microseconds
@@ -76,6 +83,7 @@ func NewSeatReserve(clock Clock) *SeatReserve { return &SeatReserve{clock: orSys
 func (r *SeatReserve) Arrive(c Class) {
 	now := r.stamp()
 	r.all.add(now, 1)
+	r.recent.add(now)
 	if c == Critical {
 		r.critical.add(now, 1)
 	}
@@ -144,17 +152,35 @@ func (r *SeatReserve) Forecast() float64 {
 	return max(r.upper(&r.critical, now, ReserveShortWindow), r.upper(&r.critical, now, ReserveLongWindow))
 }
 
-// Surge returns the arrivals per second of every class over the last second and the current one, counted
-// from the start of the last second (a window younger than the reserve from its first event, at least a
-// second).
+// Surge returns the arrivals per second of every class over the recent past: the highest rate over the last
+// surgeSpans (half a second, one, two), each counted in surgeTick buckets up to now. The half second is what
+// sizes the reserve before a spike fills the fleet: counted over whole seconds, a 2x spike on a 64-seat fleet
+// showed at 24 arrivals/s of its 44 through its first 0.6 s, the reserve stayed at 3, and standard requests
+// took the fleet down to 1-3 free seats in that second, so that critical ones waited for seats 2 s later
+// (bench/results/protect-2026-12-02-matrix.md, 2026-12-07). A window longer than the reserve's age counts from
+// its first event, over at least a second.
 func (r *SeatReserve) Surge() float64 {
 	now := r.clock.Now()
-	span := time.Second + time.Duration(now.UnixNano()-now.Unix()*int64(time.Second))
-	if age := now.Sub(time.Unix(0, r.born.Load())); age < span {
-		span = max(age, time.Second)
+	age := now.Sub(time.Unix(0, r.born.Load()))
+	into := time.Duration(now.UnixNano() % int64(surgeTick)) // the current bucket's elapsed part
+	best := 0.0
+	for _, k := range surgeSpans {
+		span := time.Duration(k-1)*surgeTick + into
+		if age < span {
+			span = max(age, time.Second) // a young reserve: no rate from its first instants
+		}
+		best = max(best, float64(r.recent.count(now, k))/span.Seconds())
 	}
-	return float64(r.all.count(now, 2*time.Second)) / span.Seconds()
+	return best
 }
+
+// surgeTick is the bucket of the arrivals Surge reads, and surgeSpans its windows in buckets (the current one
+// included). The shortest holds some 20 arrivals of a spike at twice a 64-seat fleet's completions (22/s), so a
+// Poisson count reads that rate within a quarter; at a base load of half the completions its noise stays under
+// them, where Surge changes nothing (rho takes it only above the completions).
+const surgeTick = 100 * time.Millisecond
+
+var surgeSpans = [...]int{5, 10, 20}
 
 // Share returns the critical share of the arrivals over ReserveLongWindow (0 without any).
 func (r *SeatReserve) Share() float64 {
@@ -249,6 +275,40 @@ func (w *rateWindow) count(now time.Time, span time.Duration) int64 {
 	for i := range w.b {
 		v := w.b[i].Load()
 		if age := (s - v>>windowCountBits) & windowSecMask; age < k {
+			n += int64(v & windowCountMask)
+		}
+	}
+	return n
+}
+
+// tickWindow counts events in surgeTick buckets over the last len(b) of them, lock-free and lossless as
+// rateWindow is (each bucket one word: its tick modulo 2^24, and its count).
+type tickWindow struct {
+	b [20]atomic.Uint64
+}
+
+func (w *tickWindow) add(now time.Time) {
+	tick := uint64(now.UnixNano() / int64(surgeTick))
+	s, b := tick&windowSecMask, &w.b[tick%uint64(len(w.b))]
+	for {
+		old := b.Load()
+		c := uint64(1)
+		if old>>windowCountBits == s {
+			c += old & windowCountMask
+		}
+		if b.CompareAndSwap(old, s<<windowCountBits|min(c, windowCountMask)) {
+			return
+		}
+	}
+}
+
+// count returns the events of the last k buckets (at most len(b)), the current one included.
+func (w *tickWindow) count(now time.Time, k int) int64 {
+	s := uint64(now.UnixNano()/int64(surgeTick)) & windowSecMask
+	var n int64
+	for i := range w.b {
+		v := w.b[i].Load()
+		if age := (s - v>>windowCountBits) & windowSecMask; age < uint64(k) {
 			n += int64(v & windowCountMask)
 		}
 	}

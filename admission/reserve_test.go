@@ -41,9 +41,9 @@ func TestSeatReserveFollowsCriticalDemand(t *testing.T) {
 	for _, tc := range []struct {
 		crit, done, want int
 	}{
-		{4, 10, 6},  // the protect-overload fleet: rho 0.426 (below), 0.426^6 = 0.006
+		{4, 10, 7},  // the protect-overload fleet: rho 0.426 (below), 0.426^7 = 0.0026 (0.426^6 = 0.006)
 		{2, 10, 4},  // 0.218^4 = 0.0023 > 0.218^3 = 0.010
-		{1, 200, 2}, // the share 1/11 wins over 1.14/197: 0.091^2 = 0.0083
+		{1, 200, 3}, // the share 1/11 wins over 1.14/197: 0.091^3 = 0.00075 (0.091^2 = 0.0083)
 		{10, 10, 16},
 		{30, 10, 16}, // critical demand alone beyond the completions: the whole allowance
 	} {
@@ -87,15 +87,15 @@ func TestSeatReserveForecast(t *testing.T) {
 		t.Errorf("reserve %d two seconds into the spike, want >= 4 (a minute's mean would give 1)", got)
 	}
 	play(r, clk, 58, 4, 10, 10) // the spike lasts a minute
-	if got := r.Seats(16, 0); got != 6 {
-		t.Fatalf("reserve %d at 4 critical per 10 completions, want 6 (0.426^6 = 0.006)", got)
+	if got := r.Seats(16, 0); got != 7 {
+		t.Fatalf("reserve %d at 4 critical per 10 completions, want 7 (0.426^7 = 0.0026)", got)
 	}
 	play(r, clk, 20, 0, 10, 10) // a lull
 	if f := r.Forecast(); f < 2.5 {
 		t.Errorf("forecast %.2f/s after 20 s of lull, want the long window's 40/60 of 4/s", f)
 	}
-	if got := r.Seats(16, 0); got != 4 { // rho (160 + sqrt(160))/60/10 = 0.288: 0.288^4 = 0.0069
-		t.Errorf("reserve %d after a 20 s lull, want 4: the next spike finds its seats kept", got)
+	if got := r.Seats(16, 0); got != 5 { // rho (160 + sqrt(160))/60/10 = 0.288: 0.288^5 = 0.0020
+		t.Errorf("reserve %d after a 20 s lull, want 5: the next spike finds its seats kept", got)
 	}
 }
 
@@ -104,19 +104,19 @@ func TestSeatReserveForecast(t *testing.T) {
 func TestSeatReserveAdmits(t *testing.T) {
 	clk := newFakeClock()
 	r := NewSeatReserve(clk)
-	play(r, clk, 60, 4, 5, 10) // reserve 6 of a 64-seat fleet (Seats(32, 64)), on the completion rate
-	if got := r.Seats(32, 64); got != 6 {
-		t.Fatalf("reserve %d, want 6", got)
+	play(r, clk, 60, 4, 5, 10) // reserve 7 of a 64-seat fleet (Seats(32, 64)), on the completion rate
+	if got := r.Seats(32, 64); got != 7 {
+		t.Fatalf("reserve %d, want 7", got)
 	}
 	for _, tc := range []struct {
 		free                          int
 		critical, standard, sheddable bool
 	}{
 		{free: 20, critical: true, standard: true, sheddable: true},
-		{free: 13, critical: true, standard: true, sheddable: true},
-		{free: 12, critical: true, standard: true, sheddable: false},
-		{free: 7, critical: true, standard: true, sheddable: false},
-		{free: 6, critical: true, standard: false, sheddable: false},
+		{free: 15, critical: true, standard: true, sheddable: true},
+		{free: 14, critical: true, standard: true, sheddable: false},
+		{free: 8, critical: true, standard: true, sheddable: false},
+		{free: 7, critical: true, standard: false, sheddable: false},
 		{free: 1, critical: true, standard: false, sheddable: false},
 	} {
 		for _, c := range []struct {
@@ -155,8 +155,10 @@ func TestSeatReserveConcurrent(t *testing.T) {
 	if c, d := r.critical.count(clk.Now(), time.Second), r.done.count(clk.Now(), time.Second); c != 8000 || d != 16000 {
 		t.Errorf("counted %d critical arrivals and %d completions, want 8000 and 16000 (no reset raced)", c, d)
 	}
-	if got := r.Seats(10, 0); got != 7 { // (8000 + 89)/16000 = 0.506: 0.506^7 = 0.0085
-		t.Errorf("reserve %d at rho 0.506, want 7", got)
+	// Past Surge's windows (every arrival came at one instant), rho comes from the rates alone.
+	clk.Advance(2 * time.Second)
+	if got := r.Seats(10, 0); got != 8 { // (8000 + 89)/16000 = 0.506: 0.506^8 = 0.0043 (0.506^7 = 0.0085)
+		t.Errorf("reserve %d at rho 0.506, want 8", got)
 	}
 }
 
@@ -216,15 +218,18 @@ func TestSeatReserveFullFleet(t *testing.T) {
 	if got, want := r.Completions(64), 20.0; math.Abs(got-want) > 1e-9 {
 		t.Fatalf("completions %v/s, want 64 seats / 3.2 s = %v", got, want)
 	}
-	// rho = max((6 + sqrt(6))/3/20 = 0.14, share 0.2) = 0.2: 0.2^3 = 0.008.
-	if got := r.Seats(32, 64); got != 3 {
-		t.Errorf("reserve %d at the base load, want 3: held for the critical share before any spike", got)
+	// rho = max((6 + sqrt(6))/3/20 = 0.14, share 0.2) = 0.2: 0.2^4 = 0.0016 (0.2^3 = 0.008).
+	if got := r.Seats(32, 64); got != 4 {
+		t.Errorf("reserve %d at the base load, want 4: held for the critical share before any spike", got)
 	}
-	// The spike: 8 critical and 32 others a second, spread over it. Half a second in, nothing changes yet.
+	// The spike: 8 critical and 32 others a second, spread over it. Half a second in, the last 0.4 s's arrivals
+	// (4 critical, 13 others: 42.5/s) show it: rho = 0.2 x 42.5 / 20 = 0.425, 0.425^7 = 0.0025. Counted over
+	// whole seconds, the reserve stayed at its base here, and the fleet's standard requests took the seats it
+	// needed.
 	for i := range 10 {
 		if i == 5 {
-			if got := r.Seats(32, 64); got != 3 {
-				t.Errorf("reserve %d half a second into the spike, want 3", got)
+			if got := r.Seats(32, 64); got != 7 {
+				t.Errorf("reserve %d half a second into the spike, want 7", got)
 			}
 		}
 		if i < 8 {
