@@ -148,12 +148,13 @@ func (c *Cap) tryAcquire(limit int64) bool {
 }
 
 // AcquirePast takes a slot whatever the limit: for an attempt that goes to this backend although the cap is full
-// (a retry or a hedge of an admitted request, Claim.Force), so that Inflight stays what the engine was sent
-// and the seats it leaves free (Free) are real. Matched by one Release, as a slot from TryAcquire.
+// (a hedge of an admitted request, or a retry with admission off: Claim.Force), so that Inflight stays what the
+// engine was sent and the seats it leaves free (Free) are real. Matched by one Release, as a slot from
+// TryAcquire.
 func (c *Cap) AcquirePast() { c.inflight.Add(1) }
 
-// Release gives back a slot taken by TryAcquire or AcquirePast: call it when the attempt ends (completed, failed, cancelled or
-// lost a hedge), then Signal the queue.
+// Release gives back a slot taken by TryAcquire or AcquirePast: call it when the attempt ends (completed, failed,
+// cancelled or lost a hedge), then Signal the queue.
 func (c *Cap) Release() { c.inflight.Add(-1) }
 
 // Limit returns the current cap: the static or adaptive limit, and never more than the engine's ceiling

@@ -43,11 +43,11 @@ type Claim struct {
 	Class Class
 	Guard bool
 	// Force lets the attempt go when the cap is full, its slot counted past the limit (Cap.AcquirePast):
-	// hedges of an admitted request, and retries on a gateway without admission control. (With admission on,
-	// a retry claims under its class's rules and waits in the queue: proxy's exchange.requeue.) The slot is counted all the
-	// same because the engine runs or queues the attempt all the same: uncounted, a retry that failed over
-	// from a backend that went down left the cap of the backend it went to one seat short of the truth, and the
-	// next critical request sent into that "free" seat waited inside the engine for a completion
+	// hedges of an admitted request, and retries on a gateway without admission control (with admission on, a
+	// retry claims under its class's rules or waits in the queue: proxy's exchange.requeue). The slot is counted
+	// because the engine runs or queues the attempt all the same: uncounted, a retry that failed over from a
+	// backend that went down left the cap of the backend it went to one seat short of the truth, and the next
+	// critical request sent into that "free" seat waited inside the engine for a completion
 	// (bench/results/protect-2026-12-02-matrix.md, the one-down cell).
 	Force bool
 	// Retries, when set, is the budget whose retry slot the attempt holds (RetryBudget.Allow returned true):

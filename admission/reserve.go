@@ -11,9 +11,9 @@ import (
 // first token through a spike: a request that finds no seat waits for a completion, far longer than a first
 // token, so at most 1% of them may, and a spike has some 100 critical requests, whose p99 is their worst or
 // second worst. At a 1% target the count of such requests in a spike of 100 is 2 or more about a quarter of the
-// time (Poisson with mean 1), and the protect matrix's 8x8-seat cell missed its p99 in half its runs with every
-// other part of the protection working (the reserve sized for 1%: 5 seats of 64 at rho 0.38). Half of it, 0.5%,
-// makes that about one time in ten, for one seat more at the usual rho.
+// time (Poisson with mean 1), and the protect matrix's 8x8-seat cell failed 1.5x in about half of its runs on
+// record, its slowest critical requests waiting in the gateway for a seat (the reserve sized for 1%: 5 seats of
+// 64 at rho 0.38). Half of it, 0.5%, makes that about one time in ten, for one seat more at the usual rho.
 const ReserveMiss = 0.005
 
 // The forecast's windows. A spike of critical traffic shows in the short one within its first seconds; the
@@ -53,9 +53,10 @@ const (
 //	               critical ones at least that share of them. It holds the reserve from before a spike: at a
 //	               base load, when critical arrivals are few next to the full fleet's completions
 //	surge          rho is at least that share of the arrivals of every class over the last half second, second
-//	               or two (Surge, the highest), over the completions, when those arrivals are more: a spike shows in every class's arrivals at
-//	               once, many more of them than critical ones, so that the critical demand it brings is known
-//	               within half a second instead of the short window's three (a fleet of 64 seats held a reserve of 3
+//	               or two (Surge, the highest), over the completions, when those arrivals are more: a spike
+//	               shows in every class's arrivals at once, many more of them than critical ones, so that the
+//	               critical demand it brings is known within half a second instead of the short window's three
+//	               (a fleet of 64 seats held a reserve of 3
 //	               through the first seconds of a 2x spike, whose critical requests needed 6, and the
 //	               critical p99 of those seconds was 1.6-2.2x the unloaded one). It assumes the spike brings
 //	               critical requests at their share; one that brings fewer is reserved for as if it did,
@@ -282,21 +283,23 @@ func (w *rateWindow) count(now time.Time, span time.Duration) int64 {
 }
 
 // tickWindow counts events in surgeTick buckets over the last len(b) of them, lock-free and lossless as
-// rateWindow is (each bucket one word: its tick modulo 2^24, and its count).
+// rateWindow is: each bucket is one word, its tick modulo 2^32 (13 years of 100 ms ticks) and its count.
 type tickWindow struct {
 	b [20]atomic.Uint64
 }
 
+const tickCountMask = 1<<32 - 1
+
 func (w *tickWindow) add(now time.Time) {
 	tick := uint64(now.UnixNano() / int64(surgeTick))
-	s, b := tick&windowSecMask, &w.b[tick%uint64(len(w.b))]
+	s, b := tick&tickCountMask, &w.b[tick%uint64(len(w.b))]
 	for {
 		old := b.Load()
 		c := uint64(1)
-		if old>>windowCountBits == s {
-			c += old & windowCountMask
+		if old>>32 == s {
+			c += old & tickCountMask
 		}
-		if b.CompareAndSwap(old, s<<windowCountBits|min(c, windowCountMask)) {
+		if b.CompareAndSwap(old, s<<32|min(c, tickCountMask)) {
 			return
 		}
 	}
@@ -304,12 +307,12 @@ func (w *tickWindow) add(now time.Time) {
 
 // count returns the events of the last k buckets (at most len(b)), the current one included.
 func (w *tickWindow) count(now time.Time, k int) int64 {
-	s := uint64(now.UnixNano()/int64(surgeTick)) & windowSecMask
+	s := uint64(now.UnixNano()/int64(surgeTick)) & tickCountMask
 	var n int64
 	for i := range w.b {
 		v := w.b[i].Load()
-		if age := (s - v>>windowCountBits) & windowSecMask; age < uint64(k) {
-			n += int64(v & windowCountMask)
+		if age := (s - v>>32) & tickCountMask; age < uint64(k) {
+			n += int64(v & tickCountMask)
 		}
 	}
 	return n
