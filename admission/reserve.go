@@ -247,72 +247,61 @@ type rateWindow struct {
 	b [reserveBuckets]atomic.Uint64
 }
 
-const (
-	windowCountBits = 40 // a bucket's count: 1.1e12, far above a second's events or seat microseconds
-	windowCountMask = 1<<windowCountBits - 1
-	windowSecMask   = 1<<(64-windowCountBits) - 1
-)
+// windowCountBits is the width of a rateWindow bucket's count: 1.1e12, far above a second's events or seat
+// microseconds.
+const windowCountBits = 40
 
 func (w *rateWindow) add(now time.Time, n int64) {
-	sec := uint64(now.Unix())
-	s, b := sec&windowSecMask, &w.b[sec%uint64(reserveBuckets)]
-	for {
-		old := b.Load()
-		c := uint64(max(n, 0))
-		if old>>windowCountBits == s {
-			c += old & windowCountMask
-		}
-		if b.CompareAndSwap(old, s<<windowCountBits|min(c, windowCountMask)) {
-			return
-		}
-	}
+	bucketAdd(w.b[:], uint64(now.Unix()), uint64(max(n, 0)), windowCountBits)
 }
 
 // count returns the events of the last span (whole seconds, at most reserveBuckets), the current second
 // included.
 func (w *rateWindow) count(now time.Time, span time.Duration) int64 {
-	s, k := uint64(now.Unix())&windowSecMask, uint64(span/time.Second)
-	var n int64
-	for i := range w.b {
-		v := w.b[i].Load()
-		if age := (s - v>>windowCountBits) & windowSecMask; age < k {
-			n += int64(v & windowCountMask)
-		}
-	}
-	return n
+	return bucketCount(w.b[:], uint64(now.Unix()), uint64(span/time.Second), windowCountBits)
 }
 
-// tickWindow counts events in surgeTick buckets over the last len(b) of them, lock-free and lossless as
-// rateWindow is: each bucket is one word, its tick modulo 2^32 (13 years of 100 ms ticks) and its count.
+// tickWindow counts events in surgeTick buckets over the last len(b) of them, as rateWindow does, with a tick
+// kept modulo 2^32 (13 years of 100 ms ticks) and a count of 32 bits.
 type tickWindow struct {
 	b [20]atomic.Uint64
 }
 
-const tickCountMask = 1<<32 - 1
-
 func (w *tickWindow) add(now time.Time) {
-	tick := uint64(now.UnixNano() / int64(surgeTick))
-	s, b := tick&tickCountMask, &w.b[tick%uint64(len(w.b))]
+	bucketAdd(w.b[:], uint64(now.UnixNano()/int64(surgeTick)), 1, 32)
+}
+
+// count returns the events of the last k buckets (at most len(b)), the current one included.
+func (w *tickWindow) count(now time.Time, k int) int64 {
+	return bucketCount(w.b[:], uint64(now.UnixNano()/int64(surgeTick)), uint64(k), 32)
+}
+
+// bucketAdd adds n to slot's bucket of b, each bucket one word holding its slot (modulo 2^(64-bits)) and its
+// count (bits wide, saturating): a bucket found holding an older slot starts over. Lock-free.
+func bucketAdd(b []atomic.Uint64, slot, n uint64, bits uint) {
+	countMask, slotMask := uint64(1)<<bits-1, uint64(1)<<(64-bits)-1
+	s, w := slot&slotMask, &b[slot%uint64(len(b))]
 	for {
-		old := b.Load()
-		c := uint64(1)
-		if old>>32 == s {
-			c += old & tickCountMask
+		old := w.Load()
+		c := n
+		if old>>bits == s {
+			c += old & countMask
 		}
-		if b.CompareAndSwap(old, s<<32|min(c, tickCountMask)) {
+		if w.CompareAndSwap(old, s<<bits|min(c, countMask)) {
 			return
 		}
 	}
 }
 
-// count returns the events of the last k buckets (at most len(b)), the current one included.
-func (w *tickWindow) count(now time.Time, k int) int64 {
-	s := uint64(now.UnixNano()/int64(surgeTick)) & tickCountMask
+// bucketCount returns the counts of b's buckets whose slot is among the last k up to slot, slot's included.
+func bucketCount(b []atomic.Uint64, slot, k uint64, bits uint) int64 {
+	countMask, slotMask := uint64(1)<<bits-1, uint64(1)<<(64-bits)-1
+	s := slot & slotMask
 	var n int64
-	for i := range w.b {
-		v := w.b[i].Load()
-		if age := (s - v>>32) & tickCountMask; age < uint64(k) {
-			n += int64(v & tickCountMask)
+	for i := range b {
+		v := b[i].Load()
+		if age := (s - v>>bits) & slotMask; age < k {
+			n += int64(v & countMask)
 		}
 	}
 	return n
