@@ -39,6 +39,21 @@ func seatBody(tokens int) string {
 	return fmt.Sprintf(`{"model":"sim-model","max_tokens":%d,"messages":[{"role":"user","content":"seat"}]}`, tokens)
 }
 
+// answerOrder records the order in which concurrent requests were answered, each of which must succeed.
+type answerOrder struct {
+	mu    sync.Mutex
+	order []string
+}
+
+func (o *answerOrder) add(t *testing.T, what string, a answer) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.order = append(o.order, what)
+	if a.code != 200 {
+		t.Errorf("%s: %d %s", what, a.code, a.body)
+	}
+}
+
 // TestCriticalFindsAFreeSeat checks the seam between the request path, the concurrency caps and the engine
 // metrics under saturation: the cap learns the engine's batch size from its scrapes (running while requests
 // wait), standard requests then stop short of the seats kept for critical ones, and a critical request arriving
@@ -76,16 +91,8 @@ func TestCriticalFindsAFreeSeat(t *testing.T) {
 
 	// Three long standard requests: one seat is kept free, so one runs and two wait in the gateway.
 	const long = 150 // 1.5 s at 10 ms a token
-	var mu sync.Mutex
-	var order []string
-	done := func(what string, a answer) {
-		mu.Lock()
-		defer mu.Unlock()
-		order = append(order, what)
-		if a.code != 200 {
-			t.Errorf("%s: %d %s", what, a.code, a.body)
-		}
-	}
+	var answers answerOrder
+	done := func(what string, a answer) { answers.add(t, what, a) }
 	var wg sync.WaitGroup
 	for range 3 {
 		wg.Go(func() { done("standard", post(t, gw.url, seatBody(long), nil)) })
@@ -97,7 +104,7 @@ func TestCriticalFindsAFreeSeat(t *testing.T) {
 	}
 	done("critical", post(t, gw.url, seatBody(2), criticalHeader))
 	wg.Wait()
-	if order[0] != "critical" {
+	if order := answers.order; order[0] != "critical" {
 		t.Errorf("answers came in the order %v; the critical request must not wait for a standard one to finish", order)
 	}
 }
@@ -293,16 +300,8 @@ func TestRetryKeepsTheCriticalSeat(t *testing.T) {
 	body := func(i int) string {
 		return fmt.Sprintf(`{"model":"sim-model","max_tokens":%d,"messages":[{"role":"user","content":"long %d"}]}`, long, i)
 	}
-	var mu sync.Mutex
-	var order []string
-	done := func(what string, a answer) {
-		mu.Lock()
-		defer mu.Unlock()
-		order = append(order, what)
-		if a.code != 200 {
-			t.Errorf("%s: %d %s", what, a.code, a.body)
-		}
-	}
+	var answers answerOrder
+	done := func(what string, a answer) { answers.add(t, what, a) }
 	var wg sync.WaitGroup
 	wg.Go(func() { done("first standard", post(t, gw.url, body(1), nil)) })
 	waitFor(t, 5*time.Second, func() bool { return c.Inflight() == 1 })
@@ -320,7 +319,7 @@ func TestRetryKeepsTheCriticalSeat(t *testing.T) {
 	}
 	done("critical", post(t, gw.url, seatBody(2), criticalHeader))
 	wg.Wait()
-	if len(order) != 3 || order[0] != "critical" || order[2] != "retried standard" {
+	if order := answers.order; len(order) != 3 || order[0] != "critical" || order[2] != "retried standard" {
 		t.Errorf("answers came in the order %v, want the critical request first and the retried standard request, which waited for a seat, last", order)
 	}
 }
