@@ -366,7 +366,14 @@ func (ex *exchange) admit(h *fasthttp.RequestHeader) error {
 		}
 	}
 	// Enqueue: wait for capacity; the queue's Dispatch picks again when a backend frees (late binding).
-	if err = ex.waitQueued(newAttempt(ex.s, ex.wd), &in); err != nil {
+	ex.queued = newAttempt(ex.s, ex.wd)
+	ctx, cancel := ex.wd.queueContext()
+	deadline := snap.Shedder.Deadline(ex.arrival, &in, snap.Queue.Timeout)
+	enqueued := ex.s.clock.Now()
+	err = q.Wait(ctx, ex, ex.class, deadline)
+	ex.queueWait = max(ex.s.clock.Now().Sub(enqueued), time.Nanosecond) // nonzero: it was queued
+	cancel()
+	if err != nil {
 		if why := ex.cancelled(); why != nil {
 			return why
 		}
@@ -796,7 +803,7 @@ func (ex *exchange) next(last error) (*attempt, error) {
 	if last != nil && ex.snap.Shedder != nil {
 		err = ex.requeue(a)
 	} else {
-		err = ex.pick(a, last == nil && ex.attempts == 0 && ex.snap.Shedder != nil)
+		err = ex.pick(a, !retry && ex.attempts == 0 && ex.snap.Shedder != nil)
 	}
 	if err != nil {
 		if retry {
@@ -837,27 +844,20 @@ func (ex *exchange) requeue(a *attempt) error {
 	if !errors.Is(err, errNoCapacity) {
 		return err
 	}
+	snap := ex.snap
 	in := admission.ShedInput{Class: ex.class, SLO: ex.model.SLO.TTFT, TTFT: ex.rreq.Decision().TTFT,
 		Calibration: ex.rec.fleet.Calibration}
-	if err := ex.waitQueued(a, &in); err != nil {
+	ex.queued = a
+	ctx, cancel := ex.wd.queueContext()
+	enqueued := ex.s.clock.Now()
+	err = ex.rec.queue.Wait(ctx, ex, ex.class, snap.Shedder.Deadline(ex.arrival, &in, snap.Queue.Timeout))
+	ex.queueWait += max(ex.s.clock.Now().Sub(enqueued), time.Nanosecond)
+	cancel()
+	if err != nil {
 		return err
 	}
 	ex.queued = nil
 	return nil
-}
-
-// waitQueued puts a in the model's queue as ex.queued until the queue's Dispatch (dispatchQueued) claims a
-// backend for it, by the request's deadline for in (admission.Shedder.Deadline, from its arrival), and adds the
-// wait to ex.queueWait (nonzero once queued). On an error ex.queued is left for the caller to free.
-func (ex *exchange) waitQueued(a *attempt, in *admission.ShedInput) error {
-	snap := ex.snap
-	ex.queued = a
-	ctx, cancel := ex.wd.queueContext()
-	defer cancel()
-	enqueued := ex.s.clock.Now()
-	err := ex.rec.queue.Wait(ctx, ex, ex.class, snap.Shedder.Deadline(ex.arrival, in, snap.Queue.Timeout))
-	ex.queueWait += max(ex.s.clock.Now().Sub(enqueued), time.Nanosecond)
-	return err
 }
 
 // retryWhole restarts a non-streaming request whose answer broke off after its first token: the client has
