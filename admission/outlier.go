@@ -261,6 +261,7 @@ type Outlier struct {
 	ejections int   // consecutive ejections, for the ejection length
 	recovered int64 // ns since base when the backend last came back into service
 	probesOK  int
+	forErrors bool // the current ejection (or the last one) was for errors, not slowness
 
 	// The window's shares as of the last observation (math.Float64bits; -1 while it has too few observations),
 	// read lock-free by the other backends' peer comparison.
@@ -446,10 +447,36 @@ func (o *Outlier) Reset() {
 	o.errShare.Store(math.Float64bits(-1))
 }
 
+// Back tells the detector that the backend's engine answers again after it was seen unreachable (its metrics
+// scrapes failed, then one succeeded), restarted saying that it is another process. The failures that ejected a
+// backend for errors were those of the outage (a crash, a restart, a network cut), which is over: the ejection
+// ends now and the backend goes to Probing, whose probes bring it back or eject it again for longer. Without
+// this, a backend the detector ejected before its circuit breaker opened (so that no breaker probe brings it
+// back, Reset) stays out for the whole ejection after it returns (docs/design.md, "Outlier detection").
+// An ejection for slowness ends early only for a new process: an engine that was slow and merely missed a
+// scrape is as slow as before. It does nothing to a serving or probing backend.
+func (o *Outlier) Back(restarted bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.gone.Load() || OutlierState(o.state.Load()) != Ejected || !(o.forErrors || restarted) {
+		return
+	}
+	now := o.d.now()
+	if now >= o.until.Load() {
+		return // ended already: Probing
+	}
+	o.until.Store(now)
+	o.state.Store(uint32(Probing))
+	o.setGauge(Probing)
+	o.probe.Store(0)
+	slog.Info("outlier: engine back, ejection ended early", "backend", o.name, "restarted", restarted)
+}
+
 // ejectLocked ejects the backend, for BaseEjection times its consecutive ejections (a failed probe counts as
 // one more; a backend back in service for longer than MaxEjection starts again at 1).
 func (o *Outlier) ejectLocked(now int64, byErrors bool) {
 	o.ejections++
+	o.forErrors = byErrors
 	o.until.Store(now + int64(o.length()))
 	o.probesOK = 0
 	o.buckets = [outlierBuckets]outlierBucket{}

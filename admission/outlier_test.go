@@ -82,6 +82,70 @@ func TestOutlierEjection(t *testing.T) {
 	}
 }
 
+// TestOutlierBack: an engine found answering again after failed scrapes ends an ejection for errors at once,
+// and the backend is probed (a failed probe ejects it again, for longer); an ejection for slowness ends so only
+// for another process. Serving and probing backends are left as they are.
+func TestOutlierBack(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		slow, errs int
+		restarted  bool
+		want       OutlierState
+	}{
+		{"errors, the same process", 0, 20, false, Probing},
+		{"errors, another process", 0, 20, true, Probing},
+		{"slow, the same process", 5, 0, false, Ejected},
+		{"slow, another process", 5, 0, true, Probing},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, clk, m := newDetector(t, "a", "b")
+			o := d.Get("a")
+			feed(o, 20, tc.slow, tc.errs)
+			if o.State() != Ejected {
+				t.Fatalf("not ejected: %v", o.State())
+			}
+			clk.Advance(time.Second)
+			o.Back(tc.restarted)
+			if o.State() != tc.want {
+				t.Fatalf("after Back(%v): %v, want %v", tc.restarted, o.State(), tc.want)
+			}
+			if tc.want == Ejected {
+				if o.Available() {
+					t.Error("still ejected, yet available")
+				}
+				return
+			}
+			if got := value(t, m.OutlierState.WithLabelValues("a")); got != float64(Probing) {
+				t.Errorf("state gauge = %v, want probing", got)
+			}
+			if !o.Available() || !o.Acquire() {
+				t.Fatal("no probe granted")
+			}
+			// The probe fails: ejected again, for 60 s (the second ejection in a row), not for 30 s less the second.
+			o.Observe(false, 0, 0)
+			clk.Advance(59 * time.Second)
+			if o.State() != Ejected {
+				t.Fatalf("a failed probe after Back: %v 59 s later, want ejected", o.State())
+			}
+			// An engine back again ends that one too (if it was for errors); three good probes then return it.
+			o.Back(true)
+			for i := range 3 {
+				if !o.Acquire() {
+					t.Fatalf("probe %d not granted (%v)", i+1, o.State())
+				}
+				o.Observe(true, pred, pred)
+			}
+			if o.State() != Serving {
+				t.Fatalf("after three good probes: %v", o.State())
+			}
+			o.Back(true) // nothing to end
+			if o.State() != Serving || d.out.Load() != 0 {
+				t.Fatalf("Back on a serving backend: %v, %d out of service", o.State(), d.out.Load())
+			}
+		})
+	}
+}
+
 // TestOutlierWindow: observations older than the window no longer count.
 func TestOutlierWindow(t *testing.T) {
 	d, clk, _ := newDetector(t, "a", "b")
