@@ -66,6 +66,11 @@ type MonitorOptions struct {
 	// OnScrape, when set, is called after every scrape attempt with its error (nil on success), from the
 	// backend's scraping goroutine: for logs and tests. It must not block.
 	OnScrape func(b *Backend, err error)
+	// OnBack, when set, is called when a scrape succeeds after one or more failed ones (the engine answers
+	// again: it was down, restarted or cut off) or finds another engine process than the last (see Monitor),
+	// restarted saying which, from the backend's scraping goroutine once the scrape is published. The gateway
+	// ends an outlier ejection for errors with it (admission.Outlier.Back). It must not block.
+	OnBack func(b *Backend, restarted bool)
 }
 
 // Monitor keeps the registry's backends' engine metrics and RTT current: one goroutine per backend scrapes its
@@ -274,6 +279,7 @@ type scraper struct {
 	br        *bufio.Reader
 	last      *EngineStats // last successful scrape
 	lastOK    time.Time
+	failing   bool      // the last scrape failed
 	lastIdleP time.Time // last idle probe, on the backend's clock
 
 	caClient *http.Client // for a backend with a CA bundle of its own (BackendConfig.CA), built for caSum
@@ -321,6 +327,7 @@ func (s *scraper) scrape(ctx context.Context) error {
 	st, err := s.fetch(ctx)
 	now := s.m.opts.Clock.Now()
 	if err != nil {
+		s.failing = ctx.Err() == nil // a scrape cut short by Stop says nothing about the engine
 		if cur := b.engine.Load(); cur != nil && !cur.Stale {
 			stale := *cur
 			stale.Stale = true
@@ -361,6 +368,10 @@ func (s *scraper) scrape(ctx context.Context) error {
 	if o := b.obs.Load(); o != nil {
 		o.queueDepth.Set(st.Waiting)
 	}
+	if (s.failing || restarted) && s.m.opts.OnBack != nil {
+		s.m.opts.OnBack(b, restarted)
+	}
+	s.failing = false
 	return nil
 }
 

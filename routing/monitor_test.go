@@ -3,6 +3,7 @@ package routing
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -126,6 +127,45 @@ func TestScrapeFailureMarksStale(t *testing.T) {
 	e.set(vllmText(1, 1, 0.1, 100, 1e9, false), http.StatusOK)
 	if err := s.scrape(context.Background()); err != nil || b.Engine().Stale {
 		t.Fatalf("recovery: err %v stale %v", err, b.Engine().Stale)
+	}
+}
+
+// TestScrapeReportsTheEngineBack: OnBack is told once when a scrape succeeds after failed ones, and once when a
+// scrape finds another engine process, and never for a scrape that merely follows a good one.
+func TestScrapeReportsTheEngineBack(t *testing.T) {
+	e := newFakeEngine(t)
+	s, _, _ := scraperFor(t, e.srv.URL, EngineVLLM)
+	var got []string
+	s.m.opts.OnBack = func(b *Backend, restarted bool) {
+		got = append(got, fmt.Sprintf("%s restarted=%v", b.Name(), restarted))
+	}
+	for i, step := range []struct {
+		status int
+		start  float64
+		want   string
+	}{
+		{http.StatusOK, 1e9, ""}, // the first scrape: nothing to come back from
+		{http.StatusOK, 1e9, ""},
+		{http.StatusServiceUnavailable, 1e9, ""},
+		{http.StatusServiceUnavailable, 1e9, ""},
+		{http.StatusOK, 1e9, "e restarted=false"}, // reachable again, the same process
+		{http.StatusOK, 1e9, ""},
+		{http.StatusOK, 2e9, "e restarted=true"}, // another process, no failed scrape in between
+		{http.StatusOK, 2e9, ""},
+	} {
+		got = got[:0]
+		e.set(vllmText(0, 1, 0.1, 100, step.start, false), step.status)
+		err := s.scrape(context.Background())
+		if (err == nil) != (step.status == http.StatusOK) {
+			t.Fatalf("step %d: scrape error %v with status %d", i, err, step.status)
+		}
+		want := []string{}
+		if step.want != "" {
+			want = append(want, step.want)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("step %d (status %d, start %g): OnBack calls %q, want %q", i, step.status, step.start, got, want)
+		}
 	}
 }
 
