@@ -68,7 +68,7 @@ func startGateway(t *testing.T, pol string) *gateway {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	monitor := routing.NewMonitor(backends, routing.MonitorOptions{ScrapeInterval: 50 * time.Millisecond})
+	monitor := routing.NewMonitor(backends, routing.MonitorOptions{ScrapeInterval: 50 * time.Millisecond, OnBack: srv.EngineBack})
 	monitor.Start()
 	done := make(chan error, 2)
 	go func() { done <- w.Run(ctx) }()

@@ -110,6 +110,87 @@ func TestOutlierEjectsSlowBackend(t *testing.T) {
 	}
 }
 
+// TestOutlierEjectionEndsWhenTheEngineIsBack: a backend ejected for errors before its circuit breaker opened
+// (two failures eject it against peers with none; the breaker opens at three) gets no traffic, so neither a
+// probe of the breaker nor of the detector can bring it back before the ejection's 30 s are over. When its
+// engine goes down and comes back, the Monitor's first good scrape after the failed ones ends the ejection
+// (MonitorOptions.OnBack, Server.EngineBack, admission.Outlier.Back), and probes return the backend to service
+// within seconds. Scrapes that merely keep succeeding while it is ejected do not.
+func TestOutlierEjectionEndsWhenTheEngineIsBack(t *testing.T) {
+	t.Parallel()
+	var urls []string
+	var sims []*sim.Backend
+	for _, name := range []string{"a", "b", "c"} {
+		be := startSim(t, name, func(c *sim.Config) { c.ITL = 5 * time.Millisecond })
+		sims = append(sims, be)
+		urls = append(urls, be.URL())
+	}
+	var srv atomic.Pointer[Server]
+	var failedScrapes atomic.Int64 // of b2
+	snap := snapshotOf(&routing.RoundRobin{}, 2, urls...)
+	monitored(t, snap, routing.MonitorOptions{ScrapeInterval: 50 * time.Millisecond, IdleProbeAfter: -1,
+		OnScrape: func(b *routing.Backend, err error) {
+			if err != nil && b.Name() == "b2" {
+				failedScrapes.Add(1)
+			}
+		},
+		OnBack: func(b *routing.Backend, restarted bool) {
+			if s := srv.Load(); s != nil {
+				s.EngineBack(b, restarted)
+			}
+		}})
+	gw := startGateway(t, snap, Options{})
+	srv.Store(gw.s)
+	var seq atomic.Int64
+	for range 7 { // 21 first tokens each: every backend has an error share the others are compared with
+		outlierWave(t, gw.url, "sim-model", 9, 2, &seq)
+	}
+	o := gw.s.outliers.Get("b2")
+
+	// b2 answers every completion with a 500. One request at a time (each failure retried elsewhere, so every
+	// answer is a 200), its second failure ejects it: 2 of 23 is over 5%, against 0 for its peers.
+	control(t, sims[2].URL(), `{"fail_rate":1}`)
+	waitFor(t, 20*time.Second, func() bool {
+		outlierWave(t, gw.url, "sim-model", 1, 2, &seq)
+		return o.State() == admission.Ejected
+	})
+	if n := ejections(t, gw, "b2", "errors"); n != 1 {
+		t.Fatalf(`switchyard_outlier_ejections_total{backend="b2",reason="errors"} = %v, want 1`, n)
+	}
+	if b := gw.s.src.Snapshot().Backends[2]; !b.Healthy() {
+		t.Fatal("b2's breaker opened: the case under test is an ejection with the breaker closed")
+	}
+	// Its engine keeps answering scrapes: that alone ends nothing.
+	time.Sleep(300 * time.Millisecond)
+	for range 3 {
+		for _, a := range outlierWave(t, gw.url, "sim-model", 6, 2, &seq) {
+			if a.backend == "b2" {
+				t.Fatal("an ejected backend got a request")
+			}
+		}
+	}
+	if st := o.State(); st != admission.Ejected {
+		t.Fatalf("b2 is %v after good scrapes alone; want still ejected", st)
+	}
+
+	// The engine goes down, then comes back healthy.
+	control(t, sims[2].URL(), `{"down":true}`)
+	waitFor(t, 10*time.Second, func() bool { return failedScrapes.Load() > 0 })
+	control(t, sims[2].URL(), `{}`)
+	served := 0
+	waitFor(t, 10*time.Second, func() bool {
+		for _, a := range outlierWave(t, gw.url, "sim-model", 3, 2, &seq) {
+			if a.backend == "b2" {
+				served++
+			}
+		}
+		return o.State() == admission.Serving
+	})
+	if served < 3 {
+		t.Errorf("b2 served %d requests on its way back; its three probes should be among them", served)
+	}
+}
+
 // TestOutlierIgnoresEngineQueue: a backend whose first tokens are late only because they waited in its engine's
 // own queue (the scrape the gateway holds shows vllm:num_requests_waiting > 0) is not ejected, although they
 // come many times later than the routing model predicts. It runs a Monitor, as `switchyard serve` does, so the

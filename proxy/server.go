@@ -259,6 +259,15 @@ func (s *Server) Serve(ln net.Listener) error {
 	return nil
 }
 
+// EngineBack is routing.MonitorOptions.OnBack: the Monitor found b's engine answering again after failed
+// scrapes, or another process of it. An outlier ejection for the outage's errors ends, and the backend is probed
+// (admission.Outlier.Back; docs/design.md, "Outlier detection"). Safe for concurrent use; it does not block.
+func (s *Server) EngineBack(b *routing.Backend, restarted bool) {
+	if o := s.outliers.Get(b.Name()); o != nil {
+		o.Back(restarted)
+	}
+}
+
 // Ready reports whether the gateway should receive traffic: not draining, past its first measure of the engines
 // (at most measureWait after New), and at least one backend healthy.
 func (s *Server) Ready() (bool, string) {

@@ -219,7 +219,7 @@ func serveLogs(ctx context.Context, path string, log, access *slog.Logger, ready
 	admin := proxy.NewAdmin(srv, reg)
 	adminSrv := &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second}
 
-	monitor := routing.NewMonitor(backends, routing.MonitorOptions{})
+	monitor := routing.NewMonitor(backends, routing.MonitorOptions{OnBack: srv.EngineBack})
 	monitor.Start()
 	defer monitor.Stop()
 
