@@ -177,7 +177,7 @@ func BenchmarkBudgets(b *testing.B) {
 }
 
 func BenchmarkOutlier(b *testing.B) {
-	d := NewOutlierDetector(OutlierParams{}, nil, metrics.New(prometheus.NewRegistry()))
+	d := NewOutlierDetector(OutlierParams{}, nil, metrics.New(prometheus.NewRegistry()), nil)
 	d.Update([]string{"a", "b"})
 	o := d.Get("a")
 	b.ReportAllocs()

@@ -147,6 +147,7 @@ type OutlierDetector struct {
 	clock   Clock
 	base    time.Time
 	m       *metrics.Gateway
+	log     *slog.Logger
 	mu      sync.Mutex
 	by      atomic.Pointer[map[string]*Outlier]
 	out     atomic.Int64 // backends ejected or probing
@@ -154,9 +155,13 @@ type OutlierDetector struct {
 }
 
 // NewOutlierDetector returns a detector with no backends; zero fields of p take their defaults. clock nil means
-// the system clock; m (nil: none) receives switchyard_outlier_state and switchyard_outlier_ejections_total.
-func NewOutlierDetector(p OutlierParams, clock Clock, m *metrics.Gateway) *OutlierDetector {
-	d := &OutlierDetector{p: p.withDefaults(), clock: orSystem(clock), m: m}
+// the system clock; m (nil: none) receives switchyard_outlier_state and switchyard_outlier_ejections_total; log
+// (nil: slog's default) gets a line for every ejection and return, as the gateway's breaker changes do.
+func NewOutlierDetector(p OutlierParams, clock Clock, m *metrics.Gateway, log *slog.Logger) *OutlierDetector {
+	if log == nil {
+		log = slog.Default()
+	}
+	d := &OutlierDetector{p: p.withDefaults(), clock: orSystem(clock), m: m, log: log}
 	d.base = d.clock.Now()
 	empty := map[string]*Outlier{}
 	d.by.Store(&empty)
@@ -356,7 +361,7 @@ func (o *Outlier) Observe(ok bool, ttft, predicted time.Duration) {
 		o.probe.Store(0)
 		if !ok || slow {
 			o.ejectLocked(now, !ok)
-			slog.Warn("outlier: probe failed, backend ejected again", "backend", o.name, "ok", ok, "ttft", ttft,
+			o.d.log.Warn("outlier: probe failed, backend ejected again", "backend", o.name, "ok", ok, "ttft", ttft,
 				"predicted", predicted, "for", o.length())
 			return
 		}
@@ -367,7 +372,7 @@ func (o *Outlier) Observe(ok bool, ttft, predicted time.Duration) {
 			o.d.out.Add(-1)
 			o.buckets = [outlierBuckets]outlierBucket{}
 			o.setGauge(Serving)
-			slog.Info("outlier: backend back in service", "backend", o.name, "probes", o.probesOK)
+			o.d.log.Info("outlier: backend back in service", "backend", o.name, "probes", o.probesOK)
 		}
 		return
 	}
@@ -418,7 +423,7 @@ func (o *Outlier) Observe(ok bool, ttft, predicted time.Duration) {
 		if byErrors {
 			reason, share = "errors", errShare
 		}
-		slog.Warn("outlier: backend ejected", "backend", o.name, "reason", reason, "share", math.Round(share*1000)/1000,
+		o.d.log.Warn("outlier: backend ejected", "backend", o.name, "reason", reason, "share", math.Round(share*1000)/1000,
 			"window_requests", requests, "for", o.length())
 	}
 }
@@ -469,7 +474,7 @@ func (o *Outlier) Back(restarted bool) {
 	o.state.Store(uint32(Probing))
 	o.setGauge(Probing)
 	o.probe.Store(0)
-	slog.Info("outlier: engine back, ejection ended early", "backend", o.name, "restarted", restarted)
+	o.d.log.Info("outlier: engine back, ejection ended early", "backend", o.name, "restarted", restarted)
 }
 
 // ejectLocked ejects the backend, for BaseEjection times its consecutive ejections (a failed probe counts as

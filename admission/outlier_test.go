@@ -18,7 +18,7 @@ func newDetector(t *testing.T, names ...string) (*OutlierDetector, *fakeClock, *
 	t.Helper()
 	clk := newFakeClock()
 	m := metrics.New(prometheus.NewRegistry())
-	d := NewOutlierDetector(OutlierParams{}, clk, m)
+	d := NewOutlierDetector(OutlierParams{}, clk, m, nil)
 	d.Update(append(names, "peer"))
 	feed(d.Get("peer"), 20, 0, 0)
 	return d, clk, m
@@ -282,7 +282,7 @@ func TestOutlierEjectionCap(t *testing.T) {
 				names[i] = fmt.Sprint("b", i)
 			}
 			clk := newFakeClock()
-			d := NewOutlierDetector(OutlierParams{}, clk, nil)
+			d := NewOutlierDetector(OutlierParams{}, clk, nil, nil)
 			d.Update(names)
 			for _, n := range names[tc.bad:] {
 				feed(d.Get(n), 20, 0, 0) // the healthy ones the bad ones are judged against
@@ -359,7 +359,7 @@ func TestOutlierServingDoesNotAllocate(t *testing.T) {
 // (the router's predictions are off for all) nobody is ejected; when one stands out it is.
 func TestOutlierPeers(t *testing.T) {
 	pool := func(names ...string) *OutlierDetector {
-		d := NewOutlierDetector(OutlierParams{}, newFakeClock(), nil)
+		d := NewOutlierDetector(OutlierParams{}, newFakeClock(), nil, nil)
 		d.Update(names)
 		return d
 	}

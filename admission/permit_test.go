@@ -261,7 +261,7 @@ func TestPermitReserveOnVirtualClock(t *testing.T) {
 func BenchmarkPermit(b *testing.B) {
 	caps := NewCaps(CapParams{}, nil)
 	caps.Update([]CapConfig{{Name: "a"}})
-	d := NewOutlierDetector(OutlierParams{}, nil, nil)
+	d := NewOutlierDetector(OutlierParams{}, nil, nil, nil)
 	d.Update([]string{"a"})
 	q := new(signals)
 	e := Endpoint{Cap: caps.Get("a"), Outlier: d.Get("a")}

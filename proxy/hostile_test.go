@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -219,29 +218,11 @@ func TestStalledClientIsLetGo(t *testing.T) {
 	}
 }
 
-// logBuffer is a slog handler target that tests can read while the gateway writes.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestNoCredentialInLogs: fasthttp's own messages quote raw requests; at debug level, with a malformed request
 // that carries a bearer key and an api-key header, the log says what happened and shows neither.
 func TestNoCredentialInLogs(t *testing.T) {
 	t.Parallel()
-	var logs logBuffer
+	var logs syncBuffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	be := startSim(t, "a", nil)
 	gw := startGateway(t, snapshotOf(&routing.RoundRobin{}, 0, be.URL()), Options{Logger: log})

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -139,7 +140,8 @@ func TestOutlierEjectionEndsWhenTheEngineIsBack(t *testing.T) {
 				s.EngineBack(b, restarted)
 			}
 		}})
-	gw := startGateway(t, snap, Options{})
+	var logs syncBuffer
+	gw := startGateway(t, snap, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	srv.Store(gw.s)
 	var seq atomic.Int64
 	for range 7 { // 21 first tokens each: every backend has an error share the others are compared with
@@ -188,6 +190,13 @@ func TestOutlierEjectionEndsWhenTheEngineIsBack(t *testing.T) {
 	})
 	if served < 3 {
 		t.Errorf("b2 served %d requests on its way back; its three probes should be among them", served)
+	}
+	// The detector writes to the gateway's logger, as the breaker does.
+	for _, want := range []string{`msg="outlier: backend ejected" backend=b2 reason=errors`,
+		`msg="outlier: engine back, ejection ended early" backend=b2`, `msg="outlier: backend back in service" backend=b2`} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("the gateway's log has no %s:\n%s", want, logs.String())
+		}
 	}
 }
 

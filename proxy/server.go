@@ -202,7 +202,7 @@ func New(src Source, opts Options) (*Server, error) {
 		homes: newHomes(defaultHomesMax, defaultHomesTTL, nil), conns: newConnLimits(opts.MaxConns, opts.MaxConnsPerIP)}
 	s.born = time.Now()
 	s.caps = admission.NewCaps(admission.DefaultCapParams(), opts.Metrics)
-	s.outliers = admission.NewOutlierDetector(admission.DefaultOutlierParams(), nil, opts.Metrics)
+	s.outliers = admission.NewOutlierDetector(admission.DefaultOutlierParams(), nil, opts.Metrics, opts.Logger)
 	s.retries = admission.NewRetryBudget(20, 3, opts.Metrics)
 	s.brownout = admission.DefaultBrownout()
 	s.brk = newBreakers(opts.Breakers, func(b *routing.Backend, st gobreaker.State) {
