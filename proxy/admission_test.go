@@ -4,7 +4,9 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -412,6 +414,73 @@ func TestAdmissionMeasuresItsPredictions(t *testing.T) {
 	}
 	if f := k.Serve(admission.Critical); f != 1 {
 		t.Errorf("critical serve factor %v, want 1 (not measured)", f)
+	}
+}
+
+// TestPacedWaitersGoOneByOne: prefill pacing counts a request's prefill from the moment its backend is claimed,
+// not from its dispatch. Three standard prompts of 1,000 tokens wait in the gateway queue behind a long prefill
+// (critical demand on); when its first token frees the engine, the queue's dispatcher offers them one after
+// another, before any of them is sent. The first goes, and each of the others must wait for the previous one's
+// first token: before the claim counted, all three went at once, and a critical request arriving then waited
+// for their prefill (bench/results/protect-2026-12-02-matrix.md, n1/s64).
+func TestPacedWaitersGoOneByOne(t *testing.T) {
+	t.Parallel()
+	// 2,000 prompt tokens/s: the long prompt's prefill takes a second, each waiter's half a second.
+	be := startSim(t, "a", func(c *sim.Config) { c.PrefillTPS = 2000; c.ITL = 5 * time.Millisecond })
+	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 0, be.URL()))
+	var logs syncBuffer
+	gw := startGateway(t, snap, Options{AccessLog: slog.New(slog.NewJSONHandler(&logs, nil))})
+	critical := map[string]string{"X-Switchyard-Priority": "critical"}
+	const small = `{"model":"sim-model","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
+	if a := post(t, gw.url, small, critical); a.code != http.StatusOK {
+		t.Fatalf("critical request: %d %s", a.code, a.body)
+	}
+	prompt := func(n, words int) string { // n leads the prompt: no prefix of one is cached for another
+		return fmt.Sprintf(`{"model":"sim-model","max_tokens":2,"messages":[{"role":"user","content":"%d %s"}]}`,
+			n, strings.Repeat("word ", words))
+	}
+	var wg sync.WaitGroup
+	codes := make([]int, 4)
+	wg.Add(1)
+	go func() { defer wg.Done(); codes[0] = post(t, gw.url, prompt(0, 2000), nil).code }()
+	waitFor(t, 5*time.Second, func() bool { _, tok := snap.Backends[0].Prefilling(); return tok > 0 })
+	for i := 1; i <= 3; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); codes[i] = post(t, gw.url, prompt(i, 1000), nil).code }()
+	}
+	waitFor(t, 5*time.Second, func() bool { return gw.s.queueFor("sim-model", snap).Len() == 3 })
+	wg.Wait()
+	for i, c := range codes {
+		if c != http.StatusOK {
+			t.Fatalf("request %d: status %d", i, c)
+		}
+	}
+	type span struct{ dispatch, first time.Time }
+	var waiters []span
+	for _, l := range logs.lines(t) {
+		q, queued := l["queue_ms"].(float64)
+		if l["msg"] != "request" || l["class"] != "standard" || !queued || q <= 0 {
+			continue
+		}
+		end, err := time.Parse(time.RFC3339Nano, l["time"].(string))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms := func(k string) time.Duration { return time.Duration(l[k].(float64) * float64(time.Millisecond)) }
+		start := end.Add(-ms("duration_ms"))
+		waiters = append(waiters, span{start.Add(ms("queue_ms")), start.Add(ms("ttft_ms"))}) // ttft from arrival
+	}
+	if len(waiters) != 3 {
+		t.Fatalf("%d standard requests waited in the queue, want the 3 sent during the long prefill", len(waiters))
+	}
+	slices.SortFunc(waiters, func(a, b span) int { return a.dispatch.Compare(b.dispatch) })
+	for i := 1; i < len(waiters); i++ {
+		// 10 ms of slack for the access log's arithmetic; a waiter sent with the previous one comes within
+		// microseconds of it, half a second before that one's first token.
+		if gap := waiters[i-1].first.Sub(waiters[i].dispatch); gap > 10*time.Millisecond {
+			t.Errorf("waiter %d was dispatched %v before waiter %d's first token: its prefill went to the engine "+
+				"with the other's", i+1, gap, i)
+		}
 	}
 }
 

@@ -132,6 +132,7 @@ func (ex *exchange) tooLate(a *attempt) error {
 		return nil
 	}
 	a.permit.Cancel()
+	a.unhold()
 	return admission.ErrQueueTimeout
 }
 

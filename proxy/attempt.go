@@ -38,6 +38,7 @@ type attempt struct {
 	acct   routing.Attempt
 	began  bool             // acct holds a dispatched attempt
 	permit admission.Permit // the breaker, concurrency slot and outlier probe the attempt holds
+	held   int              // prefill tokens held on the target from the claim to the dispatch (routing.Backend.Hold)
 
 	up      *upstream
 	req     *fasthttp.Request // the upstream request, from prepare until it is written (send): fasthttp's pool
@@ -88,6 +89,7 @@ func newAttempt(s *Server, wd *watchdog) *attempt {
 
 // free returns a to the pool. The attempt must be closed (its body stream released) and its slots given back.
 func (a *attempt) free() {
+	a.unhold()
 	a.releaseRequest()
 	a.resp.Reset()
 	a.events.Reset(nil)
@@ -116,6 +118,15 @@ func (a *attempt) free() {
 		a.events = openai.NewEventReader(nil, maxEventBytes)
 	}
 	attempts.Put(a)
+}
+
+// unhold gives back the prefill tokens the attempt's claim held on its backend: at its dispatch, which counts
+// them from then on, or when it is given up unsent.
+func (a *attempt) unhold() {
+	if a.held > 0 {
+		a.target.Backend.Unhold(a.held)
+		a.held = 0
+	}
 }
 
 // releaseRequest gives the upstream request back to fasthttp's pool.

@@ -543,6 +543,13 @@ func (ex *exchange) take(a *attempt, t routing.Target, force bool) error {
 		return errNoCapacity
 	}
 	a.target, a.name, a.end = t, b.Name(), e
+	// Its prefill counts as queued on b from now (prefill pacing), not only from its dispatch: the next request
+	// picked meanwhile, a queue's next waiter above all, must see it.
+	a.held = max(ex.rreq.PromptTokens, 0)
+	if d := ex.rreq.Decision(); d.Backend == b {
+		a.held = max(a.held-d.CachedTokens, 0)
+	}
+	b.Hold(a.held)
 	return nil
 }
 
@@ -624,6 +631,7 @@ func (ex *exchange) prepare(a *attempt, copyBody bool) error {
 	}
 	ex.attempts++
 	ex.tried = append(ex.tried, t.Backend)
+	a.unhold() // Dispatch counts the prefill from here
 	a.acct = t.Backend.Dispatch(&ex.rreq)
 	a.began = true
 	a.streamed, a.intact, a.endpoint = ex.sse(), ex.rt.intact(), ex.endpoint

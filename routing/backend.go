@@ -138,6 +138,7 @@ type Backend struct {
 	inflight   atomic.Int64 // requests dispatched and not yet finished
 	prefilling atomic.Int64 // requests dispatched without a first token yet
 	prefillTok atomic.Int64 // uncached prompt tokens of the requests in prefilling (the prefill work queued there)
+	heldTok    atomic.Int64 // prefill tokens of attempts claimed for b and not dispatched yet (Hold)
 	peerDrain  atomic.Int64 // UnixNano when the other replicas' dispatches announced by their hints are done (drain.go)
 	decoding   atomic.Int64 // requests streaming tokens
 	warm       atomic.Int64 // requests in flight that were dispatched to a prefix believed held here (pickCold)
@@ -1024,15 +1025,37 @@ func (b *Backend) PredictTTFT(promptTokens, cachedTokens int) (mean, p90 time.Du
 }
 
 // PrefillAhead returns, from b's TTFT model, how much later than on an engine with nothing queued a request sent
-// to b now would get its first token because of the prefill queued there (this replica's own in full, the other
-// replicas' as reported and drained, the engine's waiting requests) plus extra tokens more; idle is the first
-// token of a prompt of extra tokens with nothing queued, and queued reports whether anything is. Lock-free.
+// to b now would get its first token because of the prefill queued there (this replica's own in full, held
+// included, the other replicas' as reported and drained, the engine's waiting requests) plus extra tokens more;
+// idle is the first token of a prompt of extra tokens with nothing queued, and queued reports whether anything
+// is. Lock-free.
 func (b *Backend) PrefillAhead(extra int) (ahead, idle time.Duration, queued bool) {
 	l := b.loadAt(b.clock.Now())
+	q := l.queuedTok + float64(max(b.heldTok.Load(), 0))
 	x := float64(max(extra, 0))
 	alone := b.lat.ttftMean(x, 0, l.running)
-	ahead = duration(max(b.lat.ttftMean(x, l.queuedTok+x, l.running)-alone, 0))
-	return ahead, duration(alone), l.queuedTok > 0
+	ahead = duration(max(b.lat.ttftMean(x, q+x, l.running)-alone, 0))
+	return ahead, duration(alone), q > 0
+}
+
+// Hold counts tokens of prefill that an attempt claimed for b will send it (at its Dispatch) as queued there for
+// PrefillAhead, until Unhold gives them back: call Unhold right before the attempt's Dispatch, or when it is given
+// up unsent. Between the pick that claims a backend and the Dispatch that counts its prefill, the request path
+// does other work; requests picked in that gap did not see each other's prefill, and a gateway queue's waiters,
+// which its dispatcher picks one after another before any of them is sent, went to an engine together (three
+// sheddable prompts of 991 tokens released at once ahead of a critical request in the protect matrix's n1/s64
+// cell; admission/README.md, "Prefill pacing"). Negative tokens count as none. Lock-free.
+func (b *Backend) Hold(tokens int) {
+	if tokens > 0 {
+		b.heldTok.Add(int64(tokens))
+	}
+}
+
+// Unhold gives back tokens a Hold counted.
+func (b *Backend) Unhold(tokens int) {
+	if tokens > 0 {
+		b.heldTok.Add(-int64(tokens))
+	}
 }
 
 // PredictITL returns b's predicted inter-token latency with one more sequence decoding: mean and p90.
