@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -380,6 +381,34 @@ func TestRevisedTTFT(t *testing.T) {
 		}
 		a.End(false)
 		r.Reset()
+	}
+}
+
+// TestPrefillAheadAtThePrefillCost: whatever the model's queued-prefill term learned (here nothing: first tokens
+// that never depended on the queue), prefill held or queued ahead delays a first token by at least its tokens at
+// the engine's own prefill cost per token; Unhold gives the held tokens back.
+func TestPrefillAheadAtThePrefillCost(t *testing.T) {
+	b := NewBackend(&BackendConfig{Name: "x"})
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 400 {
+		u, q := 100+rng.Float64()*1400, rng.Float64()*3000
+		b.lat.observeTTFT(u, q, 30, 0.030+u*0.0001) // a cost per prompt token, nothing for the queue
+	}
+	per := b.lat.prefillPerToken()
+	fit := b.lat.ttftMean(300, 2300, 30) - b.lat.ttftMean(300, 0, 30) // the model's queued term alone
+	if !(per > 0) || fit >= 2300*per {
+		t.Fatalf("learned %.4f ms a prompt token and a queued term of %.1f ms for 2,300 tokens; the test needs "+
+			"the queued term below the prompt's cost", per*1000, fit*1000)
+	}
+	b.Hold(2000)
+	ahead, _, queued := b.PrefillAhead(300)
+	if want := duration(2300 * per); !queued || ahead < want-time.Microsecond || ahead > want+time.Microsecond {
+		t.Errorf("2,000 tokens held: ahead %v, queued %v; want %v (2,300 tokens at the learned %.4f ms; the "+
+			"queued term gives %.1f ms), true", ahead, queued, want, per*1000, fit*1000)
+	}
+	b.Unhold(2000)
+	if _, _, queued := b.PrefillAhead(300); queued {
+		t.Error("still queued after Unhold")
 	}
 }
 
