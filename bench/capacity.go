@@ -21,6 +21,11 @@ type Capacity struct {
 	PerBackend []float64 `json:"per_backend_rps"`
 	RequestsPS float64   `json:"requests_per_s"`
 	OutputTPS  float64   `json:"output_tokens_per_s"`
+	// SeatShare is the least share of the saturated fleet's decoded tokens/s that one sequence fewer takes
+	// away, over its backends (each at S and S-1 sequences: the decode interval grows with the batch, so a
+	// sequence fewer costs a backend a little less than 1/S of its tokens): what a fleet with a seat free
+	// delivers at most, 1 - SeatShare of its saturated output (ProtectFeasibility).
+	SeatShare float64 `json:"seat_share"`
 }
 
 // FleetCapacity computes Capacity for the fleet file at path under w.
@@ -69,21 +74,39 @@ func FleetCapacity(path string, w *Workload) (Capacity, error) {
 	if c.OutputTokens <= 0 {
 		return Capacity{}, fmt.Errorf("bench: capacity: workload %s plans no requests", w.Name)
 	}
+	full, least := 0.0, math.Inf(1)
 	for _, cfg := range cfgs {
 		l := backendRate(cfg, c.PromptTokens, c.OutputTokens)
 		c.PerBackend = append(c.PerBackend, l)
 		c.RequestsPS += l
+		s := backendSeats(cfg, c.PromptTokens, c.OutputTokens)
+		tps := s / cfg.DecodeInterval(int(s)).Seconds()
+		full += tps
+		fewer := 0.0
+		if s > 1 {
+			fewer = (s - 1) / cfg.DecodeInterval(int(s)-1).Seconds()
+		}
+		least = min(least, tps-fewer)
 	}
 	c.OutputTPS = c.RequestsPS * c.OutputTokens
+	if full > 0 {
+		c.SeatShare = least / full
+	}
 	return c, nil
 }
 
-// backendRate is FleetCapacity's L for one backend.
-func backendRate(cfg sim.Config, p, o float64) float64 {
+// backendSeats is the sequences S a saturated backend holds: its seats, or fewer when its KV cache fills first.
+func backendSeats(cfg sim.Config, p, o float64) float64 {
 	s := float64(cfg.MaxNumSeqs)
 	if kv := math.Floor(float64(cfg.CacheTokens()) / (p + o)); kv < s {
 		s = max(kv, 1)
 	}
+	return s
+}
+
+// backendRate is FleetCapacity's L for one backend.
+func backendRate(cfg sim.Config, p, o float64) float64 {
+	s := backendSeats(cfg, p, o)
 	pe := p
 	if k := float64(cfg.PrefillKnee); k > 0 {
 		pe += p * p / (2 * k)

@@ -190,6 +190,18 @@ func TestFleetCapacity(t *testing.T) {
 	if c.RequestsPS != sum || c.OutputTPS != sum*c.OutputTokens {
 		t.Errorf("totals %+v, sum %v", c, sum)
 	}
+	// One sequence fewer costs the fleet least on "slow" (8 seats at 30 ms + 0.2 ms a sequence against fast's 32 at
+	// 10 + 0.1), and a little less than 1/8 of that backend's tokens, since its step shortens too.
+	if want := (8/31.4 - 7/31.2) / (32/13.1 + 8/31.4); math.Abs(c.SeatShare-want) > 1e-9 {
+		t.Errorf("seat share %v, want %v", c.SeatShare, want)
+	}
+	two := writeFiles(t, map[string]string{"f.yaml": `
+- {name: a, region: here, prefill_tps: 10000, itl: 20ms, itl_per_seq: 1ms, max_num_seqs: 4}
+- {name: b, region: here, prefill_tps: 10000, itl: 20ms, itl_per_seq: 1ms, max_num_seqs: 4}
+`})
+	if sc, err := FleetCapacity(filepath.Join(two, "f.yaml"), w); err != nil || math.Abs(sc.SeatShare-(4.0/23-3.0/22)/(8.0/23)) > 1e-12 {
+		t.Errorf("two 4-seat backends: seat share %v (%v), want %v", sc.SeatShare, err, (4.0/23-3.0/22)/(8.0/23))
+	}
 	// The KV cache binds before the seats: 1024 blocks hold 16384 tokens, 65 sequences of 250; 8 seats bind first
 	// on "slow"; with prompts of 4000 tokens only 4 sequences fit and the rate drops below the seats' bound.
 	long := *w

@@ -333,7 +333,7 @@ func judgeProtect(c Checks, runs [][]*RunReport) Judgement {
 }
 
 // Feasibility is what a cell's plan says of the protect checks' reach: the critical demand at the spike's peak,
-// and the seats a backend that goes down takes with it.
+// the seats a backend that goes down takes with it, and what one free seat costs the fleet's output.
 type Feasibility struct {
 	// CritDemand is the critical requests' demand at the spike's peak over the fleet's capacity: the
 	// workload's critical share times the peak rate over the capacity in requests/s (bench/capacity.go).
@@ -341,7 +341,15 @@ type Feasibility struct {
 	// LostSeats are the seats of a backend that goes down inside the spike, dropping its running streams
 	// (0: none does).
 	LostSeats float64
+	// SeatShare is Capacity.SeatShare, the least share of the saturated fleet's output one sequence fewer
+	// takes away, and Completions the saturated fleet's completions per second (Capacity.RequestsPS): with them
+	// ProtectFeasibility finds a fleet too small to both keep a seat free for critical requests and deliver
+	// ProtectOutput (0: not judged).
+	SeatShare, Completions float64
 }
+
+// protectP99Allowance is the share of critical requests the p99 check lets exceed its bound.
+const protectP99Allowance = 0.01
 
 // ProtectFeasibility marks what the protect checks of a cell cannot pass by construction, whatever the gateway,
 // with these figures:
@@ -354,6 +362,19 @@ type Feasibility struct {
 //	             of every backend's seats, and the streams the backend drops have sent tokens already, so no
 //	             gateway can retry them. Below ProtectCriticalOK in any run the success check becomes
 //	             CheckInfeasible.
+//	crit wait bound  the least share of critical requests that find no engine seat and wait past the critical
+//	             p99's budget in a fleet delivering ProtectOutput of the no-shedding run's output (which runs
+//	             every seat): while a seat is free the fleet delivers at most 1 - SeatShare of that, so it is
+//	             full at least 1 - (1 - ProtectOutput) / SeatShare of the time, and Poisson arrivals see the
+//	             time average. A request that finds the fleet full waits for a completion, which comes within
+//	             the budget, (ProtectCriticalSpike - 1) times the unloaded critical p99, with probability at
+//	             most budget * Completions (Markov's inequality on their count). When the bound exceeds the 1%
+//	             the p99 lets exceed in every run, the two checks contradict each other: on one engine of 8
+//	             seats (SeatShare 0.12, 2.8 completions/s, a 45 ms budget) at 90% output the fleet is full at
+//	             least 18% of the time, and at least 15% of critical requests would wait past the budget. Of the
+//	             two, the one that fails while the other passes becomes CheckInfeasible (the gateway held one;
+//	             no gateway holds both); both failing stay failures. Fleets of 10 seats or more are never
+//	             marked (the bound is 0).
 //
 // Only a failed check is marked; an infeasible one keeps its measured figure, and its detail says why and what
 // it measured.
@@ -386,5 +407,44 @@ func ProtectFeasibility(j Judgement, c Checks, runs [][]*RunReport, f Feasibilit
 		mark(fmt.Sprintf("crit ok >= %g%%", 100*ProtectCriticalOK),
 			fmt.Sprintf("at most %s: critical streams on the backend that went down", okBound))
 	}
+	if wait := waitBound(c, runs, f); wait.N > 0 {
+		j.Figures = append(j.Figures, Figure{Name: "crit wait bound", Range: wait})
+		spike := fmt.Sprintf("crit p99 <= %gx unloaded", ProtectCriticalSpike)
+		out := fmt.Sprintf("out >= %g%% ref", 100*ProtectOutput)
+		if wait.Min > protectP99Allowance {
+			st := map[string]string{}
+			for _, ch := range j.Checks {
+				st[ch.Name] = ch.Status
+			}
+			why := fmt.Sprintf("at %g%% output at least %s of critical requests wait past the p99's budget for a seat",
+				100*ProtectOutput, wait)
+			switch {
+			case st[out] == CheckFail && st[spike] == CheckPass:
+				mark(out, why)
+			case st[spike] == CheckFail && st[out] == CheckPass:
+				mark(spike, why)
+			}
+		}
+	}
 	return j
+}
+
+// waitBound returns ProtectFeasibility's crit wait bound over the runs that have an unloaded critical p99.
+func waitBound(c Checks, runs [][]*RunReport, f Feasibility) Range {
+	var r Range
+	if f.SeatShare <= 0 || f.Completions <= 0 {
+		return r
+	}
+	full := max(1-(1-ProtectOutput)/f.SeatShare, 0)
+	for _, reps := range runs {
+		u := column(reps, c.Unloaded)
+		if u == nil {
+			continue
+		}
+		if uc := u.Priorities[c.Critical]; uc != nil && uc.TTFT.N > 0 {
+			budget := (ProtectCriticalSpike - 1) * uc.TTFT.P99 / 1000 // seconds
+			r.add(full * max(1-budget*f.Completions, 0))
+		}
+	}
+	return r
 }

@@ -191,6 +191,43 @@ func TestProtectFeasibility(t *testing.T) {
 	}
 }
 
+// TestProtectSmallFleet: on one engine of 8 seats (SeatShare 0.12, 2.76 completions/s, unloaded critical p99 90
+// ms) 90% of the no-shedding run's output needs the fleet full at least 17% of the time, and the critical requests
+// that find it so wait past the p99's 45 ms budget unless a completion comes within it (at most 12%): at least
+// 15% of them would wait past it, against the 1% the p99 allows. The check that fails while the other holds is
+// infeasible; both failing stay failures; a fleet of 64 seats is not judged so.
+func TestProtectSmallFleet(t *testing.T) {
+	c := Checks{Kind: "protect", Subject: "shedding", Reference: "no-shedding", Unloaded: "unloaded", Critical: "critical", Standard: "standard"}
+	const (
+		spike = "crit p99 <= 1.5x unloaded"
+		out   = "out >= 90% ref"
+	)
+	for _, tc := range []struct {
+		name               string
+		share, p99, outTPS float64
+		wantSpike, wantOut string
+		bound              float64
+	}{
+		{"8 seats, critical held", 0.1214, 120, 690, CheckPass, CheckInfeasible, 0.1544},
+		{"8 seats, output held", 0.1214, 400, 950, CheckInfeasible, CheckPass, 0.1544},
+		{"8 seats, neither", 0.1214, 400, 690, CheckFail, CheckFail, 0.1544},
+		{"64 seats", 1.0 / 64, 120, 690, CheckPass, CheckFail, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			runs := [][]*RunReport{protectRun(100, 100, tc.p99, 90, tc.outTPS, 1000, 900)}
+			f := Feasibility{CritDemand: 0.4, SeatShare: tc.share, Completions: 2.76}
+			j := ProtectFeasibility(Judge(c, runs, false, false), c, runs, f)
+			st := statuses(j)
+			if st[spike] != tc.wantSpike || st[out] != tc.wantOut {
+				t.Errorf("%s %s, %s %s; want %s, %s (%+v)", spike, st[spike], out, st[out], tc.wantSpike, tc.wantOut, j.Checks)
+			}
+			if r := figure(j, "crit wait bound"); r.N != 1 || math.Abs(r.Min-tc.bound) > 5e-4 {
+				t.Errorf("crit wait bound %+v, want %v", r, tc.bound)
+			}
+		})
+	}
+}
+
 // TestProtectOutputInTheSpike: out/ref compares the output the fleet delivered while the spike lasted, not over
 // each column's whole window: a reference that serves its backlog after a 10 s spike delivers more over its
 // longer window (the whole-window ratio 0.75 here) although shedding kept the fleet as busy in the spike.

@@ -153,7 +153,8 @@ func RunMatrix(ctx context.Context, command string, opt MatrixOptions) (*MatrixR
 		}
 		res.Judgement = Judge(m.Checks, all, p.Mixed, p.SharedPrefix)
 		if m.Checks.Kind == "protect" && p.Capacity.RequestsPS > 0 {
-			f := Feasibility{CritDemand: p.CriticalShare * p.Peak / p.Capacity.RequestsPS}
+			f := Feasibility{CritDemand: p.CriticalShare * p.Peak / p.Capacity.RequestsPS,
+				SeatShare: p.Capacity.SeatShare, Completions: p.Capacity.RequestsPS}
 			if p.Spike != nil {
 				if ev := c.Event; ev != nil && ev.AtSpike > 0 && ev.Control["down"] == true && c.Seats > 0 {
 					f.LostSeats = float64(c.Seats)
