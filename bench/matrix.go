@@ -38,9 +38,16 @@ type Matrix struct {
 	Name        string `yaml:"name"`
 	Description string `yaml:"description"`
 	Checks      Checks `yaml:"checks"`
-	// Runs is how many times each cell runs (same seed: the spread is the system's, not the workload's);
-	// default 3, the -runs flag overrides it.
+	// Runs is how many times each cell runs (same seed: the spread is the system's, not the workload's, unless
+	// VarySeed); default 3, the -runs flag overrides it.
 	Runs int `yaml:"runs"`
+	// VarySeed runs a cell's run r (from 0) on its seed plus r (RunScenario): the runs are then as many
+	// schedules of its arrivals, classes, prompts and lengths, not one schedule repeated. The protect matrix
+	// sets it: on its one seed, every critical wait of its 8x8-seat cells came at the same cluster of critical
+	// arrivals, run after run, and seeds 2, 3 and 4 failed the critical p99 in 0, 4 and 9 of its nine 2x cells
+	// (bench/results/protect-2026-12-02-matrix.md, 2026-12-07). Off, the spread between runs is the system's
+	// alone, as the routing checks' hit spread over three runs of one seeded cell needs.
+	VarySeed bool `yaml:"vary_seed"`
 	// Warmup and Duration replace the workloads' (Duration is the measured window of a steady load; a spike's
 	// window is its At + For + After). Seed, when set, replaces theirs.
 	Warmup   time.Duration `yaml:"warmup"`
@@ -265,6 +272,9 @@ func (m *Matrix) validate(errs *fieldErrors) {
 		need("checks.subject", c.Subject)
 		if c.Replicas != "" {
 			need("checks.replicas", c.Replicas)
+		}
+		if m.VarySeed {
+			errs.add("vary_seed", "the routing checks' hit spread is over runs of one seed")
 		}
 	case "protect":
 		need("checks.subject", c.Subject)

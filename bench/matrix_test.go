@@ -163,6 +163,51 @@ func TestReplicateFleet(t *testing.T) {
 
 // The capacity is the step model's saturation rate: checked here by running the model's own definition (a
 // saturated engine's steps until it has finished many requests) instead of restating the closed form.
+// TestRunScenario: with vary_seed a cell's runs are as many schedules (its seed, then one more each run),
+// without it one schedule repeated; the cell's own scenario is never changed.
+func TestRunScenario(t *testing.T) {
+	dir := writeFiles(t, map[string]string{"m.yaml": `
+checks: {kind: protect}
+vary_seed: true
+fleets: [{file: f.yaml}]
+sizes: [{n: 1}]
+workloads: [{file: w.yaml}]
+loads: [{load: 0.5, spike: 2, for: 10s}]
+columns: [{name: shedding, strategy: adaptive}, {name: no-shedding, strategy: adaptive}, {name: unloaded, strategy: adaptive}]
+`, "r.yaml": `
+checks: {kind: routing}
+vary_seed: true
+fleets: [{file: f.yaml}]
+sizes: [{n: 1}]
+workloads: [{file: w.yaml}]
+loads: [{load: 0.5}]
+columns: [{strategy: round_robin}, {strategy: adaptive}]
+`})
+	if _, err := LoadMatrix(filepath.Join(dir, "r.yaml")); err == nil || !strings.Contains(err.Error(), "r.yaml:3: vary_seed") {
+		t.Errorf("vary_seed with the routing checks: %v, want r.yaml:3 refused", err)
+	}
+	m, err := LoadMatrix(filepath.Join(dir, "m.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.VarySeed {
+		t.Fatal("vary_seed not read")
+	}
+	sc := &Scenario{Name: "c", Seed: 7}
+	for r, want := range []uint64{7, 8, 9} {
+		if got := m.RunScenario(sc, r); got.Seed != want || got.Name != "c" {
+			t.Errorf("run %d: seed %d (%q), want %d", r, got.Seed, got.Name, want)
+		}
+	}
+	if sc.Seed != 7 {
+		t.Errorf("the cell's scenario changed: seed %d", sc.Seed)
+	}
+	m.VarySeed = false
+	if got := m.RunScenario(sc, 2); got != sc {
+		t.Errorf("without vary_seed run 2 has seed %d, want the cell's scenario itself", got.Seed)
+	}
+}
+
 func TestFleetCapacity(t *testing.T) {
 	dir := writeFiles(t, map[string]string{"f.yaml": testFleetMixed, "w.yaml": testWL})
 	w, err := LoadWorkload(filepath.Join(dir, "w.yaml"))

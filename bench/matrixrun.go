@@ -132,7 +132,7 @@ func RunMatrix(ctx context.Context, command string, opt MatrixOptions) (*MatrixR
 			if re.Timeout <= 0 {
 				re.Timeout = p.Scenario.Timeout
 			}
-			reports, err := Compare(ctx, CompareOptions{Env: re, Scenario: p.Scenario})
+			reports, err := Compare(ctx, CompareOptions{Env: re, Scenario: m.RunScenario(p.Scenario, r)})
 			if ctx.Err() != nil {
 				return rep, ctx.Err()
 			}
@@ -170,6 +170,17 @@ func RunMatrix(ctx context.Context, command string, opt MatrixOptions) (*MatrixR
 	}
 	rep.ElapsedS = time.Since(start).Seconds()
 	return rep, writeMatrix(opt.Out, rep, time.Since(start))
+}
+
+// RunScenario returns the scenario of a cell's run r (from 0): sc itself, or with VarySeed a copy on sc's seed
+// plus r (sc is not changed).
+func (m *Matrix) RunScenario(sc *Scenario, r int) *Scenario {
+	if !m.VarySeed || r == 0 {
+		return sc
+	}
+	c := *sc
+	c.Seed += uint64(r)
+	return &c
 }
 
 func checkLine(cs []CheckResult) string {
