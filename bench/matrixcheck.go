@@ -324,9 +324,9 @@ func judgeProtect(c Checks, runs [][]*RunReport) Judgement {
 		}
 	}
 	checks := []CheckResult{
-		j.bound(fmt.Sprintf("crit ok >= %g%%", 100*ProtectCriticalOK), "crit ok", ProtectCriticalOK, true),
-		j.bound(fmt.Sprintf("crit p99 <= %gx unloaded", ProtectCriticalSpike), "crit p99/unloaded", ProtectCriticalSpike, false),
-		j.bound(fmt.Sprintf("out >= %g%% ref", 100*ProtectOutput), "out/ref", ProtectOutput, true),
+		j.bound(checkCritOK, "crit ok", ProtectCriticalOK, true),
+		j.bound(checkCritSpike, "crit p99/unloaded", ProtectCriticalSpike, false),
+		j.bound(checkOutput, "out/ref", ProtectOutput, true),
 		j.bound("std p99 <= slo", "std p99/slo", ProtectStandard, false),
 	}
 	return Judgement{Figures: j.figures(), Checks: checks, PerRun: j.per}
@@ -347,6 +347,13 @@ type Feasibility struct {
 	// ProtectOutput (0: not judged).
 	SeatShare, Completions float64
 }
+
+// The protect checks' names, as the tables print them.
+var (
+	checkCritOK    = fmt.Sprintf("crit ok >= %g%%", 100*ProtectCriticalOK)
+	checkCritSpike = fmt.Sprintf("crit p99 <= %gx unloaded", ProtectCriticalSpike)
+	checkOutput    = fmt.Sprintf("out >= %g%% ref", 100*ProtectOutput)
+)
 
 // protectP99Allowance is the share of critical requests the p99 check lets exceed its bound.
 const protectP99Allowance = 0.01
@@ -400,17 +407,15 @@ func ProtectFeasibility(j Judgement, c Checks, runs [][]*RunReport, f Feasibilit
 		}
 	}
 	if f.CritDemand >= 1 {
-		mark(fmt.Sprintf("crit p99 <= %gx unloaded", ProtectCriticalSpike),
+		mark(checkCritSpike,
 			fmt.Sprintf("critical demand %.0f%% of capacity", 100*f.CritDemand))
 	}
 	if okBound.N > 0 && okBound.Min < ProtectCriticalOK {
-		mark(fmt.Sprintf("crit ok >= %g%%", 100*ProtectCriticalOK),
+		mark(checkCritOK,
 			fmt.Sprintf("at most %s: critical streams on the backend that went down", okBound))
 	}
 	if wait := waitBound(c, runs, f); wait.N > 0 {
 		j.Figures = append(j.Figures, Figure{Name: "crit wait bound", Range: wait})
-		spike := fmt.Sprintf("crit p99 <= %gx unloaded", ProtectCriticalSpike)
-		out := fmt.Sprintf("out >= %g%% ref", 100*ProtectOutput)
 		if wait.Min > protectP99Allowance {
 			st := map[string]string{}
 			for _, ch := range j.Checks {
@@ -419,10 +424,10 @@ func ProtectFeasibility(j Judgement, c Checks, runs [][]*RunReport, f Feasibilit
 			why := fmt.Sprintf("at %g%% output at least %s of critical requests wait past the p99's budget for a seat",
 				100*ProtectOutput, wait)
 			switch {
-			case st[out] == CheckFail && st[spike] == CheckPass:
-				mark(out, why)
-			case st[spike] == CheckFail && st[out] == CheckPass:
-				mark(spike, why)
+			case st[checkOutput] == CheckFail && st[checkCritSpike] == CheckPass:
+				mark(checkOutput, why)
+			case st[checkCritSpike] == CheckFail && st[checkOutput] == CheckPass:
+				mark(checkCritSpike, why)
 			}
 		}
 	}
