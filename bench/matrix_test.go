@@ -161,8 +161,6 @@ func TestReplicateFleet(t *testing.T) {
 	}
 }
 
-// The capacity is the step model's saturation rate: checked here by running the model's own definition (a
-// saturated engine's steps until it has finished many requests) instead of restating the closed form.
 // TestRunScenario: with vary_seed a cell's runs are as many schedules (its seed, then one more each run),
 // without it one schedule repeated; the cell's own scenario is never changed.
 func TestRunScenario(t *testing.T) {
@@ -208,6 +206,8 @@ columns: [{strategy: round_robin}, {strategy: adaptive}]
 	}
 }
 
+// The capacity is the step model's saturation rate: checked here by running the model's own definition (a
+// saturated engine's steps until it has finished many requests) instead of restating the closed form.
 func TestFleetCapacity(t *testing.T) {
 	dir := writeFiles(t, map[string]string{"f.yaml": testFleetMixed, "w.yaml": testWL})
 	w, err := LoadWorkload(filepath.Join(dir, "w.yaml"))
