@@ -47,7 +47,11 @@ const (
 //	               each raised by one standard error of its count (sqrt(n)/span: Poisson counts), so that the
 //	               few arrivals of a short window do not size the reserve below the demand they sample
 //	completions    the full fleet's: its seats over the mean time an attempt held a seat (Served), over
-//	               ReserveLongWindow; until an attempt is timed, the completion rate itself
+//	               ReserveLongWindow, or the last such mean once none was timed in it (a minute without
+//	               traffic); until an attempt is timed, the completion rate itself, and until one ends, the
+//	               seats over the reserve's age: no attempt held a seat longer, so the fleet completes at most
+//	               that. Counted as none, a fresh gateway held half the seats for critical requests until its
+//	               first completion and refused every sheddable request for 2 s with 45 of 64 seats free
 //	share floor    rho is at least the critical share of all arrivals over ReserveLongWindow (Arrive): the
 //	               reserve matters only once the fleet is full, when arrivals are at least its completions and
 //	               critical ones at least that share of them. It holds the reserve from before a spike: at a
@@ -72,8 +76,9 @@ type SeatReserve struct {
 	all      rateWindow // arrivals of every class
 	recent   tickWindow // the same, in surgeTick buckets (Surge)
 	done     rateWindow
-	timed    rateWindow // completions whose seat time is known (Served)
-	held     rateWindow // their seat time, in microseconds
+	timed    rateWindow   // completions whose seat time is known (Served)
+	held     rateWindow   // their seat time, in microseconds
+	hold     atomic.Int64 // the last mean seat time measured, in microseconds (0: none yet)
 }
 
 // NewSeatReserve returns a reserve reading clock (nil: the system clock).
@@ -194,15 +199,29 @@ func (r *SeatReserve) Share() float64 {
 }
 
 // Completions returns the completions per second the reserve is sized against: a full fleet's of seats seats,
-// seats over the mean time a timed attempt held its seat over ReserveLongWindow (Served); the measured
-// completion rate while no attempt was timed or seats is not known.
+// seats over the mean time a timed attempt held its seat over ReserveLongWindow (Served), or over the last mean
+// measured when none was timed within it. While no attempt was ever timed or seats is not known, the measured
+// completion rate; while none has ended at all, seats over the reserve's age (no attempt has held a seat
+// longer, so none may be counted on ending sooner on average): the fleet completes at most that.
 func (r *SeatReserve) Completions(seats int) float64 {
 	now := r.clock.Now()
-	if n := r.timed.count(now, ReserveLongWindow); n > 0 && seats > 0 {
-		mean := float64(r.held.count(now, ReserveLongWindow)) / float64(n) / 1e6 // seconds
-		return float64(seats) / mean
+	if seats > 0 {
+		if n := r.timed.count(now, ReserveLongWindow); n > 0 {
+			mean := max(r.held.count(now, ReserveLongWindow)/n, 1) // microseconds
+			if r.hold.Load() != mean {
+				r.hold.Store(mean)
+			}
+			return float64(seats) / (float64(mean) / 1e6)
+		}
+		if mean := r.hold.Load(); mean > 0 {
+			return float64(seats) / (float64(mean) / 1e6)
+		}
 	}
-	return r.rate(&r.done, now, ReserveLongWindow)
+	if done := r.rate(&r.done, now, ReserveLongWindow); done > 0 || seats <= 0 || r.born.Load() == 0 {
+		return done
+	}
+	age := max(now.Sub(time.Unix(0, r.born.Load())), surgeTick)
+	return float64(seats) / age.Seconds()
 }
 
 // Seats returns how many seats to keep free for critical requests in a fleet of seats seats (those the caps

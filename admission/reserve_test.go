@@ -288,3 +288,46 @@ func TestPrefillPaced(t *testing.T) {
 		})
 	}
 }
+
+// TestSeatReserveCold: before any attempt has ended, the completions are bounded by the seats over the reserve's
+// age, not counted as none, so a fresh gateway does not hold half an idle fleet for critical requests and refuse
+// every sheddable one until its first completion; once attempts are timed, their mean seat time counts, and it
+// is remembered through a minute without traffic.
+func TestSeatReserveCold(t *testing.T) {
+	clk := newFakeClock()
+	r := NewSeatReserve(clk)
+	r.Arrive(Critical) // the first request of a fresh gateway is critical: share 1
+	for range 3 {
+		r.Arrive(Standard)
+		r.Arrive(Sheddable)
+	}
+	clk.Advance(500 * time.Millisecond)
+	if got, want := r.Completions(64), 128.0; math.Abs(got-want) > 1e-9 {
+		t.Errorf("completions %v/s half a second into a fresh reserve, want at most 64 seats / 0.5 s = %v", got, want)
+	}
+	if !r.Admits(Sheddable, 60, 64) {
+		t.Errorf("a sheddable request refused with 60 of 64 seats free before the first completion (reserve %d)",
+			r.Seats(32, 64))
+	}
+	// Nothing ends for 10 s: the bound falls with the age, and the reserve grows towards its cap.
+	clk.Advance(9500 * time.Millisecond)
+	if got, want := r.Completions(64), 6.4; math.Abs(got-want) > 1e-9 {
+		t.Errorf("completions %v/s after 10 s without one, want 64 / 10 s = %v", got, want)
+	}
+	// Attempts of 3.2 s are timed; a minute without traffic later their mean still counts.
+	for range 10 {
+		r.Served(clk.Now().Add(-3200 * time.Millisecond))
+	}
+	if got, want := r.Completions(64), 20.0; math.Abs(got-want) > 1e-9 {
+		t.Fatalf("completions %v/s, want 64 seats / 3.2 s = %v", got, want)
+	}
+	clk.Advance(2 * ReserveLongWindow)
+	r.Arrive(Critical)
+	if got, want := r.Completions(64), 20.0; math.Abs(got-want) > 1e-9 {
+		t.Errorf("completions %v/s after two minutes without traffic, want the last mean's %v", got, want)
+	}
+	// Unknown seats: the measured completion rate, none here.
+	if got := r.Completions(0); got != 0 {
+		t.Errorf("completions %v/s of a fleet of unknown seats with nothing ended in the window, want 0", got)
+	}
+}

@@ -329,3 +329,51 @@ func TestRetryKeepsTheCriticalSeat(t *testing.T) {
 		t.Errorf("answers came in the order %v, want the critical request first and the retried standard request, which waited for a seat, last", order)
 	}
 }
+
+// TestFreshGatewayAdmitsSheddable checks, through the real gateway and a simulated engine of 16 seats stated in
+// the policy, that a gateway whose first request is critical does not keep half of an idle engine for critical
+// requests until its first completion: sheddable requests sent right after it start at once on the free seats.
+// Before, the seat reserve counted no completions while none had ended, took its cap (half the seats) and let
+// sheddable requests only past twice that, the whole engine: in the protect matrix a fresh gateway refused every
+// sheddable request of its first 2 s with 45 of 64 seats free.
+func TestFreshGatewayAdmitsSheddable(t *testing.T) {
+	t.Parallel()
+	be := startSim(t, "a", func(c *sim.Config) {
+		c.MaxNumSeqs = 16
+		c.ITL = 10 * time.Millisecond
+		c.Overhead = time.Millisecond
+	})
+	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 0, be.URL()))
+	snap.Models["sim-model"].SLO = SLO{TTFT: time.Minute}
+	editBackends(snap, func(c *routing.BackendConfig) { c.MaxNumSeqs = 16 })
+	gw := startGateway(t, snap, Options{})
+	inflight := func() int {
+		if c := gw.s.caps.Get("b0"); c != nil {
+			return c.Inflight()
+		}
+		return 0
+	}
+
+	const long = 300 // 3 s at 10 ms a token: nothing ends while the test looks
+	sheddable := map[string]string{"X-Switchyard-Priority": "sheddable"}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if a := post(t, gw.url, seatBody(long), criticalHeader); a.code != 200 {
+			t.Errorf("critical: %d %s", a.code, a.body)
+		}
+	})
+	waitFor(t, 5*time.Second, func() bool { return inflight() == 1 })
+	start := time.Now()
+	for range 6 {
+		wg.Go(func() {
+			if a := post(t, gw.url, seatBody(long), sheddable); a.code != 200 {
+				t.Errorf("sheddable: %d %s", a.code, a.body)
+			}
+		})
+	}
+	waitFor(t, 5*time.Second, func() bool { return inflight() == 7 })
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("the sheddable requests took %v to reach an engine with 15 of 16 seats free, want them sent at once", d)
+	}
+	wg.Wait()
+}
