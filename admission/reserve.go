@@ -236,12 +236,52 @@ func (r *SeatReserve) Seats(limit, seats int) int {
 	if crit >= done {
 		return limit
 	}
-	rho := max(crit/done, r.Share()*max(1, r.Surge()/done))
+	rho := rhoOf(crit, done, r.Share(), r.Surge())
 	if rho >= 1 {
 		return limit
 	}
 	n := int(math.Ceil(math.Log(ReserveMiss) / math.Log(rho)))
 	return min(max(n, 1), limit)
+}
+
+// rhoOf returns the ratio a reserve is sized for: critical arrivals over completions, or the critical share of
+// the arrivals of every class (surge) when those are more than the completions, if either is more.
+func rhoOf(crit, done, share, surge float64) float64 {
+	return max(crit/done, share*max(1, surge/done))
+}
+
+// ReserveStatus is what a SeatReserve's figures stand at (Status): what /debug/models shows an operator asking
+// why standard or sheddable requests wait while engine seats are free.
+type ReserveStatus struct {
+	// Active reports critical arrivals within ReserveLongWindow: without any, no seat is held.
+	Active bool `json:"active"`
+	// FleetSeats and FreeSeats are the seats the caps know or hold provisionally, and those free, as the caller
+	// counted them.
+	FleetSeats int `json:"fleet_seats"`
+	FreeSeats  int `json:"free_seats"`
+	// Seats is how many of them are kept free for critical requests: standard requests wait while at most Seats
+	// are free, sheddable ones while at most twice Seats are (Admits).
+	Seats int `json:"seats"`
+	// CriticalPerSecond is the forecast of critical arrivals (Forecast), CompletionsPerSecond the full fleet's
+	// completions (Completions), CriticalShare the critical share of arrivals (Share), SurgePerSecond the recent
+	// arrivals of every class (Surge), Rho the ratio Seats is sized for (0 with no completions counted).
+	CriticalPerSecond    float64 `json:"critical_per_second"`
+	CompletionsPerSecond float64 `json:"completions_per_second"`
+	CriticalShare        float64 `json:"critical_share"`
+	SurgePerSecond       float64 `json:"surge_per_second"`
+	Rho                  float64 `json:"rho"`
+}
+
+// Status returns the reserve's figures for a fleet of seats seats (those the caps know or hold provisionally)
+// of which free are free.
+func (r *SeatReserve) Status(free, seats int) ReserveStatus {
+	st := ReserveStatus{Active: r.Active(), FleetSeats: seats, FreeSeats: free, Seats: r.Seats(seats/2, seats),
+		CriticalPerSecond: r.Forecast(), CompletionsPerSecond: r.Completions(seats), CriticalShare: r.Share(),
+		SurgePerSecond: r.Surge()}
+	if st.CompletionsPerSecond > 0 {
+		st.Rho = rhoOf(st.CriticalPerSecond, st.CompletionsPerSecond, st.CriticalShare, st.SurgePerSecond)
+	}
+	return st
 }
 
 // Admits reports whether a request of class c may take one of free engine seats, of seats in the fleet (those

@@ -96,6 +96,7 @@ func NewAdmin(s *Server, g prometheus.Gatherer) *Admin {
 	})
 	a.mux.HandleFunc("GET /debug/backends", a.backends)
 	a.mux.HandleFunc("GET /debug/config", a.config)
+	a.mux.HandleFunc("GET /debug/models", a.models)
 	a.mux.HandleFunc("GET /debug/timeseries", a.timeseries)
 	a.mux.HandleFunc("GET /debug/decisions", a.decisions)
 	a.mux.HandleFunc("GET /debug/policy", a.policy)
@@ -146,6 +147,39 @@ func (a *Admin) Backends() []BackendStatus {
 
 func (a *Admin) backends(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, a.Backends())
+}
+
+// ModelStatus is one model's admission state as /debug/models shows it.
+type ModelStatus struct {
+	// Name is the model's name in the policy.
+	Name string `json:"name"`
+	// Queued is how many of its requests wait in the gateway's queue.
+	Queued int `json:"queued"`
+	// Reserve is its fleet's seats and those kept free for critical requests (admission.SeatReserve).
+	Reserve admission.ReserveStatus `json:"reserve"`
+}
+
+// Models returns the admission state of every model of the current policy, in the policy's order.
+func (a *Admin) Models() []ModelStatus {
+	snap := a.s.src.Snapshot()
+	if snap == nil {
+		return []ModelStatus{}
+	}
+	res := a.s.follow(snap) // the records a request would find
+	out := make([]ModelStatus, 0, len(res.snap.ModelNames))
+	for _, name := range res.snap.ModelNames {
+		rec := res.models[res.snap.Models[name]]
+		if rec == nil {
+			continue
+		}
+		free, seats := rec.fleetSeats()
+		out = append(out, ModelStatus{Name: name, Queued: rec.queue.Len(), Reserve: rec.reserve.Status(free, seats)})
+	}
+	return out
+}
+
+func (a *Admin) models(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, a.Models())
 }
 
 func (a *Admin) config(w http.ResponseWriter, _ *http.Request) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/switchyard/switchyard/routing"
+	"github.com/switchyard/switchyard/sim"
 )
 
 func startAdmin(t *testing.T, gw *gateway) string {
@@ -76,5 +77,51 @@ func TestAdminEndpoints(t *testing.T) {
 	gw.s.draining.Store(true)
 	if code, body := get(t, admin+"/readyz"); code != 503 || !strings.Contains(body, "draining") {
 		t.Errorf("/readyz while draining: %d %q", code, body)
+	}
+}
+
+// TestAdminModels checks /debug/models through the real gateway and a simulated engine of 16 seats stated in the
+// policy: before any traffic no seat is held; once critical requests came, the reserve is active, counts the
+// engine's seats and those a running request holds, and holds at least one of them for critical requests.
+func TestAdminModels(t *testing.T) {
+	t.Parallel()
+	be := startSim(t, "a", func(c *sim.Config) {
+		c.MaxNumSeqs = 16
+		c.ITL = 10 * time.Millisecond
+		c.Overhead = time.Millisecond
+	})
+	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 0, be.URL()))
+	snap.Models["sim-model"].SLO = SLO{TTFT: time.Minute}
+	editBackends(snap, func(c *routing.BackendConfig) { c.MaxNumSeqs = 16 })
+	gw := startGateway(t, snap, Options{})
+	admin := startAdmin(t, gw)
+	models := func() []ModelStatus {
+		t.Helper()
+		var ms []ModelStatus
+		code, body := get(t, admin+"/debug/models")
+		if err := json.Unmarshal([]byte(body), &ms); err != nil || code != 200 || len(ms) != 1 {
+			t.Fatalf("/debug/models %d %v: %s", code, err, body)
+		}
+		return ms
+	}
+	if m := models()[0]; m.Name != "sim-model" || m.Reserve.Active || m.Reserve.Seats != 0 ||
+		m.Reserve.FleetSeats != 16 || m.Reserve.FreeSeats != 16 {
+		t.Errorf("before any request: %+v", m)
+	}
+	for range 3 {
+		if a := post(t, gw.url, seatBody(2), criticalHeader); a.code != 200 {
+			t.Fatalf("critical: %d %s", a.code, a.body)
+		}
+	}
+	done := make(chan answer, 1)
+	go func() { done <- post(t, gw.url, seatBody(200), nil) }() // 2 s at 10 ms a token
+	waitFor(t, 5*time.Second, func() bool { return models()[0].Reserve.FreeSeats == 15 })
+	m := models()[0]
+	if r := m.Reserve; !r.Active || r.FleetSeats != 16 || r.Seats < 1 || r.Seats > 8 || r.CriticalPerSecond <= 0 ||
+		r.CompletionsPerSecond <= 0 || r.CriticalShare <= 0 || r.Rho <= 0 || m.Queued != 0 {
+		t.Errorf("with critical demand and one request running: %+v", m)
+	}
+	if a := <-done; a.code != 200 {
+		t.Errorf("standard: %d %s", a.code, a.body)
 	}
 }

@@ -42,6 +42,24 @@ func (r *modelRec) endpointOf(b *routing.Backend) *endpoint {
 	return nil
 }
 
+// fleetSeats returns the engine seats free and in all over r's backends that the seat reserve counts: those
+// available (outlier detector), healthy and with a batch size their cap knows or holds (Cap.Free), as
+// exchange.chooseFrom counts them for a request.
+func (r *modelRec) fleetSeats() (free, seats int) {
+	for _, e := range r.ends {
+		g := &e.guards
+		if o := g.Outlier; o != nil && !o.Available() {
+			continue
+		}
+		if c := g.Cap; c != nil && e.b.Healthy() {
+			if f, known := c.Free(); known {
+				free, seats = free+f, seats+c.Batch()
+			}
+		}
+	}
+	return free, seats
+}
+
 // resolved is a snapshot with its records.
 type resolved struct {
 	snap   *Snapshot
