@@ -172,7 +172,7 @@ func (a *Admin) Models() []ModelStatus {
 		if rec == nil {
 			continue
 		}
-		free, seats := rec.fleetSeats()
+		free, seats, _ := rec.fleetSeats()
 		out = append(out, ModelStatus{Name: name, Queued: rec.queue.Len(), Reserve: rec.reserve.Status(free, seats)})
 	}
 	return out

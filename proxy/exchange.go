@@ -443,6 +443,9 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 	rec := ex.rec
 	reserve := rec.reserve
 	ex.guard = ex.class == admission.Critical || reserve.Active()
+	if respectCaps {
+		free, seats, counted = rec.fleetSeats()
+	}
 	for i, t := range rec.m.Targets {
 		var c *admission.Cap
 		if respectCaps {
@@ -450,11 +453,7 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 			if o := g.Outlier; o != nil && !o.Available() {
 				continue
 			}
-			if c = g.Cap; c != nil && t.Backend.Healthy() {
-				if f, known := c.Free(); known {
-					free, seats, counted = free+f, seats+c.Batch(), counted+1
-				}
-			}
+			c = g.Cap
 		}
 		if ex.triedContains(t.Backend) {
 			continue

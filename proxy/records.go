@@ -42,10 +42,10 @@ func (r *modelRec) endpointOf(b *routing.Backend) *endpoint {
 	return nil
 }
 
-// fleetSeats returns the engine seats free and in all over r's backends that the seat reserve counts: those
-// available (outlier detector), healthy and with a batch size their cap knows or holds (Cap.Free), as
-// exchange.chooseFrom counts them for a request.
-func (r *modelRec) fleetSeats() (free, seats int) {
+// fleetSeats returns the engine seats free and in all over r's backends that the seat reserve counts, and how
+// many backends those are: the available ones (outlier detector), healthy and with a batch size their cap knows
+// or holds (Cap.Free). A request's choice (exchange.chooseFrom) and /debug/models count them here.
+func (r *modelRec) fleetSeats() (free, seats, counted int) {
 	for _, e := range r.ends {
 		g := &e.guards
 		if o := g.Outlier; o != nil && !o.Available() {
@@ -53,11 +53,11 @@ func (r *modelRec) fleetSeats() (free, seats int) {
 		}
 		if c := g.Cap; c != nil && e.b.Healthy() {
 			if f, known := c.Free(); known {
-				free, seats = free+f, seats+c.Batch()
+				free, seats, counted = free+f, seats+c.Batch(), counted+1
 			}
 		}
 	}
-	return free, seats
+	return free, seats, counted
 }
 
 // resolved is a snapshot with its records.
