@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/switchyard/switchyard/routing"
-	"github.com/switchyard/switchyard/sim"
 )
 
 func startAdmin(t *testing.T, gw *gateway) string {
@@ -85,15 +84,7 @@ func TestAdminEndpoints(t *testing.T) {
 // engine's seats and those a running request holds, and holds at least one of them for critical requests.
 func TestAdminModels(t *testing.T) {
 	t.Parallel()
-	be := startSim(t, "a", func(c *sim.Config) {
-		c.MaxNumSeqs = 16
-		c.ITL = 10 * time.Millisecond
-		c.Overhead = time.Millisecond
-	})
-	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 0, be.URL()))
-	snap.Models["sim-model"].SLO = SLO{TTFT: time.Minute}
-	editBackends(snap, func(c *routing.BackendConfig) { c.MaxNumSeqs = 16 })
-	gw := startGateway(t, snap, Options{})
+	gw := statedSeatGateway(t, 16)
 	admin := startAdmin(t, gw)
 	models := func() []ModelStatus {
 		t.Helper()

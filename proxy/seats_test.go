@@ -31,6 +31,22 @@ func seatGateway(t *testing.T, seats int, scrape time.Duration) (*gateway, *Snap
 	return startGateway(t, snap, Options{}), snap
 }
 
+// statedSeatGateway starts a simulated engine of seats (10 ms a token) behind the real gateway, with the seats
+// stated in the policy (backends[].max_num_seqs), admission on and nothing shed (the model's objective is a
+// minute).
+func statedSeatGateway(t *testing.T, seats int) *gateway {
+	t.Helper()
+	be := startSim(t, "a", func(c *sim.Config) {
+		c.MaxNumSeqs = seats
+		c.ITL = 10 * time.Millisecond
+		c.Overhead = time.Millisecond
+	})
+	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 0, be.URL()))
+	snap.Models["sim-model"].SLO = SLO{TTFT: time.Minute}
+	editBackends(snap, func(c *routing.BackendConfig) { c.MaxNumSeqs = seats })
+	return startGateway(t, snap, Options{})
+}
+
 // criticalHeader marks a request critical.
 var criticalHeader = map[string]string{"X-Switchyard-Priority": "critical"}
 
@@ -338,15 +354,7 @@ func TestRetryKeepsTheCriticalSeat(t *testing.T) {
 // sheddable request of its first 2 s with 45 of 64 seats free.
 func TestFreshGatewayAdmitsSheddable(t *testing.T) {
 	t.Parallel()
-	be := startSim(t, "a", func(c *sim.Config) {
-		c.MaxNumSeqs = 16
-		c.ITL = 10 * time.Millisecond
-		c.Overhead = time.Millisecond
-	})
-	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 0, be.URL()))
-	snap.Models["sim-model"].SLO = SLO{TTFT: time.Minute}
-	editBackends(snap, func(c *routing.BackendConfig) { c.MaxNumSeqs = 16 })
-	gw := startGateway(t, snap, Options{})
+	gw := statedSeatGateway(t, 16)
 	inflight := func() int {
 		if c := gw.s.caps.Get("b0"); c != nil {
 			return c.Inflight()
