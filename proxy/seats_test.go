@@ -20,21 +20,14 @@ import (
 // scrape, as `switchyard serve` runs one; it returns the gateway and its snapshot.
 func seatGateway(t *testing.T, seats int, scrape time.Duration) (*gateway, *Snapshot) {
 	t.Helper()
-	be := startSim(t, "a", func(c *sim.Config) {
-		c.MaxNumSeqs = seats
-		c.ITL = 10 * time.Millisecond
-		c.Overhead = time.Millisecond
-	})
-	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 0, be.URL()))
-	snap.Models["sim-model"].SLO = SLO{TTFT: time.Minute}
+	snap := seatSnapshot(t, seats)
 	monitored(t, snap, routing.MonitorOptions{ScrapeInterval: scrape, IdleProbeAfter: -1})
 	return startGateway(t, snap, Options{}), snap
 }
 
-// statedSeatGateway starts a simulated engine of seats (10 ms a token) behind the real gateway, with the seats
-// stated in the policy (backends[].max_num_seqs), admission on and nothing shed (the model's objective is a
-// minute).
-func statedSeatGateway(t *testing.T, seats int) *gateway {
+// seatSnapshot starts a simulated engine of seats that states none (10 ms a token) and returns a snapshot of it
+// with admission on and nothing shed (the model's objective is a minute).
+func seatSnapshot(t *testing.T, seats int) *Snapshot {
 	t.Helper()
 	be := startSim(t, "a", func(c *sim.Config) {
 		c.MaxNumSeqs = seats
@@ -43,6 +36,15 @@ func statedSeatGateway(t *testing.T, seats int) *gateway {
 	})
 	snap := withAdmission(snapshotOf(&routing.RoundRobin{}, 0, be.URL()))
 	snap.Models["sim-model"].SLO = SLO{TTFT: time.Minute}
+	return snap
+}
+
+// statedSeatGateway starts a simulated engine of seats (10 ms a token) behind the real gateway, with the seats
+// stated in the policy (backends[].max_num_seqs), admission on and nothing shed (the model's objective is a
+// minute).
+func statedSeatGateway(t *testing.T, seats int) *gateway {
+	t.Helper()
+	snap := seatSnapshot(t, seats)
 	editBackends(snap, func(c *routing.BackendConfig) { c.MaxNumSeqs = seats })
 	return startGateway(t, snap, Options{})
 }
