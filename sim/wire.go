@@ -23,6 +23,11 @@ type request struct {
 	Priority            int            `json:"priority"`
 	Messages            presence       `json:"messages"`
 	Prompt              presence       `json:"prompt"`
+	// ContinueFinalMessage and AddGenerationPrompt are vLLM's chat template switches: a continuation of a final
+	// assistant message (a gateway resumes a stream that yielded its seat so) sets the first and clears the
+	// second, whose default is true.
+	ContinueFinalMessage bool  `json:"continue_final_message"`
+	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
 }
 
 type streamOptions struct {
@@ -68,6 +73,9 @@ func parseRequest(ep openai.Endpoint, body []byte) (req request, maxTokens int, 
 		if req.Messages.empty {
 			return req, 0, errorf(http.StatusBadRequest, "messages must not be empty")
 		}
+		if err := checkContinuation(&req, body); err != nil {
+			return req, 0, err
+		}
 	case openai.Completions:
 		if !req.Prompt.set {
 			return req, 0, errorf(http.StatusBadRequest, "Field required: prompt")
@@ -95,6 +103,28 @@ func parseRequest(ep openai.Endpoint, body []byte) (req request, maxTokens int, 
 		return req, 0, errorf(http.StatusBadRequest, "max_tokens must be at least 1, got %d.", maxTokens)
 	}
 	return req, maxTokens, nil
+}
+
+// checkContinuation refuses what vLLM's chat endpoint refuses of continue_final_message: together with
+// add_generation_prompt (true unless the request clears it), or with a final message that is not the
+// assistant's, which there is nothing to continue.
+func checkContinuation(req *request, body []byte) error {
+	if !req.ContinueFinalMessage {
+		return nil
+	}
+	if req.AddGenerationPrompt == nil || *req.AddGenerationPrompt {
+		return errorf(http.StatusBadRequest, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+	}
+	var roles struct {
+		Messages []struct {
+			Role string `json:"role"`
+		} `json:"messages"`
+	}
+	if err := json.Unmarshal(body, &roles); err != nil || len(roles.Messages) == 0 ||
+		roles.Messages[len(roles.Messages)-1].Role != "assistant" {
+		return errorf(http.StatusBadRequest, "continue_final_message is set but the final message is not the assistant's.")
+	}
+	return nil
 }
 
 // apiError is vLLM's error body: {"error":{"message":..,"type":..,"param":null,"code":<status>}}.

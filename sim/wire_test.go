@@ -35,6 +35,12 @@ func TestParseRequest(t *testing.T) {
 		{"wrong type", openai.Chat, `{"messages":[],"stream":"yes"}`, 0, 400},
 		{"stream options need stream", openai.Chat,
 			`{"messages":[{"role":"user","content":"hi"}],"stream_options":{"include_usage":true}}`, 0, 400},
+		{"continuation", openai.Chat, `{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"He"}],` +
+			`"continue_final_message":true,"add_generation_prompt":false,"max_tokens":4}`, 4, 0},
+		{"continuation with the generation prompt", openai.Chat,
+			`{"messages":[{"role":"assistant","content":"He"}],"continue_final_message":true}`, 0, 400},
+		{"continuation of the user", openai.Chat, `{"messages":[{"role":"user","content":"hi"}],` +
+			`"continue_final_message":true,"add_generation_prompt":false}`, 0, 400},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
