@@ -101,6 +101,10 @@ type Gateway struct {
 	Shed *prometheus.CounterVec
 	// Hedges counts hedged attempts by outcome (won, lost, cancelled).
 	Hedges *prometheus.CounterVec
+	// Yields counts sheddable streams that yielded their engine seat to a critical request, by model and
+	// outcome: yielded (the seat was freed), resumed (the stream went on as a continuation), failed (it could
+	// not, and ended with an error event).
+	Yields *prometheus.CounterVec
 	// BreakerState is each backend's circuit-breaker state: 0 closed, 1 half-open, 2 open.
 	BreakerState *prometheus.GaugeVec
 	// QueueWait is the time requests waited in the gateway queue, by priority class.
@@ -247,6 +251,10 @@ func New(reg prometheus.Registerer) *Gateway {
 			Name: "switchyard_hedges_total",
 			Help: "Hedged attempts by outcome.",
 		}, []string{"outcome"}),
+		Yields: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_yields_total",
+			Help: "Sheddable streams that yielded their engine seat to a critical request, by model and outcome.",
+		}, []string{"model", "outcome"}),
 		BreakerState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "switchyard_breaker_state",
 			Help: "Circuit-breaker state per backend: 0 closed, 1 half-open, 2 open.",
@@ -312,7 +320,7 @@ func New(reg prometheus.Registerer) *Gateway {
 	reg.MustRegister(
 		m.TTFT, m.TPOT, m.Duration, m.ClientDuration, m.Tokens, m.BackendTTFT, m.BackendITL, m.Requests, m.Cost, m.Inflight, m.QueueDepth, m.Retries, m.Overhead,
 		m.UpstreamErrors, m.ClientDisconnects, m.UpstreamLimits, m.StreamEnds, m.Panics, m.TTFTPredictionError, m.PrefixLookups, m.PrefixHits, m.Shed,
-		m.Hedges, m.BreakerState, m.QueueWait, m.ConfigReloadSuccess, m.ConfigReloadTime,
+		m.Hedges, m.Yields, m.BreakerState, m.QueueWait, m.ConfigReloadSuccess, m.ConfigReloadTime,
 		m.QueueLength, m.ConcurrencyLimit, m.OutlierState, m.OutlierEjections, m.Degraded, m.BudgetDenied,
 		m.RegionSpills, m.RegionActiveTier, m.RegionShare, m.RedisErrors, m.RedisBreakerState,
 		collectors.NewGoCollector(),

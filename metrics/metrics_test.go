@@ -30,6 +30,7 @@ func TestNamesAndBuckets(t *testing.T) {
 	m.PrefixHits.WithLabelValues("m").Inc()
 	m.Shed.WithLabelValues("slo", "sheddable").Inc()
 	m.Hedges.WithLabelValues("won").Inc()
+	m.Yields.WithLabelValues("m", "resumed").Inc()
 	m.BreakerState.WithLabelValues("b").Set(0)
 	m.QueueWait.WithLabelValues("standard").Observe(0.01)
 	m.UpstreamErrors.WithLabelValues("b", "connect").Inc()
@@ -66,7 +67,7 @@ func TestNamesAndBuckets(t *testing.T) {
 		"switchyard_requests_total", "switchyard_cost_dollars_total",
 		"switchyard_backend_inflight", "switchyard_backend_queue_depth", "switchyard_ttft_prediction_error_ratio",
 		"switchyard_prefix_cache_lookups_total", "switchyard_prefix_cache_hits_total", "switchyard_shed_total",
-		"switchyard_hedges_total", "switchyard_retries_total", "switchyard_breaker_state",
+		"switchyard_hedges_total", "switchyard_yields_total", "switchyard_retries_total", "switchyard_breaker_state",
 		"switchyard_overhead_seconds", "switchyard_config_reload_success", "switchyard_queue_wait_seconds",
 		"switchyard_queue_length", "switchyard_backend_concurrency_limit", "switchyard_outlier_state",
 		"switchyard_outlier_ejections_total", "switchyard_degraded_total", "switchyard_budget_denied_total", "switchyard_redis_errors_total",

@@ -57,6 +57,9 @@ func (ex *exchange) accessLog(code int, backend string, now time.Time, traceID t
 	if !ex.firstAt.IsZero() {
 		a = append(a, slog.Float64("ttft_ms", millis(ex.firstAt.Sub(ex.arrival))))
 	}
+	if ex.yields > 0 { // yield.go: the stream gave its seat to critical requests, and waited to resume
+		a = append(a, slog.Int("yields", ex.yields), slog.Float64("yield_wait_ms", millis(ex.yieldWait)))
+	}
 	if ex.obs.itl.n > 0 {
 		a = append(a, slog.Float64("itl_p50_ms", millis(ex.obs.itl.quantile(0.5))),
 			slog.Float64("itl_p99_ms", millis(ex.obs.itl.quantile(0.99))))

@@ -124,11 +124,12 @@ func (ex *exchange) measure(c *admission.Claim) {
 
 // tooLate is the queue's last check on a waiting request whose attempt Dispatch just picked and claimed
 // (admission.Shedder.TooLate): when its first token can no longer come within its objective, the claim is given
-// back and the request is refused now (ErrQueueTimeout) rather than dispatched to miss.
+// back and the request is refused now (ErrQueueTimeout) rather than dispatched to miss. A stream waiting to
+// resume after it yielded its seat (yield.go) had its first token long ago: it is never too late.
 func (ex *exchange) tooLate(a *attempt) error {
 	snap := ex.snap
-	if snap.Shedder == nil || !snap.Shedder.TooLate(ex.class, ex.model.SLO.TTFT, ex.s.clock.Now().Sub(ex.arrival),
-		ex.rreq.Decision().TTFT, ex.rec.fleet.Calibration) {
+	if ex.resuming || snap.Shedder == nil || !snap.Shedder.TooLate(ex.class, ex.model.SLO.TTFT,
+		ex.s.clock.Now().Sub(ex.arrival), ex.rreq.Decision().TTFT, ex.rec.fleet.Calibration) {
 		return nil
 	}
 	a.permit.Cancel()

@@ -113,7 +113,7 @@ func (bs *breakers) get(b *routing.Backend) *breaker {
 			// A hedge that lost its race was cancelled by the gateway: not the backend's failure (the slower of
 			// two healthy engines lost every race and had its breaker opened before this).
 			return errors.Is(err, errClientGone) || errors.Is(err, errShutdown) || errors.Is(err, errNotSent) ||
-				errors.Is(err, admission.ErrNotSent) || errors.Is(err, errHedgeLost)
+				errors.Is(err, admission.ErrNotSent) || errors.Is(err, errHedgeLost) || errors.Is(err, errYield)
 		},
 		OnStateChange: func(_ string, _, to gobreaker.State) { bs.changed(br, to) },
 	})

@@ -56,6 +56,7 @@ type exchange struct {
 	clientRequest // what the client sent
 	routed        // its admission and its attempts
 	relayed       // what the relay learned
+	yieldState    // a stream that may yield its seat (yield.go)
 
 	wd       *watchdog
 	code     int // the status the client got (499 when it left)
@@ -274,6 +275,7 @@ func (s *Server) releaseExchange(ex *exchange) {
 	ex.clientRequest.reset()
 	ex.routed.reset()
 	ex.relayed.reset()
+	ex.yieldState.reset()
 	ex.code = 0
 	ex.done, ex.poisoned = false, false
 	ex.rc = respCacheState{}
@@ -370,7 +372,8 @@ func (ex *exchange) admit(h *fasthttp.RequestHeader) error {
 	ctx, cancel := ex.wd.queueContext()
 	deadline := snap.Shedder.Deadline(ex.arrival, &in, snap.Queue.Timeout)
 	enqueued := ex.s.clock.Now()
-	err = q.Wait(ctx, ex, ex.class, deadline)
+	// yield.go: a critical request that waits asks a sheddable stream for its seat
+	err = ex.waitForSeat(ctx, deadline)
 	ex.queueWait = max(ex.s.clock.Now().Sub(enqueued), time.Nanosecond) // nonzero: it was queued
 	cancel()
 	if err != nil {
@@ -857,7 +860,7 @@ func (ex *exchange) requeue(a *attempt) error {
 	ex.queued = a
 	ctx, cancel := ex.wd.queueContext()
 	enqueued := ex.s.clock.Now()
-	err = ex.rec.queue.Wait(ctx, ex, ex.class, snap.Shedder.Deadline(ex.arrival, &in, snap.Queue.Timeout))
+	err = ex.waitForSeat(ctx, snap.Shedder.Deadline(ex.arrival, &in, snap.Queue.Timeout))
 	ex.queueWait += max(ex.s.clock.Now().Sub(enqueued), time.Nanosecond)
 	cancel()
 	if err != nil {

@@ -78,6 +78,8 @@ func attemptErrorType(outcome error) string {
 		return "shutdown"
 	case errors.Is(outcome, errPanic):
 		return "panic"
+	case errors.Is(outcome, errYield):
+		return "yielded"
 	case errors.As(outcome, &ue):
 		if ue.kind == kindStatus {
 			return strconv.Itoa(ue.status)

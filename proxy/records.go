@@ -29,6 +29,7 @@ type modelRec struct {
 	hedges  *admission.HedgeBudget
 	fleet   admission.Fleet // reserve, queue and calibration, as a Permit reports to them
 	degrade *modelRec       // m.DegradeTo's record; nil when it has none
+	yield   *yielders       // the streams that may yield their seat (m.Preempt); nil without preempt
 }
 
 // endpointOf returns the record of b, the backend of one of r's targets, or nil for another backend (a linear
@@ -88,6 +89,9 @@ func (s *Server) resolve(snap *Snapshot) *resolved {
 		r := &modelRec{m: m, ends: make([]*endpoint, len(m.Targets)), queue: s.queueFor(m.Name, snap),
 			reserve: s.reserveFor(m.Name), hedges: s.hedgeBudget(m)}
 		r.fleet = admission.Fleet{Reserve: r.reserve, Queue: r.queue, Calibration: s.calibrationFor(m.Name)}
+		if m.Preempt {
+			r.yield = s.yieldersFor(m.Name)
+		}
 		for i, t := range m.Targets {
 			r.ends[i] = endOf(t.Backend)
 		}

@@ -61,6 +61,7 @@ func (s *Server) discard(ex *exchange) {
 			s.log.Error("panic while discarding a failed exchange", "panic", fmt.Sprint(r))
 		}
 	}()
+	asked := ex.unregister() // yield.go
 	if ex.wd != nil {
 		ex.wd.stop()
 	}
@@ -69,6 +70,9 @@ func (s *Server) discard(ex *exchange) {
 		backend = a.name
 		ex.cur = nil
 		ex.endAttempt(a, errPanic)
+	}
+	if asked {
+		ex.rec.yield.freed()
 	}
 	if a := ex.queued; a != nil {
 		ex.queued = nil

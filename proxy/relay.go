@@ -68,6 +68,12 @@ func (ex *exchange) pump() (parked bool, fail error) {
 		if err == nil && !done {
 			err = ex.endBurst()
 		}
+		if errors.Is(err, errYield) {
+			// Its seat went to a critical request: it waits for another and goes on as a continuation (yield.go).
+			if err = ex.resumeYielded(); err == nil {
+				continue
+			}
+		}
 		if err != nil {
 			fail = err
 			break
@@ -186,13 +192,13 @@ func (ex *exchange) write(b []byte) error {
 
 // startReplay makes step read the winning attempt's pending events first.
 func (ex *exchange) startReplay() {
-	if ex.rc.store && ex.sum.Stream {
+	if (ex.rc.store || ex.continuable) && ex.sum.Stream {
 		ex.asm.Reset(ex.endpoint) // a streamed answer is also assembled, for the response cache
 		// Bounded by the largest entry the cache keeps, not by MaxResponseBytes: an open stream must not hold
 		// more of its answer than can be kept. The assembler counts less than the body it makes, so no answer
 		// the cache would keep is lost to the bound; past it, step stops assembling (rc.store goes false).
 		ex.asm.Limit = ex.s.opts.MaxResponseBytes
-		if rc := ex.asked.Cache; rc != nil && rc.MaxEntryBytes > 0 {
+		if rc := ex.asked.Cache; ex.rc.store && rc != nil && rc.MaxEntryBytes > 0 {
 			ex.asm.Limit = min(ex.asm.Limit, rc.MaxEntryBytes)
 		}
 	}
@@ -244,12 +250,15 @@ func (ex *exchange) step(emit func([]byte) error) (done bool, err error) {
 		}
 		return false, nil
 	}
-	data := ev.Data
+	raw, data := ev.Raw, ev.Data
+	if ex.yields > 0 {
+		raw, data = ex.resumedEvent(raw, data) // yield.go: the first answer's id and usage
+	}
 	if bytes.Equal(data, []byte("[DONE]")) {
 		a.complete = true
 		a.engineDone()
 		if emit != nil {
-			return true, emit(ev.Raw)
+			return true, emit(raw)
 		}
 		return true, nil
 	}
@@ -265,6 +274,12 @@ func (ex *exchange) step(emit func([]byte) error) (done bool, err error) {
 		}
 	} else if err := openai.InspectEvent(ex.endpoint, data, &ex.ci); err != nil {
 		return false, &upstreamError{kind: kindStream, backend: a.name, err: err, cause: endUpstreamInvalid}
+	}
+	if ex.resumeSkip {
+		if !ex.ci.Content && !ex.ci.Error {
+			return false, nil // a resumed answer's opening (its role): the client has had the first answer's
+		}
+		ex.resumeSkip = false
 	}
 	if ex.ci.HasUsage {
 		// Merged: an Anthropic stream reports the prompt's usage first and the output's last.
@@ -292,7 +307,7 @@ func (ex *exchange) step(emit func([]byte) error) (done bool, err error) {
 			}
 			return true, nil
 		}
-		return true, emit(ex.renamed(ev.Raw, data))
+		return true, emit(ex.renamed(raw, data))
 	}
 	if emit == nil {
 		if ex.ci.Error {
@@ -314,10 +329,16 @@ func (ex *exchange) step(emit func([]byte) error) (done bool, err error) {
 		}
 		return false, nil
 	}
-	if ex.rc.store && ex.endpoint != openai.Responses && ex.asm.Add(data) != nil {
-		ex.rc.store = false // an answer the assembler cannot take is not kept
+	if (ex.rc.store || ex.continuable) && ex.endpoint != openai.Responses {
+		if ex.asm.Add(data) != nil {
+			ex.rc.store = false // an answer the assembler cannot take is not kept
+			ex.stopYielding()
+		} else if ex.continuable {
+			if _, _, ok := ex.asm.Partial(); !ok {
+				ex.stopYielding() // a tool call, say: a continuation cannot carry it
+			}
+		}
 	}
-	raw := ev.Raw
 	switch {
 	case ex.ci.UsageOnly && ex.injectedUsage:
 		return false, nil // the client did not ask for the usage chunk
@@ -453,6 +474,7 @@ func (ex *exchange) finish(fail error) {
 		return
 	}
 	ex.done = true
+	asked := ex.unregister() // yield.go: before the attempt ends, which a critical request's yield may kill
 	if ex.wd != nil {
 		ex.wd.stop()
 	}
@@ -476,6 +498,9 @@ func (ex *exchange) finish(fail error) {
 		ex.charge(a) // cost.go
 		ex.endAttempt(a, fail)
 		ex.cur = nil
+	}
+	if asked {
+		ex.rec.yield.freed() // the seat asked for is free
 	}
 	ex.noteFailure(fail) // trace.go
 	ex.record(code, backend)

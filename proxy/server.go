@@ -160,6 +160,7 @@ type Server struct {
 	queues   sync.Map  // model name -> *admission.Queue[*exchange]
 	hedges   sync.Map  // model name -> *admission.HedgeBudget
 	reserves sync.Map  // model name -> *admission.SeatReserve
+	yields   sync.Map  // model name -> *yielders (yield.go)
 	cals     sync.Map  // model name -> *admission.Calibration
 	homes    *homes    // where each stored response lives (responses.go)
 	orphans  orphanSet // hedges' losers reading on to their first token (exchange.abandon)
@@ -581,6 +582,7 @@ func (s *Server) serveExchange(ctx *fasthttp.RequestCtx, ex *exchange, rt *route
 	}
 	if ex.sse() && ex.sum.Stream {
 		ctx.Response.Header.Set(headerBackend, ex.cur.name)
+		ex.continuable = ex.mayYield() // yield.go: its seat may go to a critical request
 		ex.startReplay()
 		ctx.SetStatusCode(fasthttp.StatusOK)
 		ctx.SetContentType("text/event-stream")
@@ -590,7 +592,11 @@ func (s *Server) serveExchange(ctx *fasthttp.RequestCtx, ex *exchange, rt *route
 		// The exchange holds its own copy of the request body (serveExchange): fasthttp's goes back to its pool
 		// now (ReduceMemoryUsage), not when the stream ends, so that an open stream holds one copy less.
 		ctx.Request.ResetBody()
-		ex.shedRequest() // nor its own copies: exchange.go
+		if ex.continuable {
+			ex.rec.yield.add(ex) // it keeps its body, which a continuation is built from
+		} else {
+			ex.shedRequest() // nor its own copies: exchange.go
+		}
 		if s.parkable(ctx, ex) {
 			ex.hijack(ctx) // hijack.go: the relay owns ex and the connection from here
 			return true

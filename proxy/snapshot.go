@@ -69,6 +69,9 @@ type Model struct {
 	Created int64
 	// Hedge races a second backend when the first has not produced a token in time; zero After disables it.
 	Hedge Hedge
+	// Preempt lets a critical request that finds no free seat take one from a sheddable stream, which resumes
+	// later as a continuation (yield.go).
+	Preempt bool
 	// DegradeTo is the model that serves non-critical requests when this one's pool is saturated (brownout);
 	// nil means none.
 	DegradeTo *Model

@@ -225,6 +225,8 @@ func attemptOutcome(err error) string {
 		return "answered"
 	case errors.Is(err, errHedgeLost):
 		return "hedge_lost"
+	case errors.Is(err, errYield):
+		return "yielded"
 	case errors.Is(err, errClientGone):
 		return "client_gone"
 	case errors.Is(err, errShutdown):

@@ -339,13 +339,15 @@ func (wd *watchdog) setConn(a *attempt, c *upConn) {
 	}
 }
 
-// kill aborts one attempt only (a hedge that lost the race).
+// kill aborts one attempt only (a hedge that lost the race, a stream that yields its seat: yield.go). A parked
+// stream wakes, and its read finds the deadline in the past.
 func (wd *watchdog) kill(a *attempt, why error) {
 	a.killed.CompareAndSwap(nil, &why)
 	wd.mu.Lock()
 	if a.conn != nil {
 		_ = a.conn.SetReadDeadline(time.Unix(1, 0))
 	}
+	wd.wakeLocked()
 	wd.mu.Unlock()
 }
 

@@ -139,6 +139,12 @@ type EngineSpec struct {
 	// --scheduling-policy priority). Off in every built-in entry, since it depends on how the engine was started;
 	// the policy turns it on (engines.*.priority).
 	Priority PriorityOrder
+	// Continue says that the engine continues a final assistant message as vLLM does (continue_final_message
+	// with add_generation_prompt false) and a completion from a prompt that ends with its text, so that a
+	// sheddable stream may yield its seat to a critical request and go on there later (docs/design.md,
+	// "Yielding seats"). On in vLLM's entry (its chat endpoint has the fields since 0.6.3); the policy turns it
+	// on for others (engines.*.continue).
+	Continue bool
 	// Info is where the engine states its own limits outside its metrics (SGLang's /get_server_info, TGI's
 	// /info); the zero value reads nothing.
 	Info InfoSpec
@@ -258,7 +264,7 @@ func labelled(name, label, value string) Series {
 var builtinEngines = func() map[string]*EngineSpec {
 	specs := []EngineSpec{
 		// vLLM: docs/engines.md#vllm (vLLM's "Production Metrics" page; v0 names kept as fallbacks).
-		{Name: EngineVLLM, MetricsPath: DefaultMetricsPath, IdleProbes: true, Signals: [NumSignals][]Series{
+		{Name: EngineVLLM, MetricsPath: DefaultMetricsPath, IdleProbes: true, Continue: true, Signals: [NumSignals][]Series{
 			SignalRunning:       one("vllm:num_requests_running"),
 			SignalWaiting:       one("vllm:num_requests_waiting"),
 			SignalKVUsage:       anyOf("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),

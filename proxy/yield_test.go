@@ -1,0 +1,174 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/switchyard/switchyard/routing"
+)
+
+// sseAnswer is what a streaming client read: every data event, and when each content event arrived.
+type sseAnswer struct {
+	status  int
+	chunks  []map[string]any
+	content []time.Time // arrival of each event with content
+	done    time.Time   // arrival of [DONE] (zero: none)
+	raw     string
+}
+
+// streamPost sends body to the gateway's chat endpoint with hdr and reads its SSE stream to the end.
+func streamPost(t *testing.T, url, body string, hdr map[string]string) sseAnswer {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		t.Error(err)
+		return sseAnswer{}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Error(err)
+		return sseAnswer{}
+	}
+	defer resp.Body.Close()
+	a := sseAnswer{status: resp.StatusCode}
+	var raw bytes.Buffer
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<16), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		raw.WriteString(line + "\n")
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			a.done = time.Now()
+			continue
+		}
+		var c map[string]any
+		if err := json.Unmarshal([]byte(data), &c); err != nil {
+			t.Errorf("chunk %q: %v", data, err)
+			continue
+		}
+		a.chunks = append(a.chunks, c)
+		if ch, _ := c["choices"].([]any); len(ch) > 0 {
+			d, _ := ch[0].(map[string]any)["delta"].(map[string]any)
+			if s, _ := d["content"].(string); s != "" {
+				a.content = append(a.content, time.Now())
+			}
+		}
+	}
+	a.raw = raw.String()
+	return a
+}
+
+// TestSheddableStreamYieldsItsSeat runs the real gateway in front of a simulated vLLM engine of two seats, both
+// taken by sheddable streams, when a critical request comes: with preempt on the model, one stream yields its seat,
+// the critical request's answer begins before either stream ends, and the stream that yielded goes on as a
+// continuation, which its client cannot tell from one answer: one id throughout, one role, every token it asked
+// for once, and usage that counts them as one answer's. Without preempt the critical request waits for a stream
+// to end.
+func TestSheddableStreamYieldsItsSeat(t *testing.T) {
+	t.Parallel()
+	for _, preempt := range []bool{true, false} {
+		t.Run(fmt.Sprintf("preempt=%v", preempt), func(t *testing.T) {
+			t.Parallel()
+			snap := seatSnapshot(t, 2)
+			editBackends(snap, func(c *routing.BackendConfig) { c.MaxNumSeqs = 2 })
+			snap.Models["sim-model"].Preempt = preempt
+			var logs syncBuffer
+			gw := startGateway(t, snap, Options{AccessLog: slog.New(slog.NewJSONHandler(&logs, nil))})
+
+			const long = 120 // 1.2 s at 10 ms a token
+			sheddable := map[string]string{"X-Switchyard-Priority": "sheddable"}
+			body := fmt.Sprintf(`{"model":"sim-model","max_tokens":%d,"stream":true,`+
+				`"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"yield"}]}`, long)
+			var wg sync.WaitGroup
+			streams := make([]sseAnswer, 2)
+			for i := range streams {
+				wg.Go(func() { streams[i] = streamPost(t, gw.url, body, sheddable) })
+			}
+			waitFor(t, 5*time.Second, func() bool {
+				c := gw.s.caps.Get("b0")
+				return c != nil && c.Inflight() == 2
+			})
+			time.Sleep(200 * time.Millisecond) // both streams are well into their answers
+			critical := streamPost(t, gw.url, `{"model":"sim-model","max_tokens":3,"stream":true,`+
+				`"messages":[{"role":"user","content":"urgent"}]}`, criticalHeader)
+			wg.Wait()
+
+			if critical.status != 200 || len(critical.content) == 0 {
+				t.Fatalf("critical: %d %s", critical.status, critical.raw)
+			}
+			firstEnd := streams[0].done
+			if streams[1].done.Before(firstEnd) {
+				firstEnd = streams[1].done
+			}
+			began := critical.content[0].Before(firstEnd)
+			if began != preempt {
+				t.Errorf("the critical answer began before a sheddable stream ended: %v, want %v", began, preempt)
+			}
+			resumed := counterValue(t, gw.reg, "switchyard_yields_total")
+			for i, s := range streams {
+				checkOneAnswer(t, fmt.Sprintf("stream %d", i), s, long)
+			}
+			if want := map[bool]float64{true: 2, false: 0}[preempt]; resumed != want {
+				t.Errorf("switchyard_yields_total = %v, want %v (yielded and resumed)", resumed, want)
+			}
+			yielded := 0
+			for _, l := range logs.lines(t) {
+				if l["yields"] == 1.0 && l["class"] == "sheddable" && l["status"] == 200.0 {
+					yielded++
+				}
+			}
+			if want := map[bool]int{true: 1, false: 0}[preempt]; yielded != want {
+				t.Errorf("%d access log lines of a sheddable stream say yields=1, want %d:\n%s", yielded, want, logs.String())
+			}
+		})
+	}
+}
+
+// checkOneAnswer checks that a stream reads as one answer of tokens: status 200, [DONE], one id, one role, tokens
+// content events, and usage that counts tokens of output.
+func checkOneAnswer(t *testing.T, what string, s sseAnswer, tokens int) {
+	t.Helper()
+	if s.status != 200 || s.done.IsZero() {
+		t.Errorf("%s: status %d, [DONE] %v:\n%s", what, s.status, !s.done.IsZero(), s.raw)
+		return
+	}
+	ids, roles := map[any]bool{}, 0
+	var usage map[string]any
+	for _, c := range s.chunks {
+		ids[c["id"]] = true
+		if u, ok := c["usage"].(map[string]any); ok {
+			usage = u
+		}
+		if ch, _ := c["choices"].([]any); len(ch) > 0 {
+			if d, _ := ch[0].(map[string]any)["delta"].(map[string]any); d["role"] != nil {
+				roles++
+			}
+		}
+	}
+	if len(ids) != 1 || roles != 1 {
+		t.Errorf("%s: ids %v, %d role deltas; want one of each:\n%s", what, ids, roles, s.raw)
+	}
+	if len(s.content) != tokens {
+		t.Errorf("%s: %d content events, want %d", what, len(s.content), tokens)
+	}
+	if usage == nil || usage["completion_tokens"] != float64(tokens) ||
+		usage["total_tokens"] != usage["prompt_tokens"].(float64)+float64(tokens) {
+		t.Errorf("%s: usage %v, want %d completion tokens", what, usage, tokens)
+	}
+}
