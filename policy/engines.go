@@ -37,6 +37,11 @@ type Engine struct {
 	// started with --enable-priority-scheduling) or none. The gateway then replaces a client's own priority.
 	// Default none (or the built-in's, none): an engine not started so may refuse the field.
 	Priority string `yaml:"priority"`
+	// Continue says that the engine continues a final assistant message (vLLM's continue_final_message with
+	// add_generation_prompt false), and a completion from a prompt ending in its text: a model's sheddable
+	// streams on it may then yield their seats to critical requests (models[].preempt) and resume. Default:
+	// the built-in's (true for vllm, false for the others); false for a new engine.
+	Continue *bool `yaml:"continue"`
 	// Metrics names, for each signal, the metric that carries it. A signal left out is one the engine does not
 	// export (or the built-in's), and the gateway's own accounting stands in for it.
 	Metrics EngineMetrics `yaml:"metrics"`
@@ -222,6 +227,10 @@ func (r *report) defaultEngines(c *Config) {
 		if !r.set(p + ".info.max_inflight") {
 			e.Info.MaxInflight = jsonFieldNames(base.Info.MaxInflight)
 		}
+		if e.Continue == nil {
+			cont := base.Continue && builtin
+			e.Continue = &cont
+		}
 		if e.IdleProbes == nil {
 			idle := base.IdleProbes
 			if !builtin {
@@ -397,7 +406,8 @@ func (c *Config) engineSpecs() map[string]*routing.EngineSpec {
 	}
 	for name, e := range c.Engines {
 		rs := routing.EngineSpec{Name: name, MetricsPath: e.MetricsPath, MetricsPort: e.MetricsPort,
-			IdleProbes: e.IdleProbes != nil && *e.IdleProbes, Priority: priorityOrders[e.Priority]}
+			IdleProbes: e.IdleProbes != nil && *e.IdleProbes, Priority: priorityOrders[e.Priority],
+			Continue: e.Continue != nil && *e.Continue}
 		for s := range routing.NumSignals {
 			for _, se := range e.Metrics.metric(s).Series {
 				rs.Signals[s] = append(rs.Signals[s], routing.Series{Name: se.Name, Labels: se.Labels,

@@ -154,6 +154,7 @@ func (c *Config) compile(reg *routing.Registry, prev *proxy.Snapshot, m *metrics
 			StrategyName: m.Strategy,
 			SLO:          proxy.SLO{TTFT: m.SLO.TTFT, ITL: m.SLO.ITL},
 			Retries:      m.Retries,
+			Preempt:      m.Preempt,
 			Created:      now.Unix(),
 			Endpoints:    endpointSet(m.Endpoints),
 		}

@@ -28,6 +28,7 @@ var supported = map[string]bool{
 	"engines.*.metrics_path":           true,
 	"engines.*.metrics_port":           true,
 	"engines.*.idle_probes":            true,
+	"engines.*.continue":               true,
 	"engines.*.metrics":                true,
 	"engines.*.metrics.running":        true,
 	"engines.*.metrics.waiting":        true,
@@ -88,6 +89,7 @@ var supported = map[string]bool{
 	"models[].prefix_affinity":                false, // prefix-cache affinity (cache, routing)
 	"models[].retries":                        true,
 	"models[].hedge":                          true,
+	"models[].preempt":                        true,
 	"models[].hedge.after":                    true,
 	"models[].hedge.budget_percent":           true,
 	"models[].degrade_to":                     true,
