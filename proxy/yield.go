@@ -39,7 +39,7 @@ const maxYields = 2
 // so that preempt may kill that attempt under mu without racing the attempt's end.
 type yielders struct {
 	mu   sync.Mutex
-	live []*exchange // registered streams, in the order they registered: the last is asked first
+	live []*exchange // registered streams, in the order they registered
 	owed int         // yields asked whose seats are not free yet
 	want int         // critical requests waiting in the queue for a seat
 }
@@ -81,7 +81,7 @@ func (y *yieldState) reset() {
 // stream of one choice, on a model with preempt, from an engine that continues answers, whose body a
 // continuation can be built from, that has not yielded maxYields times.
 func (ex *exchange) mayYield() bool {
-	if ex.rec == nil || ex.rec.yield == nil || ex.class != admission.Sheddable && ex.yields == 0 || !ex.sum.Stream ||
+	if ex.rec == nil || ex.rec.yield == nil || ex.class != admission.Sheddable || !ex.sum.Stream ||
 		ex.yields >= maxYields || ex.endpoint != openai.Chat && ex.endpoint != openai.Completions ||
 		ex.sum.N > 1 || ex.sum.BestOf > 1 || ex.sum.Prompts != 1 || ex.cur == nil {
 		return false
@@ -113,15 +113,23 @@ func (y *yielders) freed() {
 	y.mu.Unlock()
 }
 
-// enter counts a critical request that is about to wait for a seat, and asks the most recent registered stream
-// to yield its seat unless the yields under way already cover every critical request waiting. leave is called
-// when it stops waiting.
+// enter counts a critical request that is about to wait for a seat, and asks a registered stream to yield its
+// seat unless the yields under way already cover every critical request waiting: of those that yielded least,
+// the most recent (its answer so far, which the continuation prefills again, is the shortest), so that a stream
+// resumed after a yield is not the first asked again. leave is called when it stops waiting.
 func (y *yielders) enter() {
 	y.mu.Lock()
 	y.want++
 	if y.owed < y.want && len(y.live) > 0 {
+		i := len(y.live) - 1 // the fewest yields, then the most recent
+		for j := i - 1; j >= 0; j-- {
+			if y.live[j].yields < y.live[i].yields {
+				i = j
+			}
+		}
+		v := y.live[i]
 		n := len(y.live) - 1
-		v := y.live[n]
+		copy(y.live[i:], y.live[i+1:])
 		y.live[n] = nil
 		y.live = y.live[:n]
 		v.registered, v.yieldAsked = false, true

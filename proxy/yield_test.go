@@ -172,3 +172,45 @@ func checkOneAnswer(t *testing.T, what string, s sseAnswer, tokens int) {
 		t.Errorf("%s: usage %v, want %d completion tokens", what, usage, tokens)
 	}
 }
+
+// TestYieldersAskTheLeastYielded checks whom a critical request that waits asks for a seat: one stream per
+// critical request waiting beyond the yields under way, of the streams that yielded least the most recent, and
+// nobody once every waiting critical request has its yield coming.
+func TestYieldersAskTheLeastYielded(t *testing.T) {
+	var y yielders
+	streams := make([]*exchange, 3)
+	for i, yields := range []int{1, 0, 1} {
+		streams[i] = &exchange{wd: &watchdog{}, routed: routed{cur: &attempt{}}}
+		streams[i].yields = yields
+		y.add(streams[i])
+	}
+	asked := func() []int {
+		var out []int
+		for i, ex := range streams {
+			if ex.yieldAsked {
+				out = append(out, i)
+			}
+		}
+		return out
+	}
+	for step, want := range [][]int{{1}, {1, 2}, {0, 1, 2}, {0, 1, 2}} {
+		y.enter()
+		if got := asked(); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("after %d critical requests waited, streams asked %v, want %v", step+1, got, want)
+		}
+	}
+	for i, ex := range streams {
+		if p := ex.cur.killed.Load(); p == nil || *p != errYield {
+			t.Errorf("stream %d's attempt was not killed with errYield", i)
+		}
+	}
+	if y.owed != 3 || y.want != 4 || len(y.live) != 0 {
+		t.Errorf("owed %d, want %d, live %d; want 3, 4, 0", y.owed, y.want, len(y.live))
+	}
+	y.freed() // a seat is free, and its critical request took it
+	y.leave()
+	y.enter() // another critical request waits: yields fall short of the waiting, but no stream is left to ask
+	if y.owed != 2 || y.want != 4 {
+		t.Errorf("owed %d, want %d; want 2, 4", y.owed, y.want)
+	}
+}
