@@ -41,9 +41,10 @@ type objectMember struct {
 	v          int // the value's first byte
 }
 
-// objectMembers returns the top-level members of the JSON object body, in order.
-func objectMembers(body []byte) ([]objectMember, int, error) {
-	sc := scanner{b: body, maxDepth: referenceDepth}
+// objectMembers returns the top-level members of the JSON object body, in order, and the index of its closing
+// brace; maxDepth bounds its nesting.
+func objectMembers(body []byte, maxDepth int) ([]objectMember, int, error) {
+	sc := scanner{b: body, maxDepth: maxDepth}
 	i := sc.ws(0)
 	if i >= len(body) || body[i] != '{' {
 		return nil, 0, errNotObject
@@ -97,7 +98,7 @@ func AppendContinuation(dst, body []byte, e Endpoint, text []byte, generated int
 	if e != Chat && e != Completions {
 		return dst, ErrNotContinuable
 	}
-	ms, closing, err := objectMembers(body)
+	ms, closing, err := objectMembers(body, referenceDepth) // a body Parse accepted
 	if err != nil {
 		return dst, err
 	}
@@ -207,7 +208,7 @@ func AppendResumed(dst, raw, data, id []byte, generated int) []byte {
 	if !ok {
 		return append(dst, raw...)
 	}
-	ms, _, err := objectMembers(data)
+	ms, _, err := objectMembers(data, chunkDepth) // an engine's chunk
 	if err != nil {
 		return append(dst, raw...)
 	}
@@ -231,7 +232,7 @@ func AppendResumed(dst, raw, data, id []byte, generated int) []byte {
 
 // appendUsageResumed appends the usage object u with generated tokens moved from its prompt to its output.
 func appendUsageResumed(dst, u []byte, generated int) []byte {
-	ms, _, err := objectMembers(u)
+	ms, _, err := objectMembers(u, chunkDepth)
 	if err != nil {
 		return append(dst, u...)
 	}
@@ -268,7 +269,7 @@ func appendUsageResumed(dst, u []byte, generated int) []byte {
 
 // appendCachedCut appends the prompt_tokens_details object d with its cached_tokens at most prompt.
 func appendCachedCut(dst, d []byte, prompt int) []byte {
-	ms, _, err := objectMembers(d)
+	ms, _, err := objectMembers(d, chunkDepth)
 	if err != nil {
 		return append(dst, d...)
 	}

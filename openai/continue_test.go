@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"testing"
@@ -122,4 +123,38 @@ func TestAssemblerPartial(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzAppendResumed feeds AppendResumed whatever an engine may send as a chunk: it must not panic, it must keep
+// the event's framing, and a well-formed JSON chunk must stay well formed, with the first answer's id.
+func FuzzAppendResumed(f *testing.F) {
+	for _, s := range []string{
+		`{"id":"c2","choices":[{"index":0,"delta":{"content":"x"}}]}`,
+		`{"id":"c2","choices":[],"usage":{"prompt_tokens":80,"total_tokens":130,"completion_tokens":50,` +
+			`"prompt_tokens_details":{"cached_tokens":75}}}`,
+		`{"usage":{"prompt_tokens":"x","completion_tokens":1e3},"id":null}`,
+		`{"id":"a","id":"b","usage":{}}`, `[DONE]`, `{`, `{"\u0069d":1}`, `[[[[`,
+	} {
+		f.Add(s, 30)
+	}
+	id := []byte(`"chatcmpl-first"`)
+	f.Fuzz(func(t *testing.T, data string, generated int) {
+		raw := []byte("data: " + data + "\n\n")
+		d := raw[len("data: ") : len(raw)-2]
+		out := AppendResumed(nil, raw, d, id, generated)
+		if !bytes.HasPrefix(out, []byte("data: ")) || !bytes.HasSuffix(out, []byte("\n\n")) {
+			t.Fatalf("framing lost: %q", out)
+		}
+		got := out[len("data: ") : len(out)-2]
+		var obj map[string]json.RawMessage
+		if json.Unmarshal([]byte(data), &obj) != nil {
+			return
+		}
+		if err := json.Unmarshal(got, &obj); err != nil {
+			t.Fatalf("%s became %s: %v", data, got, err)
+		}
+		if _, had := obj["id"]; had && string(obj["id"]) != string(id) {
+			t.Fatalf("%s became %s: id %s", data, got, obj["id"])
+		}
+	})
 }
