@@ -257,7 +257,7 @@ func (ex *exchange) park() (bool, error) {
 	// The event reader holds nothing now (mustWait): its buffer waits in a pool, not in the stream. The last
 	// event's bytes were written or copied by step.
 	a.events.Release()
-	return ex.wd.park(a.conn, deadline), nil
+	return ex.wd.park(a, deadline), nil
 }
 
 // prefixConn is a client connection that still has bytes read past a hijacked stream's request (a pipelined

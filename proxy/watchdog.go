@@ -151,16 +151,17 @@ func (wd *watchdog) tick() {
 	wd.t.t.Reset(next) // wd.t is set while the watchdog is not done
 }
 
-// park arms the parker for the stream's engine connection c and records that the stream waits without a
-// goroutine until deadline (zero: no deadline), moving the timer up to it. It returns false, and the stream
-// reads at once, when the watchdog is done or the exchange was aborted (nothing would wake it then), or the
-// parker cannot take c.
-func (wd *watchdog) park(c *upConn, deadline time.Time) bool {
+// park arms the parker for the connection of the stream's attempt a and records that the stream waits without
+// a goroutine until deadline (zero: no deadline), moving the timer up to it. It returns false, and the stream
+// reads at once, when the watchdog is done, the exchange was aborted or the attempt killed (nothing would wake
+// it then: a kill that comes after the park wakes it, one before finds the check here), or the parker cannot
+// take the connection.
+func (wd *watchdog) park(a *attempt, deadline time.Time) bool {
 	wd.mu.Lock()
 	defer wd.mu.Unlock()
 	// Under wd.mu, so that a report of the socket that comes at once finds the stream parked: its wake waits
 	// for the lock.
-	if wd.done || wd.resume == nil || wd.why.Load() != nil || !c.park(getParker(), wd) {
+	if wd.done || wd.resume == nil || wd.why.Load() != nil || a.killed.Load() != nil || !a.conn.park(getParker(), wd) {
 		return false
 	}
 	wd.parked, wd.deadline = true, deadline
