@@ -164,6 +164,9 @@ func status(err error) apiError {
 		return apiError{status: 503, typ: "server_error", code: "shutting_down", message: "the gateway is shutting down", retryAfter: 1}
 	case errors.Is(err, errPanic):
 		return apiError{status: 500, typ: "server_error", code: "internal_error", message: "internal error in the gateway; it has been logged"}
+	case errors.Is(err, errNotResumed):
+		return apiError{status: 503, typ: "server_error", code: "overloaded", retryAfter: 1,
+			message: "the stream gave its engine seat to a critical request and could not resume"}
 	case errors.Is(err, errClientGone):
 		return apiError{status: 499, typ: "invalid_request_error", code: "client_closed_request", message: "client closed the request"}
 	case errors.As(err, &ue):

@@ -32,6 +32,7 @@ const (
 	endGatewayLimit                       // an event passed a bound of the gateway (maxEventBytes)
 	endShutdown                           // the drain timeout ended the stream
 	endPanic                              // the gateway's code panicked while relaying
+	endNotResumed                         // it yielded its engine seat and could not go on (yield.go)
 	numEndCauses
 )
 
@@ -49,6 +50,7 @@ var endCauseNames = [numEndCauses]string{
 	endGatewayLimit:       "gateway_limit",
 	endShutdown:           "shutdown",
 	endPanic:              "panic",
+	endNotResumed:         "not_resumed",
 }
 
 func (c endCause) String() string {
@@ -87,6 +89,8 @@ func causeOf(err error) endCause {
 		return endShutdown
 	case errors.Is(err, errPanic):
 		return endPanic
+	case errors.Is(err, errNotResumed):
+		return endNotResumed
 	}
 	if ue := asUpstream(err); ue != nil && ue.cause != endNone {
 		return ue.cause
@@ -132,6 +136,8 @@ func (ex *exchange) endMessage(a *attempt) string {
 		return "the gateway is shutting down" + tail
 	case endPanic:
 		return "internal error in the gateway; it has been logged" + tail
+	case endNotResumed:
+		return "the stream gave its engine seat to a critical request and could not resume (models[].preempt)" + tail
 	}
 	return "the backend's stream broke off" + tail
 }

@@ -134,8 +134,8 @@ func (y *yielders) enter() {
 		y.live = y.live[:n]
 		v.registered, v.yieldAsked = false, true
 		y.owed++
-		// v's relay owns v.cur and ends it only after remove, which waits for mu: the attempt is live here. Its
-		// read fails at once (or its park wakes), with errYield.
+		// v's relay owns v.cur and ends it only after unregister, which waits for mu: the attempt is live here.
+		// Its read fails at once (or its park wakes), with errYield.
 		v.wd.kill(v.cur, errYield)
 	}
 	y.mu.Unlock()

@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	oai "github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
 	"github.com/switchyard/switchyard/routing"
 )
 
@@ -213,4 +216,118 @@ func TestYieldersAskTheLeastYielded(t *testing.T) {
 	if y.owed != 2 || y.want != 4 {
 		t.Errorf("owed %d, want %d; want 2, 4", y.owed, y.want)
 	}
+}
+
+// TestYieldedStreamThroughTheOpenAIClient reads streams that yield their seat with the official OpenAI Go client,
+// as an application would: each stream's accumulated answer has every token it asked for, one id, finish reason
+// length and the usage of one answer, whichever of them yielded.
+func TestYieldedStreamThroughTheOpenAIClient(t *testing.T) {
+	t.Parallel()
+	snap := seatSnapshot(t, 2)
+	editBackends(snap, func(c *routing.BackendConfig) { c.MaxNumSeqs = 2 })
+	snap.Models["sim-model"].Preempt = true
+	gw := startGateway(t, snap, Options{})
+	client := sdk(gw.url)
+	ctx := t.Context()
+
+	const long = 120
+	params := chatParams("yield through the SDK", long)
+	params.StreamOptions = oai.ChatCompletionStreamOptionsParam{IncludeUsage: oai.Bool(true)}
+	var wg sync.WaitGroup
+	accs := make([]oai.ChatCompletionAccumulator, 2)
+	ids := make([]map[string]bool, 2)
+	tokens := make([]int, 2)
+	for i := range accs {
+		ids[i] = map[string]bool{}
+		wg.Go(func() {
+			s := client.Chat.Completions.NewStreaming(ctx, params, option.WithHeader("X-Switchyard-Priority", "sheddable"))
+			for s.Next() {
+				c := s.Current()
+				accs[i].AddChunk(c)
+				ids[i][c.ID] = true
+				if len(c.Choices) > 0 && c.Choices[0].Delta.Content != "" {
+					tokens[i]++
+				}
+			}
+			if err := s.Err(); err != nil {
+				t.Errorf("stream %d: %v", i, err)
+			}
+		})
+	}
+	waitFor(t, 5*time.Second, func() bool {
+		c := gw.s.caps.Get("b0")
+		return c != nil && c.Inflight() == 2
+	})
+	time.Sleep(200 * time.Millisecond)
+	crit, err := client.Chat.Completions.New(ctx, chatParams("urgent", 3), option.WithHeader("X-Switchyard-Priority", "critical"))
+	if err != nil || len(crit.Choices) != 1 {
+		t.Fatalf("critical: %v %+v", err, crit)
+	}
+	wg.Wait()
+	for i, acc := range accs {
+		if len(acc.Choices) != 1 || acc.Choices[0].FinishReason != "length" || tokens[i] != long || len(ids[i]) != 1 ||
+			acc.Usage.CompletionTokens != long || acc.Usage.TotalTokens != acc.Usage.PromptTokens+long {
+			t.Errorf("stream %d: %d tokens, ids %v, usage %+v, choices %+v", i, tokens[i], ids[i], acc.Usage, acc.Choices)
+		}
+	}
+	if n := counterValue(t, gw.reg, "switchyard_yields_total"); n != 2 {
+		t.Errorf("switchyard_yields_total = %v, want 2 (one stream yielded and resumed)", n)
+	}
+}
+
+// TestYieldedStreamThatCannotResume checks the end of a stream that yielded its seat and got none back within its
+// backend's idle timeout: its client is told so in an error event and [DONE], after the tokens it had, and the
+// gateway counts it as not resumed.
+func TestYieldedStreamThatCannotResume(t *testing.T) {
+	t.Parallel()
+	snap := seatSnapshot(t, 2)
+	editBackends(snap, func(c *routing.BackendConfig) {
+		c.MaxNumSeqs = 2
+		c.Timeouts.Idle = 300 * time.Millisecond // the other stream holds the only seat a resume may take for 1 s
+	})
+	snap.Models["sim-model"].Preempt = true
+	gw := startGateway(t, snap, Options{})
+
+	sheddable := map[string]string{"X-Switchyard-Priority": "sheddable"}
+	body := `{"model":"sim-model","max_tokens":120,"stream":true,"messages":[{"role":"user","content":"yield"}]}`
+	var wg sync.WaitGroup
+	streams := make([]sseAnswer, 2)
+	for i := range streams {
+		wg.Go(func() { streams[i] = streamPost(t, gw.url, body, sheddable) })
+	}
+	waitFor(t, 5*time.Second, func() bool {
+		c := gw.s.caps.Get("b0")
+		return c != nil && c.Inflight() == 2
+	})
+	time.Sleep(200 * time.Millisecond)
+	if c := streamPost(t, gw.url, seatStreamBody(3), criticalHeader); c.status != 200 || c.done.IsZero() {
+		t.Fatalf("critical: %d %s", c.status, c.raw)
+	}
+	wg.Wait()
+
+	broken := 0
+	for i, s := range streams {
+		switch {
+		case len(s.content) == 120 && !strings.Contains(s.raw, `"error"`):
+		case len(s.content) > 0 && len(s.content) < 120 && strings.Contains(s.raw, "could not resume") && !s.done.IsZero():
+			broken++
+		default:
+			t.Errorf("stream %d: %d tokens:\n%s", i, len(s.content), s.raw)
+		}
+	}
+	if broken != 1 {
+		t.Errorf("%d streams ended not resumed, want 1", broken)
+	}
+	if got := counterWith(t, gw, "switchyard_stream_ends_total", "cause", "not_resumed"); got != 1 {
+		t.Errorf("switchyard_stream_ends_total{cause=not_resumed} = %v, want 1", got)
+	}
+	if got := counterWith(t, gw, "switchyard_yields_total", "outcome", "failed"); got != 1 {
+		t.Errorf("switchyard_yields_total{outcome=failed} = %v, want 1", got)
+	}
+}
+
+// seatStreamBody is a streamed chat request for an answer of tokens.
+func seatStreamBody(tokens int) string {
+	return fmt.Sprintf(`{"model":"sim-model","max_tokens":%d,"stream":true,"messages":[{"role":"user","content":"seat"}]}`,
+		tokens)
 }
