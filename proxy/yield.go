@@ -66,7 +66,6 @@ type yieldState struct {
 	yieldBuf    []byte        // a resumed event, rewritten
 	resuming    bool          // waiting for a seat to resume: never too late for its objective (exchange.tooLate)
 	yieldWait   time.Duration // how long it waited in the queue to resume
-	resumeClass admission.Class
 }
 
 // reset empties y for the next request, keeping its buffers.
@@ -196,9 +195,11 @@ func (ex *exchange) waitForSeat(ctx context.Context, deadline time.Time) error {
 }
 
 // resumeYielded goes on with a stream whose attempt yielded its seat (errYield): it ends that attempt (its seat
-// goes to the critical request that asked), waits in the model's queue for a seat as a standard request would
-// (behind critical and standard requests, ahead of new sheddable ones) for at most the backend's idle timeout,
-// and sends the request again as a continuation of the answer so far. The new attempt's events then follow the
+// goes to the critical request that asked), waits in the model's queue for a seat under its own class's rules
+// (sheddable: behind critical and standard requests, and only past twice the seats kept for critical ones) for at
+// most the backend's idle timeout, and sends the request again as a continuation of the answer so far. Resumed
+// by a standard request's rules, it would take a seat that a standard request arriving after it needs: the
+// critical request's seat would come out of the standard class's share. A yield costs no class above sheddable. The new attempt's events then follow the
 // old ones'. It returns the error that ends the stream when it cannot go on.
 func (ex *exchange) resumeYielded() error {
 	if err := ex.flush(); err != nil {
@@ -266,8 +267,7 @@ func (ex *exchange) continueWith(body []byte, wait time.Duration) error {
 	ex.tried = ex.tried[:0]
 
 	a := newAttempt(ex.s, ex.wd)
-	ex.resuming, ex.resumeClass = true, ex.class
-	ex.class = admission.Standard
+	ex.resuming = true
 	err := ex.pick(a, true)
 	if errors.Is(err, errNoCapacity) {
 		ex.queued = a
@@ -278,7 +278,7 @@ func (ex *exchange) continueWith(body []byte, wait time.Duration) error {
 		cancel()
 		ex.queued = nil
 	}
-	ex.class, ex.resuming = ex.resumeClass, false
+	ex.resuming = false
 	if err != nil {
 		a.free()
 		return err

@@ -15,6 +15,7 @@ import (
 	oai "github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/switchyard/switchyard/admission"
 	"github.com/switchyard/switchyard/routing"
 )
 
@@ -27,10 +28,10 @@ type sseAnswer struct {
 	raw     string
 }
 
-// streamPost sends body to the gateway's chat endpoint with hdr and reads its SSE stream to the end.
-func streamPost(t *testing.T, url, body string, hdr map[string]string) sseAnswer {
+// streamPost sends body to the gateway's path with hdr and reads its SSE stream to the end.
+func streamPost(t *testing.T, url, path, body string, hdr map[string]string) sseAnswer {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
+	req, err := http.NewRequest(http.MethodPost, url+path, strings.NewReader(body))
 	if err != nil {
 		t.Error(err)
 		return sseAnswer{}
@@ -67,8 +68,11 @@ func streamPost(t *testing.T, url, body string, hdr map[string]string) sseAnswer
 		}
 		a.chunks = append(a.chunks, c)
 		if ch, _ := c["choices"].([]any); len(ch) > 0 {
-			d, _ := ch[0].(map[string]any)["delta"].(map[string]any)
-			if s, _ := d["content"].(string); s != "" {
+			choice, _ := ch[0].(map[string]any)
+			d, _ := choice["delta"].(map[string]any)
+			content, _ := d["content"].(string)
+			text, _ := choice["text"].(string) // completions
+			if content != "" || text != "" {
 				a.content = append(a.content, time.Now())
 			}
 		}
@@ -77,57 +81,103 @@ func streamPost(t *testing.T, url, body string, hdr map[string]string) sseAnswer
 	return a
 }
 
-// TestSheddableStreamYieldsItsSeat runs the real gateway in front of a simulated vLLM engine of two seats, both
-// taken by sheddable streams, when a critical request comes: with preempt on the model, one stream yields its seat,
+// yieldSeats is the seats of the yield tests' engine. A stream that yielded resumes by the sheddable rule, past
+// twice the seats kept for critical requests, and those are at most half the fleet's: a fleet of a few seats
+// keeps them all while critical demand is fresh, so that a yielded stream would wait for its idle timeout.
+const yieldSeats = 16
+
+// yieldGateway starts the real gateway in front of a simulated vLLM engine of yieldSeats seats stated in the
+// policy (10 ms a token), with preempt on the model as asked, and an access log in logs when it is not nil. The
+// shedding curve that refuses sheddable requests as the pool saturates is off, so that they can fill the engine.
+func yieldGateway(t *testing.T, preempt bool, logs *syncBuffer, edit func(*routing.BackendConfig)) *gateway {
+	t.Helper()
+	snap := seatSnapshot(t, yieldSeats)
+	editBackends(snap, func(c *routing.BackendConfig) {
+		c.MaxNumSeqs = yieldSeats
+		if edit != nil {
+			edit(c)
+		}
+	})
+	snap.Models["sim-model"].Preempt = preempt
+	params := admission.DefaultShedParams()
+	params.Curves[admission.Sheddable.Index()] = admission.Curve{} // sheddable streams may fill the engine
+	snap.Shedder = admission.NewShedder(params, nil)
+	var opts Options
+	if logs != nil {
+		opts.AccessLog = slog.New(slog.NewJSONHandler(logs, nil))
+	}
+	return startGateway(t, snap, opts)
+}
+
+// sheddableStreams starts yieldSeats sheddable streams of body on path, which take every seat of gw's engine,
+// and returns once all are well into their answers; wait waits for their ends.
+func sheddableStreams(t *testing.T, gw *gateway, path, body string) (wait func() []sseAnswer) {
+	t.Helper()
+	sheddable := map[string]string{"X-Switchyard-Priority": "sheddable"}
+	var wg sync.WaitGroup
+	streams := make([]sseAnswer, yieldSeats)
+	for i := range streams {
+		wg.Go(func() { streams[i] = streamPost(t, gw.url, path, body, sheddable) })
+	}
+	waitFor(t, 5*time.Second, func() bool {
+		c := gw.s.caps.Get("b0")
+		return c != nil && c.Inflight() == yieldSeats
+	})
+	time.Sleep(200 * time.Millisecond)
+	return func() []sseAnswer {
+		wg.Wait()
+		return streams
+	}
+}
+
+// TestSheddableStreamYieldsItsSeat runs the real gateway in front of a simulated vLLM engine whose seats are all
+// taken by sheddable streams when a critical request comes: with preempt on the model, one stream yields its seat,
 // the critical request's answer begins before either stream ends, and the stream that yielded goes on as a
-// continuation, which its client cannot tell from one answer: one id throughout, one role, every token it asked
-// for once, and usage that counts them as one answer's. Without preempt the critical request waits for a stream
-// to end.
+// continuation, which its client cannot tell from one answer: one id throughout, one role (chat), every token it
+// asked for once, and usage that counts them as one answer's. Without preempt the critical request waits for a
+// stream to end.
 func TestSheddableStreamYieldsItsSeat(t *testing.T) {
 	t.Parallel()
-	for _, preempt := range []bool{true, false} {
-		t.Run(fmt.Sprintf("preempt=%v", preempt), func(t *testing.T) {
+	const long = 120 // 1.2 s at 10 ms a token
+	chat := fmt.Sprintf(`{"model":"sim-model","max_tokens":%d,"stream":true,`+
+		`"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"yield"}]}`, long)
+	completions := fmt.Sprintf(`{"model":"sim-model","max_tokens":%d,"stream":true,`+
+		`"stream_options":{"include_usage":true},"prompt":"Once upon a time"}`, long)
+	for _, tc := range []struct {
+		name, path, body string
+		preempt          bool
+	}{
+		{"chat", "/v1/chat/completions", chat, true},
+		{"chat without preempt", "/v1/chat/completions", chat, false},
+		{"completions", "/v1/completions", completions, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			snap := seatSnapshot(t, 2)
-			editBackends(snap, func(c *routing.BackendConfig) { c.MaxNumSeqs = 2 })
-			snap.Models["sim-model"].Preempt = preempt
 			var logs syncBuffer
-			gw := startGateway(t, snap, Options{AccessLog: slog.New(slog.NewJSONHandler(&logs, nil))})
+			gw := yieldGateway(t, tc.preempt, &logs, nil)
 
-			const long = 120 // 1.2 s at 10 ms a token
-			sheddable := map[string]string{"X-Switchyard-Priority": "sheddable"}
-			body := fmt.Sprintf(`{"model":"sim-model","max_tokens":%d,"stream":true,`+
-				`"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"yield"}]}`, long)
-			var wg sync.WaitGroup
-			streams := make([]sseAnswer, 2)
-			for i := range streams {
-				wg.Go(func() { streams[i] = streamPost(t, gw.url, body, sheddable) })
-			}
-			waitFor(t, 5*time.Second, func() bool {
-				c := gw.s.caps.Get("b0")
-				return c != nil && c.Inflight() == 2
-			})
-			time.Sleep(200 * time.Millisecond) // both streams are well into their answers
-			critical := streamPost(t, gw.url, `{"model":"sim-model","max_tokens":3,"stream":true,`+
-				`"messages":[{"role":"user","content":"urgent"}]}`, criticalHeader)
-			wg.Wait()
+			wait := sheddableStreams(t, gw, tc.path, tc.body)
+			critical := streamPost(t, gw.url, "/v1/chat/completions", seatStreamBody(3), criticalHeader)
+			streams := wait()
 
 			if critical.status != 200 || len(critical.content) == 0 {
 				t.Fatalf("critical: %d %s", critical.status, critical.raw)
 			}
 			firstEnd := streams[0].done
-			if streams[1].done.Before(firstEnd) {
-				firstEnd = streams[1].done
+			for _, s := range streams[1:] {
+				if s.done.Before(firstEnd) {
+					firstEnd = s.done
+				}
 			}
 			began := critical.content[0].Before(firstEnd)
-			if began != preempt {
-				t.Errorf("the critical answer began before a sheddable stream ended: %v, want %v", began, preempt)
+			if began != tc.preempt {
+				t.Errorf("the critical answer began before a sheddable stream ended: %v, want %v", began, tc.preempt)
 			}
 			resumed := counterValue(t, gw.reg, "switchyard_yields_total")
 			for i, s := range streams {
-				checkOneAnswer(t, fmt.Sprintf("stream %d", i), s, long)
+				checkOneAnswer(t, fmt.Sprintf("stream %d", i), s, long, tc.path == "/v1/chat/completions")
 			}
-			if want := map[bool]float64{true: 2, false: 0}[preempt]; resumed != want {
+			if want := map[bool]float64{true: 2, false: 0}[tc.preempt]; resumed != want {
 				t.Errorf("switchyard_yields_total = %v, want %v (yielded and resumed)", resumed, want)
 			}
 			yielded := 0
@@ -136,16 +186,16 @@ func TestSheddableStreamYieldsItsSeat(t *testing.T) {
 					yielded++
 				}
 			}
-			if want := map[bool]int{true: 1, false: 0}[preempt]; yielded != want {
+			if want := map[bool]int{true: 1, false: 0}[tc.preempt]; yielded != want {
 				t.Errorf("%d access log lines of a sheddable stream say yields=1, want %d:\n%s", yielded, want, logs.String())
 			}
 		})
 	}
 }
 
-// checkOneAnswer checks that a stream reads as one answer of tokens: status 200, [DONE], one id, one role, tokens
-// content events, and usage that counts tokens of output.
-func checkOneAnswer(t *testing.T, what string, s sseAnswer, tokens int) {
+// checkOneAnswer checks that a stream reads as one answer of tokens: status 200, [DONE], one id, one role (chat;
+// none for completions), tokens content events, and usage that counts tokens of output.
+func checkOneAnswer(t *testing.T, what string, s sseAnswer, tokens int, chat bool) {
 	t.Helper()
 	if s.status != 200 || s.done.IsZero() {
 		t.Errorf("%s: status %d, [DONE] %v:\n%s", what, s.status, !s.done.IsZero(), s.raw)
@@ -164,7 +214,7 @@ func checkOneAnswer(t *testing.T, what string, s sseAnswer, tokens int) {
 			}
 		}
 	}
-	if len(ids) != 1 || roles != 1 {
+	if wantRoles := map[bool]int{true: 1, false: 0}[chat]; len(ids) != 1 || roles != wantRoles {
 		t.Errorf("%s: ids %v, %d role deltas; want one of each:\n%s", what, ids, roles, s.raw)
 	}
 	if len(s.content) != tokens {
@@ -223,10 +273,7 @@ func TestYieldersAskTheLeastYielded(t *testing.T) {
 // length and the usage of one answer, whichever of them yielded.
 func TestYieldedStreamThroughTheOpenAIClient(t *testing.T) {
 	t.Parallel()
-	snap := seatSnapshot(t, 2)
-	editBackends(snap, func(c *routing.BackendConfig) { c.MaxNumSeqs = 2 })
-	snap.Models["sim-model"].Preempt = true
-	gw := startGateway(t, snap, Options{})
+	gw := yieldGateway(t, true, nil, nil)
 	client := sdk(gw.url)
 	ctx := t.Context()
 
@@ -234,9 +281,9 @@ func TestYieldedStreamThroughTheOpenAIClient(t *testing.T) {
 	params := chatParams("yield through the SDK", long)
 	params.StreamOptions = oai.ChatCompletionStreamOptionsParam{IncludeUsage: oai.Bool(true)}
 	var wg sync.WaitGroup
-	accs := make([]oai.ChatCompletionAccumulator, 2)
-	ids := make([]map[string]bool, 2)
-	tokens := make([]int, 2)
+	accs := make([]oai.ChatCompletionAccumulator, yieldSeats)
+	ids := make([]map[string]bool, yieldSeats)
+	tokens := make([]int, yieldSeats)
 	for i := range accs {
 		ids[i] = map[string]bool{}
 		wg.Go(func() {
@@ -256,7 +303,7 @@ func TestYieldedStreamThroughTheOpenAIClient(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, func() bool {
 		c := gw.s.caps.Get("b0")
-		return c != nil && c.Inflight() == 2
+		return c != nil && c.Inflight() == yieldSeats
 	})
 	time.Sleep(200 * time.Millisecond)
 	crit, err := client.Chat.Completions.New(ctx, chatParams("urgent", 3), option.WithHeader("X-Switchyard-Priority", "critical"))
@@ -280,30 +327,17 @@ func TestYieldedStreamThroughTheOpenAIClient(t *testing.T) {
 // gateway counts it as not resumed.
 func TestYieldedStreamThatCannotResume(t *testing.T) {
 	t.Parallel()
-	snap := seatSnapshot(t, 2)
-	editBackends(snap, func(c *routing.BackendConfig) {
-		c.MaxNumSeqs = 2
-		c.Timeouts.Idle = 300 * time.Millisecond // the other stream holds the only seat a resume may take for 1 s
+	gw := yieldGateway(t, true, nil, func(c *routing.BackendConfig) {
+		c.Timeouts.Idle = 300 * time.Millisecond // the other streams hold the seats a resume may take for 1 s
 	})
-	snap.Models["sim-model"].Preempt = true
-	gw := startGateway(t, snap, Options{})
 
-	sheddable := map[string]string{"X-Switchyard-Priority": "sheddable"}
 	body := `{"model":"sim-model","max_tokens":120,"stream":true,"messages":[{"role":"user","content":"yield"}]}`
-	var wg sync.WaitGroup
-	streams := make([]sseAnswer, 2)
-	for i := range streams {
-		wg.Go(func() { streams[i] = streamPost(t, gw.url, body, sheddable) })
-	}
-	waitFor(t, 5*time.Second, func() bool {
-		c := gw.s.caps.Get("b0")
-		return c != nil && c.Inflight() == 2
-	})
-	time.Sleep(200 * time.Millisecond)
-	if c := streamPost(t, gw.url, seatStreamBody(3), criticalHeader); c.status != 200 || c.done.IsZero() {
+	wait := sheddableStreams(t, gw, "/v1/chat/completions", body)
+	if c := streamPost(t, gw.url, "/v1/chat/completions", seatStreamBody(3), criticalHeader); c.status != 200 ||
+		c.done.IsZero() {
 		t.Fatalf("critical: %d %s", c.status, c.raw)
 	}
-	wg.Wait()
+	streams := wait()
 
 	broken := 0
 	for i, s := range streams {
