@@ -193,10 +193,13 @@ func (ex *exchange) write(b []byte) error {
 // startReplay makes step read the winning attempt's pending events first.
 func (ex *exchange) startReplay() {
 	if (ex.rc.store || ex.continuable) && ex.sum.Stream {
-		ex.asm.Reset(ex.endpoint) // a streamed answer is also assembled, for the response cache
-		// Bounded by the largest entry the cache keeps, not by MaxResponseBytes: an open stream must not hold
-		// more of its answer than can be kept. The assembler counts less than the body it makes, so no answer
-		// the cache would keep is lost to the bound; past it, step stops assembling (rc.store goes false).
+		// A streamed answer is also assembled, for the response cache or for a continuation should the stream
+		// yield its seat (yield.go).
+		ex.asm.Reset(ex.endpoint)
+		// For the cache, bounded by the largest entry the cache keeps, not by MaxResponseBytes: an open stream
+		// must not hold more of its answer than can be kept. The assembler counts less than the body it makes,
+		// so no answer the cache would keep is lost to the bound; past it, step stops assembling (rc.store goes
+		// false, and the stream may no longer yield).
 		ex.asm.Limit = ex.s.opts.MaxResponseBytes
 		if rc := ex.asked.Cache; ex.rc.store && rc != nil && rc.MaxEntryBytes > 0 {
 			ex.asm.Limit = min(ex.asm.Limit, rc.MaxEntryBytes)
