@@ -36,21 +36,22 @@ func (a *Assembler) Partial() (id, text []byte, ok bool) {
 
 // objectMember is one top-level member of a JSON object: its key, decoded, and its value's span.
 type objectMember struct {
-	key        string
-	start, end int // the key's opening quote, and the index after the value
-	v          int // the value's first byte
+	raw        []byte // the key between its quotes, aliasing the object
+	flags      uint8  // the key's escapes (scanner.str)
+	start, end int    // the key's opening quote, and the index after the value
+	v          int    // the value's first byte
 }
 
-// objectMembers returns the top-level members of the JSON object body, in order, and the index of its closing
-// brace; maxDepth bounds its nesting.
-func objectMembers(body []byte, maxDepth int) ([]objectMember, int, error) {
+// objectMembers appends the top-level members of the JSON object body to ms, in order, and returns them with
+// the index of its closing brace; maxDepth bounds its nesting. A caller with a small array on its stack for ms
+// allocates nothing for an object of that many members (a resumed stream's every chunk: AppendResumed).
+func objectMembers(ms []objectMember, body []byte, maxDepth int) ([]objectMember, int, error) {
 	sc := scanner{b: body, maxDepth: maxDepth}
 	i := sc.ws(0)
 	if i >= len(body) || body[i] != '{' {
 		return nil, 0, errNotObject
 	}
-	var ms []objectMember
-	var buf [maxKeyLen]byte
+	ms = ms[:0]
 	i, empty, err := sc.open(i, 1)
 	if err != nil {
 		return nil, 0, err
@@ -66,7 +67,7 @@ func objectMembers(body []byte, maxDepth int) ([]objectMember, int, error) {
 		if err != nil {
 			return nil, 0, err
 		}
-		ms = append(ms, objectMember{key: string(keyName(raw, flags, &buf)), start: start, v: v, end: end})
+		ms = append(ms, objectMember{raw: raw, flags: flags, start: start, v: v, end: end})
 		var more bool
 		if i, more, err = sc.next(end, '}'); err != nil {
 			return nil, 0, err
@@ -98,7 +99,7 @@ func AppendContinuation(dst, body []byte, e Endpoint, text []byte, generated int
 	if e != Chat && e != Completions {
 		return dst, ErrNotContinuable
 	}
-	ms, closing, err := objectMembers(body, referenceDepth) // a body Parse accepted
+	ms, closing, err := objectMembers(nil, body, referenceDepth) // a body Parse accepted
 	if err != nil {
 		return dst, err
 	}
@@ -109,7 +110,7 @@ func AppendContinuation(dst, body []byte, e Endpoint, text []byte, generated int
 	last := -1
 	for i, m := range ms {
 		val := body[m.v:m.end]
-		switch m.key {
+		switch m.name() {
 		case target:
 			last = i
 		case "n", "best_of":
@@ -150,20 +151,20 @@ func AppendContinuation(dst, body []byte, e Endpoint, text []byte, generated int
 			dst = append(dst, body[from:m.end-1]...) // up to the string's closing quote
 			dst = append(dst, text...)
 			dst = append(dst, '"')
-		case m.key == "max_tokens" || m.key == "max_completion_tokens" || m.key == "min_tokens":
+		case m.is("max_tokens") || m.is("max_completion_tokens") || m.is("min_tokens"):
 			n, ok := parseInt(val, 1<<62)
 			if !ok {
 				continue
 			}
 			floor := 1
-			if m.key == "min_tokens" {
+			if m.is("min_tokens") {
 				floor = 0
 			}
 			dst = append(dst, body[from:m.v]...)
 			dst = strconv.AppendInt(dst, int64(max(n-generated, floor)), 10)
-		case e == Chat && (m.key == "continue_final_message" || m.key == "add_generation_prompt"):
+		case e == Chat && (m.is("continue_final_message") || m.is("add_generation_prompt")):
 			dst = append(dst, body[from:m.v]...)
-			dst = strconv.AppendBool(dst, m.key == "continue_final_message")
+			dst = strconv.AppendBool(dst, m.is("continue_final_message"))
 		default:
 			continue
 		}
@@ -187,9 +188,24 @@ func AppendContinuation(dst, body []byte, e Endpoint, text []byte, generated int
 	return dst, nil
 }
 
+// is reports whether the member's key, decoded, is name.
+func (m *objectMember) is(name string) bool {
+	if m.flags == 0 {
+		return string(m.raw) == name
+	}
+	var buf [maxKeyLen]byte
+	return string(keyName(m.raw, m.flags, &buf)) == name
+}
+
+// name returns the member's key, decoded (allocating only for a key with escapes).
+func (m *objectMember) name() string {
+	var buf [maxKeyLen]byte
+	return string(keyName(m.raw, m.flags, &buf))
+}
+
 func hasMember(ms []objectMember, key string) bool {
 	for _, m := range ms {
-		if m.key == key {
+		if m.is(key) {
 			return true
 		}
 	}
@@ -208,7 +224,8 @@ func AppendResumed(dst, raw, data, id []byte, generated int) []byte {
 	if !ok {
 		return append(dst, raw...)
 	}
-	ms, _, err := objectMembers(data, chunkDepth) // an engine's chunk
+	var arr [8]objectMember
+	ms, _, err := objectMembers(arr[:0], data, chunkDepth) // an engine's chunk
 	if err != nil {
 		return append(dst, raw...)
 	}
@@ -216,11 +233,11 @@ func AppendResumed(dst, raw, data, id []byte, generated int) []byte {
 	from := 0
 	for _, m := range ms {
 		switch {
-		case m.key == "id" && len(id) > 0:
+		case m.is("id") && len(id) > 0:
 			dst = append(dst, data[from:m.v]...)
 			dst = append(dst, id...)
 			from = m.end
-		case m.key == "usage" && data[m.v] == '{':
+		case m.is("usage") && data[m.v] == '{':
 			dst = append(dst, data[from:m.v]...)
 			dst = appendUsageResumed(dst, data[m.v:m.end], generated)
 			from = m.end
@@ -232,13 +249,14 @@ func AppendResumed(dst, raw, data, id []byte, generated int) []byte {
 
 // appendUsageResumed appends the usage object u with generated tokens moved from its prompt to its output.
 func appendUsageResumed(dst, u []byte, generated int) []byte {
-	ms, _, err := objectMembers(u, chunkDepth)
+	var arr [8]objectMember
+	ms, _, err := objectMembers(arr[:0], u, chunkDepth)
 	if err != nil {
 		return append(dst, u...)
 	}
 	prompt := -1
 	for _, m := range ms {
-		if m.key == "prompt_tokens" {
+		if m.is("prompt_tokens") {
 			if n, ok := parseInt(u[m.v:m.end], 1<<62); ok {
 				prompt = max(n-generated, 0)
 			}
@@ -248,11 +266,11 @@ func appendUsageResumed(dst, u []byte, generated int) []byte {
 	for _, m := range ms {
 		n, ok := parseInt(u[m.v:m.end], 1<<62)
 		switch {
-		case m.key == "prompt_tokens" && ok:
+		case m.is("prompt_tokens") && ok:
 			n = prompt
-		case m.key == "completion_tokens" && ok:
+		case m.is("completion_tokens") && ok:
 			n += generated
-		case m.key == "prompt_tokens_details" && prompt >= 0 && u[m.v] == '{':
+		case m.is("prompt_tokens_details") && prompt >= 0 && u[m.v] == '{':
 			dst = append(dst, u[from:m.v]...)
 			dst = appendCachedCut(dst, u[m.v:m.end], prompt)
 			from = m.end
@@ -269,13 +287,14 @@ func appendUsageResumed(dst, u []byte, generated int) []byte {
 
 // appendCachedCut appends the prompt_tokens_details object d with its cached_tokens at most prompt.
 func appendCachedCut(dst, d []byte, prompt int) []byte {
-	ms, _, err := objectMembers(d, chunkDepth)
+	var arr [8]objectMember
+	ms, _, err := objectMembers(arr[:0], d, chunkDepth)
 	if err != nil {
 		return append(dst, d...)
 	}
 	from := 0
 	for _, m := range ms {
-		if n, ok := parseInt(d[m.v:m.end], 1<<62); ok && m.key == "cached_tokens" && n > prompt {
+		if n, ok := parseInt(d[m.v:m.end], 1<<62); ok && m.is("cached_tokens") && n > prompt {
 			dst = append(dst, d[from:m.v]...)
 			dst = strconv.AppendInt(dst, int64(prompt), 10)
 			from = m.end

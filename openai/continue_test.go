@@ -158,3 +158,15 @@ func FuzzAppendResumed(f *testing.F) {
 		}
 	})
 }
+
+// TestAppendResumedDoesNotAllocate: a resumed stream's every chunk goes through AppendResumed.
+func TestAppendResumedDoesNotAllocate(t *testing.T) {
+	raw := []byte(`data: {"id":"c2","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"x"}}],` +
+		`"usage":{"prompt_tokens":80,"completion_tokens":5,"total_tokens":85}}` + "\n\n")
+	data := raw[len("data: ") : len(raw)-2]
+	dst := make([]byte, 0, 512)
+	id := []byte(`"first"`)
+	if n := testing.AllocsPerRun(100, func() { dst = AppendResumed(dst[:0], raw, data, id, 3) }); n != 0 {
+		t.Errorf("AppendResumed allocates %v times a chunk, want 0", n)
+	}
+}
