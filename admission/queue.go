@@ -74,7 +74,7 @@ type Queue[T any] struct {
 	tick     time.Duration
 
 	mu     sync.Mutex
-	bands  [NumClasses]waitHeap[T]
+	bands  [2 * NumClasses]waitHeap[T] // per class, from the most important: its WaitAhead waiters, then the others
 	seq    uint64
 	closed bool
 
@@ -103,6 +103,7 @@ type waiter[T any] struct {
 	enq      int64 // ns since the queue's base
 	seq      uint64
 	idx      int // position in its band's heap; -1 when not queued
+	band     int // its heap in Queue.bands (bandOf)
 	done     chan error
 }
 
@@ -177,6 +178,18 @@ func (q *Queue[T]) ExpectedWait(c Class) time.Duration {
 // Call it when the Shedder says Enqueue, or when Admit's Cap.TryAcquire failed; with the item the Dispatch
 // function will be given. The item must not be touched by the caller until Wait returns.
 func (q *Queue[T]) Wait(ctx context.Context, item T, class Class, deadline time.Time) error {
+	return q.wait(ctx, item, class, deadline, false)
+}
+
+// WaitAhead is Wait for a request whose work is under way: a stream that gave its engine seat to a critical
+// request and waits to go on (docs/design.md, "Yielding seats"). It goes before every waiter of its class that
+// is not one too (earliest deadline first among them), so that work already admitted ends before new work of
+// its class starts; the classes above it still go first.
+func (q *Queue[T]) WaitAhead(ctx context.Context, item T, class Class, deadline time.Time) error {
+	return q.wait(ctx, item, class, deadline, true)
+}
+
+func (q *Queue[T]) wait(ctx context.Context, item T, class Class, deadline time.Time, ahead bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -214,10 +227,10 @@ func (q *Queue[T]) Wait(ctx context.Context, item T, class Class, deadline time.
 		}
 	}
 	w := q.pool.Get().(*waiter[T])
-	w.item, w.class, w.deadline, w.enq = item, class, dl, now
+	w.item, w.class, w.deadline, w.enq, w.band = item, class, dl, now, bandOf(class, ahead)
 	q.seq++
 	w.seq = q.seq
-	q.bands[class.Index()].push(w)
+	q.bands[w.band].push(w)
 	q.n.Add(1)
 	q.bandN[class.Index()].Add(1)
 	if g := q.length[class.Index()]; g != nil {
@@ -234,7 +247,7 @@ func (q *Queue[T]) Wait(ctx context.Context, item T, class Class, deadline time.
 	case <-ctx.Done():
 		q.mu.Lock()
 		if w.idx >= 0 {
-			q.bands[class.Index()].remove(w.idx)
+			q.bands[w.band].remove(w.idx)
 			q.left(w, q.now())
 			q.mu.Unlock()
 			err = ctx.Err()
@@ -325,14 +338,15 @@ func (q *Queue[T]) pumpLocked(now int64) {
 			q.answer(h.remove(0), ErrQueueTimeout, now)
 		}
 	}
-	for i := range q.bands {
+	for i := 0; i < len(q.bands); i++ {
 		h := &q.bands[i]
 	band:
 		for h.len() > 0 {
 			err := q.dispatch(h.items[0].item)
 			switch {
 			case err == ErrNoCapacityForClass:
-				break band // what is left is for less important classes: offer it to them
+				i |= 1 // what is left is for less important classes: offer it to them
+				break band
 			case errors.Is(err, ErrNoCapacity):
 				return // strict priority: nothing overtakes the head
 			}
@@ -344,7 +358,7 @@ func (q *Queue[T]) pumpLocked(now int64) {
 // evictLocked makes room for a request of class c in a full queue: it evicts the newest waiter of the least
 // important non-empty band if that band is less important than c, and otherwise returns ErrQueueFull.
 func (q *Queue[T]) evictLocked(c Class, now int64) error {
-	for i := NumClasses - 1; i > c.Index(); i-- {
+	for i := len(q.bands) - 1; i > bandOf(c, false); i-- {
 		h := &q.bands[i]
 		if h.len() == 0 {
 			continue
@@ -397,6 +411,15 @@ func (q *Queue[T]) observeSlot(enq, now int64) {
 }
 
 func (q *Queue[T]) now() int64 { return int64(q.clock.Now().Sub(q.base)) }
+
+// bandOf returns the heap in Queue.bands of a waiter of class c: each class has two, its WaitAhead waiters' and
+// then the others', so that each heap's head is its earliest deadline (pumpLocked expires from the heads).
+func bandOf(c Class, ahead bool) int {
+	if ahead {
+		return 2 * c.Index()
+	}
+	return 2*c.Index() + 1
+}
 
 // waitHeap is one band: a binary min-heap on (deadline, seq) that tracks each waiter's index, so a waiter can be
 // removed from the middle (client gone, eviction).

@@ -184,6 +184,45 @@ func TestQueueOrder(t *testing.T) {
 	})
 }
 
+// TestQueueWaitAhead: a request whose work is under way (WaitAhead) goes before every waiter of its band that is
+// not, whatever their deadlines, and after the bands above it; among such requests, earliest deadline first.
+func TestQueueWaitAhead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := newFakeClock()
+		f := newFleet("a")
+		q := newQueue(QueueConfig[*job]{Dispatch: f.dispatch, Clock: clk})
+		w := newWaiters(t, q, clk)
+		ctx := context.Background()
+		ahead := func(id int, c Class, timeout time.Duration) {
+			j := &job{id: id, class: c}
+			dl := clk.Now().Add(timeout)
+			w.n++
+			go func() { w.out <- answer{j, q.WaitAhead(ctx, j, c, dl)} }()
+			synctest.Wait()
+		}
+		w.start(ctx, 1, Standard, time.Second)
+		ahead(2, Standard, 30*time.Second)
+		w.start(ctx, 3, Critical, 10*time.Second)
+		ahead(4, Standard, 20*time.Second)
+		w.start(ctx, 5, Standard, 2*time.Second)
+		ahead(6, Sheddable, 30*time.Second)
+		w.start(ctx, 7, Sheddable, time.Second)
+		w.start(ctx, 8, Sheddable, 5*time.Second)
+		// Deadlines pass behind a waiter that goes ahead of them: they expire all the same.
+		clk.Advance(1500 * time.Millisecond)
+		q.pump()
+		if got := w.answers(2); got[1] != ErrQueueTimeout || got[7] != ErrQueueTimeout {
+			t.Fatalf("after 1.5 s: %v, want 1 and 7 timed out", got)
+		}
+		f.add("a", 6)
+		q.pump()
+		w.answers(6)
+		if got, want := f.dispatched(), []int{3, 4, 2, 5, 6, 8}; !slices.Equal(got, want) {
+			t.Errorf("dispatch order = %v, want %v", got, want)
+		}
+	})
+}
+
 // TestQueueHeadBlocks: strict priority; when the head cannot go, nothing behind it is offered, even what could
 // go, and Dispatch is asked once per pump, not once per waiter.
 func TestQueueHeadBlocks(t *testing.T) {
