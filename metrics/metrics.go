@@ -101,9 +101,9 @@ type Gateway struct {
 	Shed *prometheus.CounterVec
 	// Hedges counts hedged attempts by outcome (won, lost, cancelled).
 	Hedges *prometheus.CounterVec
-	// Yields counts sheddable streams that yielded their engine seat to a critical request, by model and
-	// outcome: yielded (the seat was freed), resumed (the stream went on as a continuation), failed (it could
-	// not, and ended with an error event).
+	// Yields counts streams that yielded their engine seat to a critical request, by model, the stream's class
+	// (sheddable, standard) and outcome: yielded (the seat was freed), resumed (the stream went on as a
+	// continuation), failed (it could not, and ended with an error event).
 	Yields *prometheus.CounterVec
 	// BreakerState is each backend's circuit-breaker state: 0 closed, 1 half-open, 2 open.
 	BreakerState *prometheus.GaugeVec
@@ -253,8 +253,8 @@ func New(reg prometheus.Registerer) *Gateway {
 		}, []string{"outcome"}),
 		Yields: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_yields_total",
-			Help: "Sheddable streams that yielded their engine seat to a critical request, by model and outcome.",
-		}, []string{"model", "outcome"}),
+			Help: "Streams that yielded their engine seat to a critical request, by model, class and outcome.",
+		}, []string{"model", "class", "outcome"}),
 		BreakerState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "switchyard_breaker_state",
 			Help: "Circuit-breaker state per backend: 0 closed, 1 half-open, 2 open.",

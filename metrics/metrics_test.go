@@ -30,7 +30,7 @@ func TestNamesAndBuckets(t *testing.T) {
 	m.PrefixHits.WithLabelValues("m").Inc()
 	m.Shed.WithLabelValues("slo", "sheddable").Inc()
 	m.Hedges.WithLabelValues("won").Inc()
-	m.Yields.WithLabelValues("m", "resumed").Inc()
+	m.Yields.WithLabelValues("m", "sheddable", "resumed").Inc()
 	m.BreakerState.WithLabelValues("b").Set(0)
 	m.QueueWait.WithLabelValues("standard").Observe(0.01)
 	m.UpstreamErrors.WithLabelValues("b", "connect").Inc()

@@ -106,6 +106,8 @@ func TestProtectionValidation(t *testing.T) {
 			`f.yaml:8: models[1].hedge.after: must be shorter than the backends' timeouts.first_byte (1m0s): an attempt that has no first byte by then has failed, and is retried rather than hedged`},
 		{"hedge budget out of range", protectionBase + "    hedge:\n      after: 1s\n      budget_percent: 0\n",
 			`f.yaml:9: models[1].hedge.budget_percent: must be in (0, 100]`},
+		{"preempt as a boolean", protectionBase + "    preempt: true\n",
+			`f.yaml:7: models[1].preempt: "true": must be off, sheddable or standard`},
 		{"degrade to an unknown model", protectionBase + "    degrade_to: tiny\n",
 			`f.yaml:7: models[1].degrade_to: unknown model "tiny"`},
 		{"degrade to itself", protectionBase + "    degrade_to: small\n",
@@ -136,8 +138,10 @@ models:
     slo: {ttft: 500ms}
     hedge: {after: 300ms}
     degrade_to: small
+    preempt: standard
   - name: small
     hedge: {after: 200ms, budget_percent: 2.5}
+    preempt: sheddable
 priorities:
   header: x-class
   default: sheddable
@@ -230,6 +234,10 @@ func TestCompileProtection(t *testing.T) {
 	}
 	if m.DegradeTo != small || small.DegradeTo != nil {
 		t.Errorf("DegradeTo: m -> %p, small -> %p; want m -> %p (the snapshot's small), small -> nil", m.DegradeTo, small.DegradeTo, small)
+	}
+	if !m.Preempt || !m.PreemptAll || !small.Preempt || small.PreemptAll {
+		t.Errorf("preempt: m %v/%v, small %v/%v; want standard (true/true) and sheddable (true/false)",
+			m.Preempt, m.PreemptAll, small.Preempt, small.PreemptAll)
 	}
 	if got := []int{s.Backends[0].Config().MaxConcurrency, s.Backends[1].Config().MaxConcurrency}; got[0] != 16 || got[1] != 0 {
 		t.Errorf("max_concurrency = %v, want [16 0] (0: adaptive)", got)

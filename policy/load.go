@@ -154,7 +154,8 @@ func (c *Config) compile(reg *routing.Registry, prev *proxy.Snapshot, m *metrics
 			StrategyName: m.Strategy,
 			SLO:          proxy.SLO{TTFT: m.SLO.TTFT, ITL: m.SLO.ITL},
 			Retries:      m.Retries,
-			Preempt:      m.Preempt,
+			Preempt:      m.Preempt == "sheddable" || m.Preempt == "standard",
+			PreemptAll:   m.Preempt == "standard",
 			Created:      now.Unix(),
 			Endpoints:    endpointSet(m.Endpoints),
 		}

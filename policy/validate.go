@@ -249,6 +249,11 @@ func (r *report) validateModels(c *Config, regions map[string]bool) {
 		if r.set(p + ".hedge") {
 			r.hedge(p+".hedge", m, backends)
 		}
+		switch m.Preempt {
+		case "", "off", "sheddable", "standard":
+		default:
+			r.errorf(p+".preempt", fmt.Sprintf("%q: must be off, sheddable or standard", m.Preempt))
+		}
 		if m.DegradeTo != "" {
 			switch _, ok := models[m.DegradeTo]; {
 			case m.DegradeTo == m.Name:

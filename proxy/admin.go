@@ -157,6 +157,18 @@ type ModelStatus struct {
 	Queued int `json:"queued"`
 	// Reserve is its fleet's seats and those kept free for critical requests (admission.SeatReserve).
 	Reserve admission.ReserveStatus `json:"reserve"`
+	// Yields is where its yielding seats stand (models[].preempt); absent without preempt.
+	Yields *YieldStatus `json:"yields,omitempty"`
+}
+
+// YieldStatus is a model's yielding seats (docs/design.md, "Yielding seats") as /debug/models shows them.
+type YieldStatus struct {
+	// Streams is how many streams hold a seat they would give a critical request.
+	Streams int `json:"streams"`
+	// Asked is how many yields were asked whose seats are not free yet.
+	Asked int `json:"asked"`
+	// CriticalWaiting is how many critical requests wait in the queue for a seat.
+	CriticalWaiting int `json:"critical_waiting"`
 }
 
 // Models returns the admission state of every model of the current policy, in the policy's order.
@@ -173,7 +185,11 @@ func (a *Admin) Models() []ModelStatus {
 			continue
 		}
 		free, seats, _ := rec.fleetSeats()
-		out = append(out, ModelStatus{Name: name, Queued: rec.queue.Len(), Reserve: rec.reserve.Status(free, seats)})
+		st := ModelStatus{Name: name, Queued: rec.queue.Len(), Reserve: rec.reserve.Status(free, seats)}
+		if y := rec.yield; y != nil {
+			st.Yields = y.status()
+		}
+		out = append(out, st)
 	}
 	return out
 }

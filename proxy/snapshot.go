@@ -72,6 +72,8 @@ type Model struct {
 	// Preempt lets a critical request that finds no free seat take one from a sheddable stream, which resumes
 	// later as a continuation (yield.go).
 	Preempt bool
+	// PreemptAll lets it take one from a standard stream too, when no sheddable stream can yield (with Preempt).
+	PreemptAll bool
 	// DegradeTo is the model that serves non-critical requests when this one's pool is saturated (brownout);
 	// nil means none.
 	DegradeTo *Model

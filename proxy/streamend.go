@@ -151,21 +151,20 @@ func (ex *exchange) countEnd(a *attempt) {
 	if ex.end == endNone {
 		ex.end = endComplete
 	}
+	backend := "none"
+	switch {
+	case a != nil:
+		backend = a.name
+	case ex.yieldFrom != "":
+		backend = ex.yieldFrom // it yielded its seat there, and could not resume (yield.go)
+	}
 	if a != nil && a.end != nil {
 		a.end.ends[ex.end].Inc()
 	} else {
-		backend := "none"
-		if a != nil {
-			backend = a.name
-		}
 		ex.s.m.StreamEnds.WithLabelValues(backend, ex.end.String()).Inc()
 	}
 	if ex.end == endComplete {
 		return
-	}
-	backend := "none"
-	if a != nil {
-		backend = a.name
 	}
 	ex.s.log.LogAttrs(context.Background(), slog.LevelWarn, "stream ended before its answer did",
 		slog.String("request_id", string(ex.reqID)),

@@ -44,6 +44,21 @@ type yielders struct {
 	want int         // critical requests waiting in the queue for a seat
 }
 
+// status returns the yielders' figures for /debug/models.
+func (y *yielders) status() *YieldStatus {
+	y.mu.Lock()
+	defer y.mu.Unlock()
+	return &YieldStatus{Streams: len(y.live), Asked: y.owed, CriticalWaiting: y.want}
+}
+
+// drop removes live[i], under mu.
+func (y *yielders) drop(i int) {
+	n := len(y.live) - 1
+	copy(y.live[i:], y.live[i+1:])
+	y.live[n] = nil // the removed pointer must not keep a pooled exchange reachable
+	y.live = y.live[:n]
+}
+
 // yieldersFor returns the yielders of model, made on first use.
 func (s *Server) yieldersFor(model string) *yielders {
 	if y, ok := s.yields.Load(model); ok {
@@ -66,6 +81,7 @@ type yieldState struct {
 	yieldBuf    []byte        // a resumed event, rewritten
 	resuming    bool          // waiting for a seat to resume: never too late for its objective (exchange.tooLate)
 	yieldWait   time.Duration // how long it waited in the queue to resume
+	yieldFrom   string        // the backend of the attempt that last yielded: a stream that cannot resume ended there
 }
 
 // reset empties y for the next request, keeping its buffers.
@@ -77,10 +93,11 @@ func (y *yieldState) reset() {
 }
 
 // mayYield reports whether the committed stream's seat may go to a critical request: a sheddable client's
-// stream of one choice, on a model with preempt, from an engine that continues answers, whose body a
-// continuation can be built from, that has not yielded maxYields times.
+// stream (or a standard one's, with preempt standard) of one choice, on a model with preempt, from an engine that
+// continues answers, whose body a continuation can be built from, that has not yielded maxYields times.
 func (ex *exchange) mayYield() bool {
-	if ex.rec == nil || ex.rec.yield == nil || ex.class != admission.Sheddable || !ex.sum.Stream ||
+	if ex.rec == nil || ex.rec.yield == nil || !ex.sum.Stream ||
+		ex.class != admission.Sheddable && (ex.class != admission.Standard || !ex.rec.m.PreemptAll) ||
 		ex.yields >= maxYields || ex.endpoint != openai.Chat && ex.endpoint != openai.Completions ||
 		ex.sum.N > 1 || ex.sum.BestOf > 1 || ex.sum.Prompts != 1 || ex.cur == nil {
 		return false
@@ -97,11 +114,14 @@ func (ex *exchange) mayYield() bool {
 	return err == nil
 }
 
-// add registers ex, whose current attempt is its stream's, as one that may yield.
+// add registers ex, whose current attempt is its stream's, as one that may yield. A critical request that
+// waits for a seat that no yield under way covers asks it at once: a stream admitted on a seat of the reserve
+// (admission.SeatReserve.Admits) before a critical request came is registered only at its first token.
 func (y *yielders) add(ex *exchange) {
 	y.mu.Lock()
 	ex.registered, ex.yieldAsked = true, false
 	y.live = append(y.live, ex)
+	y.ask()
 	y.mu.Unlock()
 }
 
@@ -119,25 +139,30 @@ func (y *yielders) freed() {
 func (y *yielders) enter() {
 	y.mu.Lock()
 	y.want++
-	if y.owed < y.want && len(y.live) > 0 {
-		i := len(y.live) - 1 // the fewest yields, then the most recent
-		for j := i - 1; j >= 0; j-- {
-			if y.live[j].yields < y.live[i].yields {
-				i = j
-			}
-		}
-		v := y.live[i]
-		n := len(y.live) - 1
-		copy(y.live[i:], y.live[i+1:])
-		y.live[n] = nil
-		y.live = y.live[:n]
-		v.registered, v.yieldAsked = false, true
-		y.owed++
-		// v's relay owns v.cur and ends it only after unregister, which waits for mu: the attempt is live here.
-		// Its read fails at once (or its park wakes), with errYield.
-		v.wd.kill(v.cur, errYield)
-	}
+	y.ask()
 	y.mu.Unlock()
+}
+
+// ask asks a registered stream to yield its seat, under mu, unless the yields under way already cover every
+// critical request waiting (enter).
+func (y *yielders) ask() {
+	if y.owed >= y.want || len(y.live) == 0 {
+		return
+	}
+	i := len(y.live) - 1 // sheddable before standard, then the fewest yields, then the most recent
+	for j := i - 1; j >= 0; j-- {
+		a, b := y.live[j], y.live[i]
+		if a.class < b.class || a.class == b.class && a.yields < b.yields {
+			i = j
+		}
+	}
+	v := y.live[i]
+	y.drop(i)
+	v.registered, v.yieldAsked = false, true
+	y.owed++
+	// v's relay owns v.cur and ends it only after unregister, which waits for mu: the attempt is live here.
+	// Its read fails at once (or its park wakes), with errYield.
+	v.wd.kill(v.cur, errYield)
 }
 
 func (y *yielders) leave() {
@@ -159,10 +184,7 @@ func (ex *exchange) unregister() (asked bool) {
 	if ex.registered {
 		for i, e := range y.live {
 			if e == ex {
-				n := len(y.live) - 1
-				copy(y.live[i:], y.live[i+1:])
-				y.live[n] = nil // the removed pointer must not keep a pooled exchange reachable
-				y.live = y.live[:n]
+				y.drop(i)
 				break
 			}
 		}
@@ -196,18 +218,20 @@ func (ex *exchange) waitForSeat(ctx context.Context, deadline time.Time) error {
 
 // resumeYielded goes on with a stream whose attempt yielded its seat (errYield): it ends that attempt (its seat
 // goes to the critical request that asked), waits in the model's queue for a seat under its own class's rules
-// (sheddable: behind critical and standard requests, and only past twice the seats kept for critical ones) for at
+// (sheddable: behind critical and standard requests, and only past twice the seats kept for critical ones or
+// on a seat of the reserve, admission.SeatReserve.Admits; standard: behind critical requests, past the seats
+// kept for them), ahead of the requests of its class that have not started (admission.Queue.WaitAhead), for at
 // most the backend's idle timeout, and sends the request again as a continuation of the answer so far. Resumed
-// by a standard request's rules, it would take a seat that a standard request arriving after it needs: the
-// critical request's seat would come out of the standard class's share. A yield costs no class above sheddable. The new attempt's events then follow the
-// old ones'. It returns the error that ends the stream when it cannot go on.
+// by a standard request's rules, a sheddable stream would take a seat that a standard request arriving after it
+// needs: the critical request's seat would come out of the standard class's share. The new attempt's events then
+// follow the old ones'. It returns the error that ends the stream when it cannot go on.
 func (ex *exchange) resumeYielded() error {
 	if err := ex.flush(); err != nil {
 		return err
 	}
 	old := ex.cur
 	idle := old.to.Idle
-	model := ex.model.Name
+	model, class := ex.model.Name, ex.class.String()
 	id, text, ok := ex.asm.Partial()
 	var err error
 	if ok {
@@ -217,27 +241,27 @@ func (ex *exchange) resumeYielded() error {
 		}
 		ex.scratch, err = openai.AppendContinuation(ex.scratch[:0], ex.yieldBody, ex.endpoint, text, ex.tokens)
 	}
-	ex.cur = nil
+	ex.cur, ex.yieldFrom = nil, old.name
 	asked := ex.unregister() // (removed already by the critical request that asked)
 	ex.endAttempt(old, errYield)
 	if asked {
 		ex.rec.yield.freed()
 	}
-	ex.s.m.Yields.WithLabelValues(model, "yielded").Inc()
+	ex.s.m.Yields.WithLabelValues(model, class, "yielded").Inc()
 	if !ok || err != nil {
-		ex.s.m.Yields.WithLabelValues(model, "failed").Inc()
+		ex.s.m.Yields.WithLabelValues(model, class, "failed").Inc()
 		return fmt.Errorf("%w: the answer so far cannot be continued", errNotResumed)
 	}
 	ex.yields++
 	ex.yieldGen = ex.tokens
 	if err := ex.continueWith(ex.scratch, idle); err != nil {
-		ex.s.m.Yields.WithLabelValues(model, "failed").Inc()
+		ex.s.m.Yields.WithLabelValues(model, class, "failed").Inc()
 		if why := ex.cancelled(); why != nil {
 			return why
 		}
 		return fmt.Errorf("%w: %w", errNotResumed, err)
 	}
-	ex.s.m.Yields.WithLabelValues(model, "resumed").Inc()
+	ex.s.m.Yields.WithLabelValues(model, class, "resumed").Inc()
 	ex.resumeSkip = true
 	ex.replay.ResetBytes(ex.cur.pending)
 	ex.replaying = true
@@ -273,7 +297,7 @@ func (ex *exchange) continueWith(body []byte, wait time.Duration) error {
 		ex.queued = a
 		ctx, cancel := ex.wd.queueContext()
 		enqueued := ex.s.clock.Now()
-		err = ex.rec.queue.Wait(ctx, ex, ex.class, enqueued.Add(wait))
+		err = ex.rec.queue.WaitAhead(ctx, ex, ex.class, enqueued.Add(wait))
 		ex.yieldWait += ex.s.clock.Now().Sub(enqueued)
 		cancel()
 		ex.queued = nil

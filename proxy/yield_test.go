@@ -87,9 +87,10 @@ func streamPost(t *testing.T, url, path, body string, hdr map[string]string) sse
 const yieldSeats = 16
 
 // yieldGateway starts the real gateway in front of a simulated vLLM engine of yieldSeats seats stated in the
-// policy (10 ms a token), with preempt on the model as asked, and an access log in logs when it is not nil. The
-// shedding curve that refuses sheddable requests as the pool saturates is off, so that they can fill the engine.
-func yieldGateway(t *testing.T, preempt bool, logs *syncBuffer, edit func(*routing.BackendConfig)) *gateway {
+// policy (10 ms a token), with preempt on the model as asked ("", "sheddable" or "standard", as models[].preempt),
+// and an access log in logs when it is not nil. The shedding curve that refuses sheddable requests as the pool
+// saturates is off, so that they can fill the engine.
+func yieldGateway(t *testing.T, preempt string, logs *syncBuffer, edit func(*routing.BackendConfig)) *gateway {
 	t.Helper()
 	snap := seatSnapshot(t, yieldSeats)
 	editBackends(snap, func(c *routing.BackendConfig) {
@@ -98,7 +99,8 @@ func yieldGateway(t *testing.T, preempt bool, logs *syncBuffer, edit func(*routi
 			edit(c)
 		}
 	})
-	snap.Models["sim-model"].Preempt = preempt
+	snap.Models["sim-model"].Preempt = preempt != ""
+	snap.Models["sim-model"].PreemptAll = preempt == "standard"
 	params := admission.DefaultShedParams()
 	params.Curves[admission.Sheddable.Index()] = admission.Curve{} // sheddable streams may fill the engine
 	snap.Shedder = admission.NewShedder(params, nil)
@@ -113,7 +115,13 @@ func yieldGateway(t *testing.T, preempt bool, logs *syncBuffer, edit func(*routi
 // and returns once all are well into their answers; wait waits for their ends.
 func sheddableStreams(t *testing.T, gw *gateway, path, body string) (wait func() []sseAnswer) {
 	t.Helper()
-	sheddable := map[string]string{"X-Switchyard-Priority": "sheddable"}
+	return classStreams(t, gw, "sheddable", path, body)
+}
+
+// classStreams is sheddableStreams for streams of class.
+func classStreams(t *testing.T, gw *gateway, class, path, body string) (wait func() []sseAnswer) {
+	t.Helper()
+	sheddable := map[string]string{"X-Switchyard-Priority": class}
 	var wg sync.WaitGroup
 	streams := make([]sseAnswer, yieldSeats)
 	for i := range streams {
@@ -145,18 +153,21 @@ func TestSheddableStreamYieldsItsSeat(t *testing.T) {
 		`"stream_options":{"include_usage":true},"prompt":"Once upon a time"}`, long)
 	for _, tc := range []struct {
 		name, path, body string
-		preempt          bool
+		preempt, class   string // models[].preempt; the streams' class
+		yields           bool
 	}{
-		{"chat", "/v1/chat/completions", chat, true},
-		{"chat without preempt", "/v1/chat/completions", chat, false},
-		{"completions", "/v1/completions", completions, true},
+		{"chat", "/v1/chat/completions", chat, "sheddable", "sheddable", true},
+		{"chat without preempt", "/v1/chat/completions", chat, "", "sheddable", false},
+		{"completions", "/v1/completions", completions, "sheddable", "sheddable", true},
+		{"standard streams", "/v1/chat/completions", chat, "standard", "standard", true},
+		{"standard streams, preempt sheddable", "/v1/chat/completions", chat, "sheddable", "standard", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			var logs syncBuffer
 			gw := yieldGateway(t, tc.preempt, &logs, nil)
 
-			wait := sheddableStreams(t, gw, tc.path, tc.body)
+			wait := classStreams(t, gw, tc.class, tc.path, tc.body)
 			critical := streamPost(t, gw.url, "/v1/chat/completions", seatStreamBody(3), criticalHeader)
 			streams := wait()
 
@@ -170,24 +181,30 @@ func TestSheddableStreamYieldsItsSeat(t *testing.T) {
 				}
 			}
 			began := critical.content[0].Before(firstEnd)
-			if began != tc.preempt {
-				t.Errorf("the critical answer began before a sheddable stream ended: %v, want %v", began, tc.preempt)
+			if began != tc.yields {
+				t.Errorf("the critical answer began before a %s stream ended: %v, want %v", tc.class, began, tc.yields)
 			}
-			resumed := counterValue(t, gw.reg, "switchyard_yields_total")
 			for i, s := range streams {
 				checkOneAnswer(t, fmt.Sprintf("stream %d", i), s, long, tc.path == "/v1/chat/completions")
 			}
-			if want := map[bool]float64{true: 2, false: 0}[tc.preempt]; resumed != want {
-				t.Errorf("switchyard_yields_total = %v, want %v (yielded and resumed)", resumed, want)
+			want := map[bool]float64{true: 1, false: 0}[tc.yields]
+			for _, outcome := range []string{"yielded", "resumed"} {
+				if got := counterWith(t, gw, "switchyard_yields_total", "outcome", outcome); got != want {
+					t.Errorf("switchyard_yields_total{outcome=%s} = %v, want %v", outcome, got, want)
+				}
+			}
+			if got := counterWith(t, gw, "switchyard_yields_total", "class", tc.class); got != 2*want {
+				t.Errorf("switchyard_yields_total{class=%s} = %v, want %v", tc.class, got, 2*want)
 			}
 			yielded := 0
 			for _, l := range logs.lines(t) {
-				if l["yields"] == 1.0 && l["class"] == "sheddable" && l["status"] == 200.0 {
+				if l["yields"] == 1.0 && l["class"] == tc.class && l["status"] == 200.0 {
 					yielded++
 				}
 			}
-			if want := map[bool]int{true: 1, false: 0}[tc.preempt]; yielded != want {
-				t.Errorf("%d access log lines of a sheddable stream say yields=1, want %d:\n%s", yielded, want, logs.String())
+			if int(want) != yielded {
+				t.Errorf("%d access log lines of a %s stream say yields=1, want %v:\n%s", yielded, tc.class, want,
+					logs.String())
 			}
 		})
 	}
@@ -227,15 +244,21 @@ func checkOneAnswer(t *testing.T, what string, s sseAnswer, tokens int, chat boo
 }
 
 // TestYieldersAskTheLeastYielded checks whom a critical request that waits asks for a seat: one stream per
-// critical request waiting beyond the yields under way, of the streams that yielded least the most recent, and
-// nobody once every waiting critical request has its yield coming.
+// critical request waiting beyond the yields under way, sheddable streams before standard ones, of those the ones
+// that yielded least, the most recent; nobody once every waiting critical request has its yield coming; and a
+// stream that registers while a critical request waits unasked is asked at once.
 func TestYieldersAskTheLeastYielded(t *testing.T) {
 	var y yielders
-	streams := make([]*exchange, 3)
-	for i, yields := range []int{1, 0, 1} {
-		streams[i] = &exchange{wd: &watchdog{}, routed: routed{cur: &attempt{}}}
-		streams[i].yields = yields
-		y.add(streams[i])
+	rec := &modelRec{yield: &y}
+	stream := func(c admission.Class, yields int) *exchange {
+		ex := &exchange{wd: &watchdog{}, routed: routed{cur: &attempt{}, class: c, rec: rec}}
+		ex.yields = yields
+		return ex
+	}
+	streams := []*exchange{stream(admission.Sheddable, 1), stream(admission.Standard, 0),
+		stream(admission.Sheddable, 0), stream(admission.Sheddable, 1)}
+	for _, ex := range streams {
+		y.add(ex)
 	}
 	asked := func() []int {
 		var out []int
@@ -246,7 +269,7 @@ func TestYieldersAskTheLeastYielded(t *testing.T) {
 		}
 		return out
 	}
-	for step, want := range [][]int{{1}, {1, 2}, {0, 1, 2}, {0, 1, 2}} {
+	for step, want := range [][]int{{2}, {2, 3}, {0, 2, 3}, {0, 1, 2, 3}, {0, 1, 2, 3}} {
 		y.enter()
 		if got := asked(); fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Fatalf("after %d critical requests waited, streams asked %v, want %v", step+1, got, want)
@@ -257,14 +280,34 @@ func TestYieldersAskTheLeastYielded(t *testing.T) {
 			t.Errorf("stream %d's attempt was not killed with errYield", i)
 		}
 	}
-	if y.owed != 3 || y.want != 4 || len(y.live) != 0 {
-		t.Errorf("owed %d, want %d, live %d; want 3, 4, 0", y.owed, y.want, len(y.live))
+	if y.owed != 4 || y.want != 5 || len(y.live) != 0 {
+		t.Errorf("owed %d, want %d, live %d; want 4, 5, 0", y.owed, y.want, len(y.live))
 	}
 	y.freed() // a seat is free, and its critical request took it
 	y.leave()
 	y.enter() // another critical request waits: yields fall short of the waiting, but no stream is left to ask
-	if y.owed != 2 || y.want != 4 {
-		t.Errorf("owed %d, want %d; want 2, 4", y.owed, y.want)
+	if y.owed != 3 || y.want != 5 {
+		t.Errorf("owed %d, want %d; want 3, 5", y.owed, y.want)
+	}
+	// A stream that registers now (admitted before those critical requests came, at its first token) is asked
+	// at once.
+	late := stream(admission.Sheddable, 0)
+	y.add(late)
+	if p := late.cur.killed.Load(); !late.yieldAsked || p == nil || *p != errYield || y.owed != 4 || len(y.live) != 0 {
+		t.Errorf("a stream registered while yields fell short: asked %v, owed %d, live %d; want asked, 4, 0",
+			late.yieldAsked, y.owed, len(y.live))
+	}
+	for range 5 {
+		y.leave()
+	}
+	idle := stream(admission.Sheddable, 0)
+	y.add(idle) // no critical request waits: it keeps its seat
+	if st := y.status(); idle.yieldAsked || st.Streams != 1 || st.Asked != 4 || st.CriticalWaiting != 0 {
+		t.Errorf("a stream registered with no critical request waiting: asked %v, status %+v; want false, "+
+			"1 stream, 4 asked, none waiting", idle.yieldAsked, st)
+	}
+	if idle.unregister(); len(y.live) != 0 {
+		t.Errorf("live %d after the stream ended, want 0", len(y.live))
 	}
 }
 
@@ -273,7 +316,7 @@ func TestYieldersAskTheLeastYielded(t *testing.T) {
 // length and the usage of one answer, whichever of them yielded.
 func TestYieldedStreamThroughTheOpenAIClient(t *testing.T) {
 	t.Parallel()
-	gw := yieldGateway(t, true, nil, nil)
+	gw := yieldGateway(t, "sheddable", nil, nil)
 	client := sdk(gw.url)
 	ctx := t.Context()
 
@@ -327,7 +370,7 @@ func TestYieldedStreamThroughTheOpenAIClient(t *testing.T) {
 // gateway counts it as not resumed.
 func TestYieldedStreamThatCannotResume(t *testing.T) {
 	t.Parallel()
-	gw := yieldGateway(t, true, nil, func(c *routing.BackendConfig) {
+	gw := yieldGateway(t, "sheddable", nil, func(c *routing.BackendConfig) {
 		c.Timeouts.Idle = 300 * time.Millisecond // the other streams hold the seats a resume may take for 1 s
 	})
 
@@ -354,6 +397,10 @@ func TestYieldedStreamThatCannotResume(t *testing.T) {
 	}
 	if got := counterWith(t, gw, "switchyard_stream_ends_total", "cause", "not_resumed"); got != 1 {
 		t.Errorf("switchyard_stream_ends_total{cause=not_resumed} = %v, want 1", got)
+	}
+	if got := counterWith(t, gw, "switchyard_stream_ends_total", "backend", "none"); got != 0 {
+		t.Errorf("switchyard_stream_ends_total{backend=none} = %v, want 0: the stream that could not resume "+
+			"ended on the backend it yielded", got)
 	}
 	if got := counterWith(t, gw, "switchyard_yields_total", "outcome", "failed"); got != 1 {
 		t.Errorf("switchyard_yields_total{outcome=failed} = %v, want 1", got)
