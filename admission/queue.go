@@ -166,8 +166,8 @@ func (q *Queue[T]) ExpectedWait(c Class) time.Duration {
 }
 
 // Wait queues item with class and deadline and blocks until it is dispatched (nil), or refused. When nobody
-// waits, it first offers item to Dispatch in the caller's goroutine, so a request that finds capacity free
-// neither queues nor blocks nor allocates.
+// waits ahead of it (no waiter of its class or above: it would be the head), it first offers item to Dispatch in
+// the caller's goroutine, so a request that finds capacity free neither queues nor blocks nor allocates.
 //
 // The error is Dispatch's own error (other than ErrNoCapacity), ErrQueueTimeout when deadline passes first,
 // ErrQueueFull when the queue is full of requests at least as important, ErrEvicted when a more important
@@ -178,7 +178,15 @@ func (q *Queue[T]) ExpectedWait(c Class) time.Duration {
 // Call it when the Shedder says Enqueue, or when Admit's Cap.TryAcquire failed; with the item the Dispatch
 // function will be given. The item must not be touched by the caller until Wait returns.
 func (q *Queue[T]) Wait(ctx context.Context, item T, class Class, deadline time.Time) error {
-	return q.wait(ctx, item, class, deadline, false)
+	return q.wait(ctx, item, class, deadline, false, nil)
+}
+
+// WaitCalling is Wait that calls queued once item is queued: when the dispatch it was first offered found no
+// capacity, or when requests of its class or above already wait. It is not called for an item dispatched at
+// once. queued runs in the caller's goroutine, outside the queue's lock, while the item waits (the item may be
+// dispatched meanwhile). A critical request that must wait asks a stream for its seat there (proxy/yield.go).
+func (q *Queue[T]) WaitCalling(ctx context.Context, item T, class Class, deadline time.Time, queued func()) error {
+	return q.wait(ctx, item, class, deadline, false, queued)
 }
 
 // WaitAhead is Wait for a request whose work is under way: a stream that gave its engine seat to a critical
@@ -186,10 +194,11 @@ func (q *Queue[T]) Wait(ctx context.Context, item T, class Class, deadline time.
 // is not one too (earliest deadline first among them), so that work already admitted ends before new work of
 // its class starts; the classes above it still go first.
 func (q *Queue[T]) WaitAhead(ctx context.Context, item T, class Class, deadline time.Time) error {
-	return q.wait(ctx, item, class, deadline, true)
+	return q.wait(ctx, item, class, deadline, true, nil)
 }
 
-func (q *Queue[T]) wait(ctx context.Context, item T, class Class, deadline time.Time, ahead bool) error {
+func (q *Queue[T]) wait(ctx context.Context, item T, class Class, deadline time.Time, ahead bool,
+	queued func()) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -199,8 +208,9 @@ func (q *Queue[T]) wait(ctx context.Context, item T, class Class, deadline time.
 		return ErrClosed
 	}
 	now := q.now()
-	if q.n.Load() == 0 {
-		// Nobody waits ahead: try the backends at once.
+	band := bandOf(class, ahead)
+	if q.headFor(band) {
+		// Nobody waits ahead of it (strict priority): try the backends at once.
 		err := q.dispatch(item)
 		if !errors.Is(err, ErrNoCapacity) {
 			if err == nil {
@@ -227,7 +237,7 @@ func (q *Queue[T]) wait(ctx context.Context, item T, class Class, deadline time.
 		}
 	}
 	w := q.pool.Get().(*waiter[T])
-	w.item, w.class, w.deadline, w.enq, w.band = item, class, dl, now, bandOf(class, ahead)
+	w.item, w.class, w.deadline, w.enq, w.band = item, class, dl, now, band
 	q.seq++
 	w.seq = q.seq
 	q.bands[w.band].push(w)
@@ -237,9 +247,12 @@ func (q *Queue[T]) wait(ctx context.Context, item T, class Class, deadline time.
 		g.Inc()
 	}
 	q.mu.Unlock()
-	// Dispatch was just tried (for the head, or for this request when it is the only one): the next Signal or
-	// tick offers it again. Wake the dispatcher so that its timer runs.
+	// Dispatch was just tried (for the head, or for this request when nobody waits ahead of it): the next Signal
+	// or tick offers it again. Wake the dispatcher so that its timer runs.
 	q.wakeOwner()
+	if queued != nil {
+		queued()
+	}
 
 	var err error
 	select {
@@ -411,6 +424,20 @@ func (q *Queue[T]) observeSlot(enq, now int64) {
 }
 
 func (q *Queue[T]) now() int64 { return int64(q.clock.Now().Sub(q.base)) }
+
+// headFor reports whether a waiter put into band would be the queue's head: no waiter in it or in a band before
+// it (strict priority). Under q.mu.
+func (q *Queue[T]) headFor(band int) bool {
+	if q.n.Load() == 0 {
+		return true
+	}
+	for i := 0; i <= band; i++ {
+		if q.bands[i].len() > 0 {
+			return false
+		}
+	}
+	return true
+}
 
 // bandOf returns the heap in Queue.bands of a waiter of class c: each class has two, its WaitAhead waiters' and
 // then the others', so that each heap's head is its earliest deadline (pumpLocked expires from the heads).

@@ -223,6 +223,52 @@ func TestQueueWaitAhead(t *testing.T) {
 	})
 }
 
+// TestQueueWaitCalling: a request that nobody of its class or above waits ahead of is offered to Dispatch at once,
+// though less important ones wait, and WaitCalling calls queued only for a request that is queued.
+func TestQueueWaitCalling(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := newFakeClock()
+		f := newFleet("a")
+		q := newQueue(QueueConfig[*job]{Dispatch: f.dispatch, Clock: clk})
+		w := newWaiters(t, q, clk)
+		ctx := context.Background()
+		f.busy[1] = true
+		w.start(ctx, 1, Standard, 10*time.Second) // no backend takes it: it waits
+		f.add("a", 1)
+		var queued []int
+		critical := func(id int) {
+			j := &job{id: id, class: Critical}
+			dl := clk.Now().Add(10 * time.Second)
+			w.n++
+			go func() {
+				w.out <- answer{j, q.WaitCalling(ctx, j, Critical, dl, func() { queued = append(queued, id) })}
+			}()
+			synctest.Wait()
+		}
+		critical(2) // a standard request waits, but behind it: dispatched at once
+		if got := w.answers(1); got[2] != nil || len(queued) != 0 {
+			t.Fatalf("critical 2: %v, queued %v; want dispatched at once, never queued", got, queued)
+		}
+		critical(3) // no capacity: queued
+		critical(4) // 3 waits ahead of it: queued without an offer
+		if !slices.Equal(queued, []int{3, 4}) || q.Len() != 3 {
+			t.Fatalf("queued %v, Len %d; want [3 4], 3", queued, q.Len())
+		}
+		f.add("a", 2)
+		q.pump()
+		if got := w.answers(2); got[3] != nil || got[4] != nil {
+			t.Fatalf("after two seats freed: %v, want 3 and 4 dispatched", got)
+		}
+		if got, want := f.dispatched(), []int{2, 3, 4}; !slices.Equal(got, want) {
+			t.Errorf("dispatch order = %v, want %v", got, want)
+		}
+		q.Close()
+		if got := w.answers(1); got[1] != ErrClosed {
+			t.Errorf("the standard request at close: %v, want ErrClosed", got)
+		}
+	})
+}
+
 // TestQueueHeadBlocks: strict priority; when the head cannot go, nothing behind it is offered, even what could
 // go, and Dispatch is asked once per pump, not once per waiter.
 func TestQueueHeadBlocks(t *testing.T) {

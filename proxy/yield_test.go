@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -308,6 +309,47 @@ func TestYieldersAskTheLeastYielded(t *testing.T) {
 	}
 	if idle.unregister(); len(y.live) != 0 {
 		t.Errorf("live %d after the stream ended, want 0", len(y.live))
+	}
+}
+
+// TestCriticalRequestAsksOnlyWhenQueued: a critical request that goes through the queue asks a stream for its seat
+// only once it is queued: one the queue dispatches at once (a seat of the reserve was free) asks nobody, one that
+// must wait asks one stream, and stops counting as waiting once dispatched.
+func TestCriticalRequestAsksOnlyWhenQueued(t *testing.T) {
+	var y yielders
+	var free atomic.Bool
+	q := admission.NewQueue(admission.QueueConfig[*exchange]{Dispatch: func(*exchange) error {
+		if free.Load() {
+			return nil
+		}
+		return admission.ErrNoCapacity
+	}})
+	t.Cleanup(q.Close)
+	rec := &modelRec{yield: &y, queue: q}
+	stream := &exchange{wd: &watchdog{}, routed: routed{cur: &attempt{}, class: admission.Sheddable, rec: rec}}
+	y.add(stream)
+	critical := &exchange{routed: routed{class: admission.Critical, rec: rec}}
+	deadline := time.Now().Add(10 * time.Second)
+
+	free.Store(true)
+	if err := critical.waitForSeat(t.Context(), deadline); err != nil {
+		t.Fatal(err)
+	}
+	if st := y.status(); stream.yieldAsked || st.Asked != 0 || st.CriticalWaiting != 0 {
+		t.Fatalf("a critical request dispatched at once: stream asked %v, %+v; want nobody asked", stream.yieldAsked, st)
+	}
+
+	free.Store(false)
+	done := make(chan error, 1)
+	go func() { done <- critical.waitForSeat(t.Context(), deadline) }()
+	waitFor(t, 5*time.Second, func() bool { st := y.status(); return st.Asked == 1 && st.CriticalWaiting == 1 })
+	free.Store(true)
+	q.Signal()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if st := y.status(); st.CriticalWaiting != 0 || st.Streams != 0 {
+		t.Errorf("after the critical request was dispatched: %+v, want none waiting and the stream gone", st)
 	}
 }
 
