@@ -217,11 +217,11 @@ type Model struct {
 	// Preempt lets a critical request that finds no free engine seat take one from a running stream of a lower
 	// class: the stream's engine request ends, and the stream waits in the gateway (its client gets keep-alive
 	// comments) and resumes where it stopped, as a continuation of its answer so far on a backend whose engine
-	// continues one (engines.*.continue), with the same id and usage as one answer (docs/design.md, "Yielding
-	// seats"). Only streamed chat and completions answers of one choice yield, each at most twice. A critical
-	// request then waits for no completion, so the seats kept free for critical requests need not be idle when a
-	// burst of them comes. off (the default); sheddable: sheddable streams yield, and may hold the seats kept for
-	// critical requests meanwhile; standard: standard streams yield too, when no sheddable one can.
+	// continues one (engines.*.continue), with the same id and usage as one answer. Only streamed chat and
+	// completions answers of one choice yield, each at most twice. A critical request then waits for no
+	// completion, so the seats kept free for critical requests need not be idle when a burst of them comes. off
+	// (the default); sheddable: sheddable streams yield; standard: standard streams yield too, when no sheddable
+	// one can. See docs/design.md, "Yielding seats".
 	Preempt string `yaml:"preempt"`
 	// DegradeTo names another model (a smaller or quantized variant) that serves this model's standard and
 	// sheddable requests when its backends are saturated (brownout), before any of them is shed; critical
