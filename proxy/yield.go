@@ -115,8 +115,8 @@ func (ex *exchange) mayYield() bool {
 }
 
 // add registers ex, whose current attempt is its stream's, as one that may yield. A critical request that
-// waits for a seat that no yield under way covers asks it at once: a stream admitted on a seat of the reserve
-// (admission.SeatReserve.Admits) before a critical request came is registered only at its first token.
+// waits for a seat that no yield under way covers asks it at once: a stream admitted before that request came
+// registers only at its first token.
 func (y *yielders) add(ex *exchange) {
 	y.mu.Lock()
 	ex.registered, ex.yieldAsked = true, false
@@ -226,9 +226,8 @@ func (ex *exchange) waitForSeat(ctx context.Context, deadline time.Time) error {
 
 // resumeYielded goes on with a stream whose attempt yielded its seat (errYield): it ends that attempt (its seat
 // goes to the critical request that asked), waits in the model's queue for a seat under its own class's rules
-// (sheddable: behind critical and standard requests, and only past twice the seats kept for critical ones or
-// on a seat of the reserve, admission.SeatReserve.Admits; standard: behind critical requests, past the seats
-// kept for them), ahead of the requests of its class that have not started (admission.Queue.WaitAhead), for at
+// (sheddable: behind critical and standard requests, and only past twice the seats kept for critical ones;
+// standard: behind critical requests, past the seats kept for them), ahead of the requests of its class that have not started (admission.Queue.WaitAhead), for at
 // most the backend's idle timeout, and sends the request again as a continuation of the answer so far. Resumed
 // by a standard request's rules, a sheddable stream would take a seat that a standard request arriving after it
 // needs: the critical request's seat would come out of the standard class's share. The new attempt's events then

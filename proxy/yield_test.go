@@ -169,6 +169,13 @@ func TestSheddableStreamYieldsItsSeat(t *testing.T) {
 			gw := yieldGateway(t, tc.preempt, &logs, nil)
 
 			wait := classStreams(t, gw, tc.class, tc.path, tc.body)
+			st := NewAdmin(gw.s, gw.reg).Models()[0].Yields // /debug/models
+			switch want := map[bool]int{true: yieldSeats, false: 0}[tc.yields]; {
+			case tc.preempt == "" && st != nil:
+				t.Errorf("/debug/models shows yields %+v without preempt", st)
+			case tc.preempt != "" && (st == nil || st.Streams != want || st.Asked != 0 || st.CriticalWaiting != 0):
+				t.Errorf("/debug/models yields %+v before the critical request, want %d streams", st, want)
+			}
 			critical := streamPost(t, gw.url, "/v1/chat/completions", seatStreamBody(3), criticalHeader)
 			streams := wait()
 
