@@ -118,10 +118,16 @@ func newWaiters(t *testing.T, q *Queue[*job], clk Clock) *waiters {
 }
 
 func (w *waiters) start(ctx context.Context, id int, c Class, timeout time.Duration) *job {
+	return w.startWith(ctx, id, c, timeout, w.q.Wait)
+}
+
+// startWith is start with another of the queue's waits (WaitAhead, or WaitCalling with its callback bound).
+func (w *waiters) startWith(ctx context.Context, id int, c Class, timeout time.Duration,
+	wait func(context.Context, *job, Class, time.Time) error) *job {
 	j := &job{id: id, class: c}
 	dl := w.clk.Now().Add(timeout)
 	w.n++
-	go func() { w.out <- answer{j, w.q.Wait(ctx, j, c, dl)} }()
+	go func() { w.out <- answer{j, wait(ctx, j, c, dl)} }()
 	synctest.Wait()
 	return j
 }
@@ -193,13 +199,7 @@ func TestQueueWaitAhead(t *testing.T) {
 		q := newQueue(QueueConfig[*job]{Dispatch: f.dispatch, Clock: clk})
 		w := newWaiters(t, q, clk)
 		ctx := context.Background()
-		ahead := func(id int, c Class, timeout time.Duration) {
-			j := &job{id: id, class: c}
-			dl := clk.Now().Add(timeout)
-			w.n++
-			go func() { w.out <- answer{j, q.WaitAhead(ctx, j, c, dl)} }()
-			synctest.Wait()
-		}
+		ahead := func(id int, c Class, timeout time.Duration) { w.startWith(ctx, id, c, timeout, q.WaitAhead) }
 		w.start(ctx, 1, Standard, time.Second)
 		ahead(2, Standard, 30*time.Second)
 		w.start(ctx, 3, Critical, 10*time.Second)
@@ -237,13 +237,9 @@ func TestQueueWaitCalling(t *testing.T) {
 		f.add("a", 1)
 		var queued []int
 		critical := func(id int) {
-			j := &job{id: id, class: Critical}
-			dl := clk.Now().Add(10 * time.Second)
-			w.n++
-			go func() {
-				w.out <- answer{j, q.WaitCalling(ctx, j, Critical, dl, func() { queued = append(queued, id) })}
-			}()
-			synctest.Wait()
+			w.startWith(ctx, id, Critical, 10*time.Second, func(ctx context.Context, j *job, c Class, dl time.Time) error {
+				return q.WaitCalling(ctx, j, c, dl, func() { queued = append(queued, id) })
+			})
 		}
 		critical(2) // a standard request waits, but behind it: dispatched at once
 		if got := w.answers(1); got[2] != nil || len(queued) != 0 {
