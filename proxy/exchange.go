@@ -176,6 +176,7 @@ type routed struct {
 	key      *admission.Key
 	class    admission.Class
 	guard    bool // the model has critical demand to keep engine seats for (set by each pick)
+	reserved bool // the last pick passed the seat reserve's count (chooseFrom): take counts again once claimed
 	quota    admission.Quota
 	limited  bool // quota holds a reservation to settle
 	quoted   bool // quota holds the x-ratelimit-* headers to send
@@ -428,10 +429,10 @@ func dispatchQueued(ex *exchange) (err error) {
 }
 
 // choose filters the model's targets (not tried yet, concurrency cap not full, not ejected, and for standard and
-// sheddable requests not down to the engine seats kept for critical ones; a backend whose breaker is open is
-// unhealthy, which strategies skip) and asks the model's strategy to pick one. chooseFrom is the one place that
-// filters backends by capacity; the permit (take) then claims what the filter saw. It returns errNoCapacity when healthy backends exist but none can take more
-// now, routing.ErrNoBackend when none is healthy.
+// sheddable requests not down to the engine seats kept for critical ones; a backend whose breaker is open is unhealthy,
+// which strategies skip) and asks the model's strategy to pick one. chooseFrom is the one place that filters backends
+// by capacity; the permit (take) then claims what the filter saw, and counts the reserve again once claimed. It returns
+// errNoCapacity when healthy backends exist but none can take more now, routing.ErrNoBackend when none is healthy.
 func (ex *exchange) choose() (routing.Target, error) {
 	return ex.chooseFrom(true)
 }
@@ -446,6 +447,7 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 	rec := ex.rec
 	reserve := rec.reserve
 	ex.guard = ex.class == admission.Critical || reserve.Active()
+	ex.reserved = false
 	if respectCaps {
 		free, seats, counted = rec.fleetSeats()
 	}
@@ -478,7 +480,8 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 		}
 		ex.cands = append(ex.cands, t)
 	}
-	if seats > 0 && ex.guard && !reserve.Admits(ex.class, free, seats) {
+	gated := seats > 0 && ex.guard && ex.class != admission.Critical
+	if gated && !reserve.Admits(ex.class, free, seats) {
 		// The fleet's free seats are down to those kept for critical requests (admission.SeatReserve.Admits):
 		// standard and sheddable ones wait for a seat beyond them. Backends whose batch size is not known are
 		// gated by their caps alone. A probe of seats the engine has not proved (admission.Cap.Probe) is not
@@ -503,6 +506,8 @@ func (ex *exchange) chooseFrom(respectCaps bool) (routing.Target, error) {
 		}
 		ex.cands = ex.cands[:n]
 		probing = true
+	} else if gated {
+		ex.reserved = true
 	}
 	t, err := ex.model.Strategy.Pick(&ex.rreq, ex.cands)
 	if err != nil && full {
@@ -543,6 +548,18 @@ func (ex *exchange) take(a *attempt, t routing.Target, force bool) error {
 	default:
 		ex.tried = append(ex.tried, b) // open, half-open with its probes taken, or ejected
 		return errNoCapacity
+	}
+	if ex.reserved && !force {
+		// The reserve admitted the pick on the free seats it counted then; requests picked at the same moment
+		// counted the same seats, and each cap's claim bounds its own backend, not the fleet's reserve. Counted
+		// again with this claim's seat taken (and any other's claimed meanwhile), the fleet must still keep its
+		// reserve, or the claim is given back and the request waits in the queue, which dispatches one request
+		// at a time. Without it, three standard requests sent at once to a fleet of two seats took both, and a
+		// critical request arriving next waited for a standard one to finish (TestReserveHoldsUnderConcurrentPicks).
+		if free, seats, _ := ex.rec.fleetSeats(); seats > 0 && !ex.rec.reserve.Admits(ex.class, free+1, seats) {
+			a.permit.Cancel()
+			return errNoCapacity
+		}
 	}
 	a.target, a.name, a.end = t, b.Name(), e
 	// Its prefill counts as queued on b from now (prefill pacing), not only from its dispatch: the next request

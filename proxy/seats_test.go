@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -124,6 +125,54 @@ func TestCriticalFindsAFreeSeat(t *testing.T) {
 	wg.Wait()
 	if order := answers.order; order[0] != "critical" {
 		t.Errorf("answers came in the order %v; the critical request must not wait for a standard one to finish", order)
+	}
+}
+
+// TestReserveHoldsUnderConcurrentPicks checks that the seats kept for critical requests hold when standard
+// requests arrive at the same moment: each pick counts the fleet's free seats before its claim, so requests
+// picked together all counted the same free seats, and the caps bound each backend, not the fleet's reserve.
+// Through the real gateway, to an engine of two seats that the policy states, with critical demand known (one
+// seat kept): of standard requests sent at once, one runs at a time. Without the count after the claim
+// (exchange.take), two ran at once in some tries, and in CI a critical request arriving next waited for a
+// standard one to finish (TestCriticalFindsAFreeSeat).
+func TestReserveHoldsUnderConcurrentPicks(t *testing.T) {
+	t.Parallel()
+	gw := statedSeatGateway(t, 2)
+	if a := post(t, gw.url, seatBody(2), criticalHeader); a.code != 200 { // critical demand, known for a minute
+		t.Fatalf("critical request: %d %s", a.code, a.body)
+	}
+	c := gw.s.caps.Get("b0")
+	for try := range 5 {
+		var peak atomic.Int64
+		stop := make(chan struct{})
+		var watch sync.WaitGroup
+		watch.Go(func() {
+			for {
+				peak.Store(max(peak.Load(), int64(c.Inflight())))
+				select {
+				case <-stop:
+					return
+				case <-time.After(time.Millisecond):
+				}
+			}
+		})
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for range 6 {
+			wg.Go(func() {
+				<-start
+				if a := post(t, gw.url, seatBody(10), nil); a.code != 200 {
+					t.Errorf("standard request: %d %s", a.code, a.body)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		close(stop)
+		watch.Wait()
+		if p := peak.Load(); p != 1 {
+			t.Fatalf("try %d: %d standard requests in flight at once on two seats with one kept, want 1", try, p)
+		}
 	}
 }
 
