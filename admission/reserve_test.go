@@ -99,6 +99,43 @@ func TestSeatReserveForecast(t *testing.T) {
 	}
 }
 
+// TestSeatReserveOverrun: critical demand overruns the fleet once its forecast reaches the completions, which
+// a spike of five times the capacity at a 20% critical share does and one of twice it does not; nothing is
+// overrun without critical traffic or before any completion.
+func TestSeatReserveOverrun(t *testing.T) {
+	clk := newFakeClock()
+	r := NewSeatReserve(clk)
+	r.Arrive(Critical)
+	if r.Overrun(0) {
+		t.Error("overrun before any completion was counted")
+	}
+	for _, tc := range []struct {
+		crit, done int
+		want       bool
+	}{
+		{0, 20, false},
+		{8, 20, false},  // a 2x spike: critical requests are 40% of the completions
+		{16, 20, false}, // 80%, 18.3/s raised by one standard error of the short window's count (sqrt(48)/3)
+		{18, 20, true},  // 90%: 20.4/s so raised
+		{20, 20, true},  // a 5x spike: critical requests alone are the fleet's capacity
+	} {
+		clk := newFakeClock()
+		r := NewSeatReserve(clk)
+		play(r, clk, 60, 0, 20, tc.done) // a minute without critical traffic at the fleet's completion rate
+		play(r, clk, 2, tc.crit, 20, tc.done)
+		for range tc.crit { // the third second of the spike, under way: the short window holds three
+			r.Arrive(Critical)
+		}
+		for range tc.done {
+			r.Done()
+		}
+		if got := r.Overrun(0); got != tc.want {
+			t.Errorf("%d critical per %d completions a second: overrun %v, want %v (forecast %.1f/s, completions "+
+				"%.1f/s)", tc.crit, tc.done, got, tc.want, r.Forecast(), r.Completions(0))
+		}
+	}
+}
+
 // TestSeatReserveAdmits: as the fleet's free seats fall towards the reserve, sheddable requests stop first
 // (at twice the reserve), then standard ones (at the reserve); critical ones take any seat.
 func TestSeatReserveAdmits(t *testing.T) {

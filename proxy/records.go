@@ -61,6 +61,18 @@ func (r *modelRec) fleetSeats() (free, seats, counted int) {
 	return free, seats, counted
 }
 
+// overrun reports whether critical demand alone fills the seats of r's fleet (admission.SeatReserve.Overrun,
+// over the seats fleetSeats counts): a standard stream then keeps its seat rather than yield it to a critical
+// request (yielders.ask), since it would wait to resume behind critical requests for as long as they outnumber
+// the completions.
+func (r *modelRec) overrun() bool {
+	if r == nil || r.reserve == nil {
+		return false
+	}
+	_, seats, _ := r.fleetSeats()
+	return r.reserve.Overrun(seats)
+}
+
 // resolved is a snapshot with its records.
 type resolved struct {
 	snap   *Snapshot

@@ -121,7 +121,7 @@ func (y *yielders) add(ex *exchange) {
 	y.mu.Lock()
 	ex.registered, ex.yieldAsked = true, false
 	y.live = append(y.live, ex)
-	y.ask()
+	y.ask(ex.rec)
 	y.mu.Unlock()
 }
 
@@ -132,20 +132,21 @@ func (y *yielders) freed() {
 	y.mu.Unlock()
 }
 
-// enter counts a critical request that is about to wait for a seat, and asks a registered stream to yield its
-// seat unless the yields under way already cover every critical request waiting: of those that yielded least,
-// the most recent (its answer so far, which the continuation prefills again, is the shortest), so that a stream
-// resumed after a yield is not the first asked again. leave is called when it stops waiting.
-func (y *yielders) enter() {
+// enter counts a critical request of rec's model that is about to wait for a seat, and asks a registered stream
+// to yield its seat unless the yields under way already cover every critical request waiting: of those that
+// yielded least, the most recent (its answer so far, which the continuation prefills again, is the shortest), so
+// that a stream resumed after a yield is not the first asked again. leave is called when it stops waiting.
+func (y *yielders) enter(rec *modelRec) {
 	y.mu.Lock()
 	y.want++
-	y.ask()
+	y.ask(rec)
 	y.mu.Unlock()
 }
 
 // ask asks a registered stream to yield its seat, under mu, unless the yields under way already cover every
-// critical request waiting (enter).
-func (y *yielders) ask() {
+// critical request waiting (enter). A standard stream is asked only while critical demand does not overrun rec's
+// fleet (modelRec.overrun); a sheddable one whenever.
+func (y *yielders) ask(rec *modelRec) {
 	if y.owed >= y.want || len(y.live) == 0 {
 		return
 	}
@@ -157,6 +158,9 @@ func (y *yielders) ask() {
 		}
 	}
 	v := y.live[i]
+	if v.class == admission.Standard && rec.overrun() {
+		return
+	}
 	y.drop(i)
 	v.registered, v.yieldAsked = false, true
 	y.owed++
@@ -216,7 +220,7 @@ func (ex *exchange) waitForSeat(ctx context.Context, deadline time.Time) error {
 	entered := false
 	err := ex.rec.queue.WaitCalling(ctx, ex, ex.class, deadline, func() {
 		entered = true
-		y.enter()
+		y.enter(ex.rec)
 	})
 	if entered {
 		y.leave()

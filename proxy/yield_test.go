@@ -278,7 +278,7 @@ func TestYieldersAskTheLeastYielded(t *testing.T) {
 		return out
 	}
 	for step, want := range [][]int{{2}, {2, 3}, {0, 2, 3}, {0, 1, 2, 3}, {0, 1, 2, 3}} {
-		y.enter()
+		y.enter(rec)
 		if got := asked(); fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Fatalf("after %d critical requests waited, streams asked %v, want %v", step+1, got, want)
 		}
@@ -293,7 +293,7 @@ func TestYieldersAskTheLeastYielded(t *testing.T) {
 	}
 	y.freed() // a seat is free, and its critical request took it
 	y.leave()
-	y.enter() // another critical request waits: yields fall short of the waiting, but no stream is left to ask
+	y.enter(rec) // another critical request waits: yields fall short of the waiting, but no stream is left to ask
 	if y.owed != 3 || y.want != 5 {
 		t.Errorf("owed %d, want %d; want 3, 5", y.owed, y.want)
 	}
@@ -316,6 +316,59 @@ func TestYieldersAskTheLeastYielded(t *testing.T) {
 	}
 	if idle.unregister(); len(y.live) != 0 {
 		t.Errorf("live %d after the stream ended, want 0", len(y.live))
+	}
+}
+
+// TestStandardStreamsKeepSeatsWhenCriticalDemandOverruns: while critical requests alone arrive at least as fast as
+// the fleet completes (admission.SeatReserve.Overrun), a critical request waiting for a seat asks sheddable
+// streams only: a standard one would wait to resume behind critical requests for as long as the overrun lasts.
+// Once the demand falls back, standard streams are asked again.
+func TestStandardStreamsKeepSeatsWhenCriticalDemandOverruns(t *testing.T) {
+	clk := newFakeClock()
+	var y yielders
+	rec := &modelRec{yield: &y, reserve: admission.NewSeatReserve(clk)}
+	second := func(crit, done int) { // one second of the model's traffic
+		for range crit {
+			rec.reserve.Arrive(admission.Critical)
+		}
+		for range done {
+			rec.reserve.Done()
+		}
+		clk.Advance(time.Second)
+	}
+	for range 60 {
+		second(2, 20) // critical requests a tenth of the completions
+	}
+	stream := func(c admission.Class) *exchange {
+		return &exchange{wd: &watchdog{}, routed: routed{cur: &attempt{}, class: c, rec: rec}}
+	}
+	std, shed := stream(admission.Standard), stream(admission.Sheddable)
+	for range 3 {
+		second(30, 20) // a spike whose critical requests alone outnumber the completions
+	}
+	if !rec.overrun() {
+		t.Fatalf("not overrun at 30 critical requests per 20 completions (forecast %.1f/s, completions %.1f/s)",
+			rec.reserve.Forecast(), rec.reserve.Completions(0))
+	}
+	y.add(std)
+	y.enter(rec)
+	if std.yieldAsked || y.owed != 0 {
+		t.Fatalf("overrun: a standard stream was asked to yield (owed %d)", y.owed)
+	}
+	y.add(shed) // a sheddable stream that registers meanwhile is asked at once
+	if !shed.yieldAsked || std.yieldAsked || y.owed != 1 {
+		t.Fatalf("overrun: sheddable asked %v, standard asked %v, owed %d; want true, false, 1", shed.yieldAsked,
+			std.yieldAsked, y.owed)
+	}
+	for range 61 {
+		second(2, 20) // the spike is over, and a minute has passed
+	}
+	if rec.overrun() {
+		t.Fatal("still overrun a minute after the spike")
+	}
+	y.enter(rec) // a second critical request waits
+	if !std.yieldAsked || y.owed != 2 {
+		t.Errorf("after the overrun: standard asked %v, owed %d; want true, 2", std.yieldAsked, y.owed)
 	}
 }
 
