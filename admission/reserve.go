@@ -244,22 +244,32 @@ func (r *SeatReserve) Seats(limit, seats int) int {
 	return min(max(n, 1), limit)
 }
 
-// Overrun reports whether critical demand alone fills a fleet of seats seats: the forecast of critical arrivals
-// (Forecast) at least the full fleet's completions (Completions), when Seats gives critical requests the whole
-// allowance. No reserve then keeps their wait short: a critical request waits for a completion whatever the other
-// classes do, since critical requests alone take every seat that frees. A standard stream asked to give its seat to
-// one (models[].preempt: standard) would then wait behind critical requests for as long as they outnumber the
-// completions, and its engine would prefill its answer so far again: at five times a 64-seat engine's capacity,
-// 12-18 standard streams yielded per 10 s spike and the fleet's output fell to 0.87 of a run without shedding,
-// while the critical p99 stayed 8-12x the unloaded one (docs/design.md, "Yielding seats").
-// Without a completion counted yet it reports false: nothing is known to be overrun.
-func (r *SeatReserve) Overrun(seats int) bool {
-	crit := r.Forecast()
-	if crit == 0 {
-		return false
-	}
+// ResumeWait returns how long a stream that gives its seat to a critical request now may expect to wait for a
+// seat again, in a fleet of seats seats where need seats are still wanted by critical requests (those waiting
+// less the yields under way, the asker's included): need completions of the full fleet (Completions), of which
+// critical arrivals take the share rho the reserve is sized for (Status: the forecast, or the critical share of
+// a surge, over the completions), so need / (completions x (1 - rho)). With rho at 1 or more critical requests
+// take every seat that frees and it returns the longest duration. ok is false while no completion is known.
+//
+// A standard stream yields its seat only if it may expect it back within its model's objective for a first
+// token (proxy/yield.go; docs/design.md, "Yielding seats"). The rho of a surge sees a spike within its first half
+// second: at five times the capacity of one engine of 64 seats, 12-17 standard streams yielded per spike as it
+// began, when critical demand alone was about the completions, and waited 6-9 s to resume; a rule on the forecast
+// alone, whose short window takes seconds to hold a spike, stopped none of them.
+func (r *SeatReserve) ResumeWait(need, seats int) (wait time.Duration, ok bool) {
 	done := r.Completions(seats)
-	return done > 0 && crit >= done
+	if done <= 0 {
+		return 0, false
+	}
+	rho := rhoOf(r.Forecast(), done, r.Share(), r.Surge())
+	if rho >= 1 {
+		return time.Duration(math.MaxInt64), true
+	}
+	s := float64(max(need, 1)) / (done * (1 - rho))
+	if s >= (time.Duration(math.MaxInt64) / time.Second).Seconds() {
+		return time.Duration(math.MaxInt64), true
+	}
+	return time.Duration(s * float64(time.Second)), true
 }
 
 // rhoOf returns the ratio a reserve is sized for: critical arrivals over completions, or the critical share of

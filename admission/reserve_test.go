@@ -99,40 +99,41 @@ func TestSeatReserveForecast(t *testing.T) {
 	}
 }
 
-// TestSeatReserveOverrun: critical demand overruns the fleet once its forecast reaches the completions, which
-// a spike of five times the capacity at a 20% critical share does and one of twice it does not; nothing is
-// overrun without critical traffic or before any completion.
-func TestSeatReserveOverrun(t *testing.T) {
+// TestSeatReserveResumeWait: a stream that yields its seat expects it back after the completions the critical
+// requests still waiting need, at the rate of completions that critical arrivals leave (1 - rho of them); a spike
+// whose first half second of arrivals brings critical demand beyond the completions leaves none. Nothing is
+// known before a completion is.
+func TestSeatReserveResumeWait(t *testing.T) {
 	clk := newFakeClock()
 	r := NewSeatReserve(clk)
 	r.Arrive(Critical)
-	if r.Overrun(0) {
-		t.Error("overrun before any completion was counted")
+	if _, ok := r.ResumeWait(1, 0); ok {
+		t.Error("a resume wait before any completion was counted")
 	}
-	for _, tc := range []struct {
-		crit, done int
-		want       bool
-	}{
-		{0, 20, false},
-		{8, 20, false},  // a 2x spike: critical requests are 40% of the completions
-		{16, 20, false}, // 80%, 18.3/s raised by one standard error of the short window's count (sqrt(48)/3)
-		{18, 20, true},  // 90%: 20.4/s so raised
-		{20, 20, true},  // a 5x spike: critical requests alone are the fleet's capacity
-	} {
-		clk := newFakeClock()
-		r := NewSeatReserve(clk)
-		play(r, clk, 60, 0, 20, tc.done) // a minute without critical traffic at the fleet's completion rate
-		play(r, clk, 2, tc.crit, 20, tc.done)
-		for range tc.crit { // the third second of the spike, under way: the short window holds three
-			r.Arrive(Critical)
+	clk = newFakeClock()
+	r = NewSeatReserve(clk)
+	play(r, clk, 60, 2, 4, 20) // critical requests a fifth of the arrivals and a tenth of the completions
+	st := r.Status(0, 0)
+	w1, ok := r.ResumeWait(1, 0)
+	want := time.Duration(float64(time.Second) / (st.CompletionsPerSecond * (1 - st.Rho)))
+	if !ok || st.Rho < 0.19 || st.Rho > 0.21 || w1 != want {
+		t.Errorf("steady: wait %v (ok %v) at rho %.3f and %.1f completions/s, want %v at rho 0.2 (the share)", w1, ok,
+			st.Rho, st.CompletionsPerSecond, want)
+	}
+	if w4, _ := r.ResumeWait(4, 0); w4 < 4*w1-time.Microsecond || w4 > 4*w1+time.Microsecond {
+		t.Errorf("four seats wanted: wait %v, want four times %v", w4, w1)
+	}
+	// A spike's first arrivals, within a tenth of a second: 250 of every class, 50 of them critical.
+	for range 50 {
+		r.Arrive(Critical)
+		for range 2 {
+			r.Arrive(Standard)
+			r.Arrive(Sheddable)
 		}
-		for range tc.done {
-			r.Done()
-		}
-		if got := r.Overrun(0); got != tc.want {
-			t.Errorf("%d critical per %d completions a second: overrun %v, want %v (forecast %.1f/s, completions "+
-				"%.1f/s)", tc.crit, tc.done, got, tc.want, r.Forecast(), r.Completions(0))
-		}
+	}
+	if w, ok := r.ResumeWait(1, 0); !ok || w != time.Duration(math.MaxInt64) {
+		t.Errorf("spike: wait %v (ok %v, rho %.2f), want the longest: critical requests take every seat that frees",
+			w, ok, r.Status(0, 0).Rho)
 	}
 }
 

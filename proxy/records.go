@@ -1,6 +1,9 @@
 package proxy
 
 import (
+	"math"
+	"time"
+
 	"github.com/switchyard/switchyard/admission"
 	"github.com/switchyard/switchyard/routing"
 )
@@ -61,16 +64,24 @@ func (r *modelRec) fleetSeats() (free, seats, counted int) {
 	return free, seats, counted
 }
 
-// overrun reports whether critical demand alone fills the seats of r's fleet (admission.SeatReserve.Overrun,
-// over the seats fleetSeats counts): a standard stream then keeps its seat rather than yield it to a critical
-// request (yielders.ask), since it would wait to resume behind critical requests for as long as they outnumber
-// the completions.
-func (r *modelRec) overrun() bool {
+// standardMayYield reports whether a standard stream of r's model may give its seat to a critical request now,
+// need seats being wanted by critical requests (those waiting less the yields under way, the asker's included): if
+// it may expect a seat back (admission.SeatReserve.ResumeWait, over the seats fleetSeats counts) within the model's
+// objective for a first token, the pause its class is promised at most; without an objective, while critical
+// demand leaves any completions to it. While no completion is known, it may.
+func (r *modelRec) standardMayYield(need int) bool {
 	if r == nil || r.reserve == nil {
-		return false
+		return true
 	}
 	_, seats, _ := r.fleetSeats()
-	return r.reserve.Overrun(seats)
+	wait, ok := r.reserve.ResumeWait(need, seats)
+	switch {
+	case !ok:
+		return true
+	case r.m != nil && r.m.SLO.TTFT > 0:
+		return wait <= r.m.SLO.TTFT
+	}
+	return wait < time.Duration(math.MaxInt64)
 }
 
 // resolved is a snapshot with its records.

@@ -319,56 +319,77 @@ func TestYieldersAskTheLeastYielded(t *testing.T) {
 	}
 }
 
-// TestStandardStreamsKeepSeatsWhenCriticalDemandOverruns: while critical requests alone arrive at least as fast as
-// the fleet completes (admission.SeatReserve.Overrun), a critical request waiting for a seat asks sheddable
-// streams only: a standard one would wait to resume behind critical requests for as long as the overrun lasts.
-// Once the demand falls back, standard streams are asked again.
-func TestStandardStreamsKeepSeatsWhenCriticalDemandOverruns(t *testing.T) {
+// TestStandardStreamYieldsOnlyIfItMayResumeInTime: a critical request waiting for a seat asks a standard stream
+// only if that stream may expect a seat back within its model's TTFT objective (admission.SeatReserve.ResumeWait):
+// not at a spike's start whose critical arrivals alone outrun the completions (a sheddable stream is asked
+// instead), nor while so many critical requests wait that the completions left to others come too late; once the
+// demand falls back, it is asked.
+func TestStandardStreamYieldsOnlyIfItMayResumeInTime(t *testing.T) {
 	clk := newFakeClock()
 	var y yielders
-	rec := &modelRec{yield: &y, reserve: admission.NewSeatReserve(clk)}
-	second := func(crit, done int) { // one second of the model's traffic
+	rec := &modelRec{yield: &y, reserve: admission.NewSeatReserve(clk), m: &Model{SLO: SLO{TTFT: time.Second}}}
+	arrive := func(crit, other int) {
 		for range crit {
 			rec.reserve.Arrive(admission.Critical)
 		}
+		for range other {
+			rec.reserve.Arrive(admission.Standard)
+		}
+	}
+	second := func(crit, other, done int) { // one second of the model's traffic
+		arrive(crit, other)
 		for range done {
 			rec.reserve.Done()
 		}
 		clk.Advance(time.Second)
 	}
 	for range 60 {
-		second(2, 20) // critical requests a tenth of the completions
+		second(2, 8, 20) // critical requests a fifth of the arrivals, a tenth of the completions: rho 0.2
 	}
 	stream := func(c admission.Class) *exchange {
 		return &exchange{wd: &watchdog{}, routed: routed{cur: &attempt{}, class: c, rec: rec}}
 	}
 	std, shed := stream(admission.Standard), stream(admission.Sheddable)
-	for range 3 {
-		second(30, 20) // a spike whose critical requests alone outnumber the completions
-	}
-	if !rec.overrun() {
-		t.Fatalf("not overrun at 30 critical requests per 20 completions (forecast %.1f/s, completions %.1f/s)",
-			rec.reserve.Forecast(), rec.reserve.Completions(0))
-	}
+	arrive(50, 200) // a spike's first tenth of a second: every class at many times the completions
 	y.add(std)
 	y.enter(rec)
 	if std.yieldAsked || y.owed != 0 {
-		t.Fatalf("overrun: a standard stream was asked to yield (owed %d)", y.owed)
+		t.Fatalf("spike: a standard stream was asked to yield (owed %d, rho %.2f)", y.owed, rec.reserve.Status(0, 0).Rho)
 	}
 	y.add(shed) // a sheddable stream that registers meanwhile is asked at once
 	if !shed.yieldAsked || std.yieldAsked || y.owed != 1 {
-		t.Fatalf("overrun: sheddable asked %v, standard asked %v, owed %d; want true, false, 1", shed.yieldAsked,
+		t.Fatalf("spike: sheddable asked %v, standard asked %v, owed %d; want true, false, 1", shed.yieldAsked,
 			std.yieldAsked, y.owed)
 	}
+	y.freed()
+	y.leave()
 	for range 61 {
-		second(2, 20) // the spike is over, and a minute has passed
+		second(2, 8, 20) // the spike is over, and a minute has passed
 	}
-	if rec.overrun() {
-		t.Fatal("still overrun a minute after the spike")
+	// Twenty critical requests wait when the stream registers: it would wait for twenty completions at the 16 a
+	// second left to it.
+	std.unregister()
+	for range 20 {
+		y.enter(rec)
 	}
-	y.enter(rec) // a second critical request waits
-	if !std.yieldAsked || y.owed != 2 {
-		t.Errorf("after the overrun: standard asked %v, owed %d; want true, 2", std.yieldAsked, y.owed)
+	y.add(std)
+	if std.yieldAsked {
+		t.Fatalf("twenty critical requests waiting: a standard stream was asked, though its seat would come back "+
+			"after %v", func() time.Duration { w, _ := rec.reserve.ResumeWait(20, 0); return w }())
+	}
+	for range 19 {
+		y.leave()
+	}
+	y.add(stream(admission.Sheddable)) // one of them takes a sheddable stream's seat
+	if y.owed != 1 || y.want != 1 {
+		t.Fatalf("owed %d, want %d; want 1, 1", y.owed, y.want)
+	}
+	y.freed()
+	y.leave()
+	y.enter(rec) // one critical request waits: the stream may expect its seat back in about 60 ms
+	if !std.yieldAsked || y.owed != 1 {
+		t.Errorf("one critical request waiting after the spike: standard asked %v, owed %d; want true, 1",
+			std.yieldAsked, y.owed)
 	}
 }
 
