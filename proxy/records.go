@@ -33,6 +33,9 @@ type modelRec struct {
 	fleet   admission.Fleet // reserve, queue and calibration, as a Permit reports to them
 	degrade *modelRec       // m.DegradeTo's record; nil when it has none
 	yield   *yielders       // the streams that may yield their seat (m.Preempt); nil without preempt
+	// resumeBy is the standard class's objective for a first token (m.SLO.TTFT times its slo_factor), the longest
+	// a standard stream that yields may expect to wait for its seat back (standardMayYield); 0: none.
+	resumeBy time.Duration
 }
 
 // endpointOf returns the record of b, the backend of one of r's targets, or nil for another backend (a linear
@@ -66,9 +69,9 @@ func (r *modelRec) fleetSeats() (free, seats, counted int) {
 
 // standardMayYield reports whether a standard stream of r's model may give its seat to a critical request now,
 // need seats being wanted by critical requests (those waiting less the yields under way, the asker's included): if
-// it may expect a seat back (admission.SeatReserve.ResumeWait, over the seats fleetSeats counts) within the model's
-// objective for a first token, the pause its class is promised at most; without an objective, while critical
-// demand leaves any completions to it. While no completion is known, it may.
+// it may expect a seat back (admission.SeatReserve.ResumeWait, over the seats fleetSeats counts) within its class's
+// objective for a first token (resumeBy), the pause its class is promised at most; without an objective, while
+// critical demand leaves any completions to it. While no completion is known, it may.
 func (r *modelRec) standardMayYield(need int) bool {
 	if r == nil || r.reserve == nil {
 		return true
@@ -78,8 +81,8 @@ func (r *modelRec) standardMayYield(need int) bool {
 	switch {
 	case !ok:
 		return true
-	case r.m != nil && r.m.SLO.TTFT > 0:
-		return wait <= r.m.SLO.TTFT
+	case r.resumeBy > 0:
+		return wait <= r.resumeBy
 	}
 	return wait < time.Duration(math.MaxInt64)
 }
@@ -114,6 +117,10 @@ func (s *Server) resolve(snap *Snapshot) *resolved {
 		r.fleet = admission.Fleet{Reserve: r.reserve, Queue: r.queue, Calibration: s.calibrationFor(m.Name)}
 		if m.Preempt {
 			r.yield = s.yieldersFor(m.Name)
+			r.resumeBy = m.SLO.TTFT
+			if snap.Shedder != nil {
+				r.resumeBy = snap.Shedder.Objective(admission.Standard, m.SLO.TTFT)
+			}
 		}
 		for i, t := range m.Targets {
 			r.ends[i] = endOf(t.Backend)

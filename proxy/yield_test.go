@@ -320,14 +320,14 @@ func TestYieldersAskTheLeastYielded(t *testing.T) {
 }
 
 // TestStandardStreamYieldsOnlyIfItMayResumeInTime: a critical request waiting for a seat asks a standard stream
-// only if that stream may expect a seat back within its model's TTFT objective (admission.SeatReserve.ResumeWait):
+// only if that stream may expect a seat back within its class's TTFT objective (admission.SeatReserve.ResumeWait):
 // not at a spike's start whose critical arrivals alone outrun the completions (a sheddable stream is asked
 // instead), nor while so many critical requests wait that the completions left to others come too late; once the
 // demand falls back, it is asked.
 func TestStandardStreamYieldsOnlyIfItMayResumeInTime(t *testing.T) {
 	clk := newFakeClock()
 	var y yielders
-	rec := &modelRec{yield: &y, reserve: admission.NewSeatReserve(clk), m: &Model{SLO: SLO{TTFT: time.Second}}}
+	rec := &modelRec{yield: &y, reserve: admission.NewSeatReserve(clk), resumeBy: time.Second}
 	arrive := func(crit, other int) {
 		for range crit {
 			rec.reserve.Arrive(admission.Critical)
