@@ -264,15 +264,20 @@ func (r *SeatReserve) ResumeWait(need, seats int) (wait time.Duration, ok bool) 
 	if done <= 0 {
 		return 0, false
 	}
-	rho := rhoOf(r.Forecast(), done, r.Share(), r.Surge())
+	rho := r.rho(done)
 	if rho >= 1 {
 		return time.Duration(math.MaxInt64), true
 	}
 	s := float64(max(need, 1)) / (done * (1 - rho))
-	if s >= (time.Duration(math.MaxInt64) / time.Second).Seconds() {
+	if s >= time.Duration(math.MaxInt64).Seconds() {
 		return time.Duration(math.MaxInt64), true
 	}
 	return time.Duration(s * float64(time.Second)), true
+}
+
+// rho returns the ratio the reserve is sized for against done completions a second (rhoOf).
+func (r *SeatReserve) rho(done float64) float64 {
+	return rhoOf(r.Forecast(), done, r.Share(), r.Surge())
 }
 
 // rhoOf returns the ratio a reserve is sized for: critical arrivals over completions, or the critical share of

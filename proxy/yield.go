@@ -145,7 +145,7 @@ func (y *yielders) enter(rec *modelRec) {
 
 // ask asks a registered stream to yield its seat, under mu, unless the yields under way already cover every
 // critical request waiting (enter). A standard stream is asked only while it may expect its seat back within its
-// model's objective for a first token (modelRec.standardMayYield); a sheddable one whenever.
+// class's objective for a first token (modelRec.standardMayYield); a sheddable one whenever.
 func (y *yielders) ask(rec *modelRec) {
 	if y.owed >= y.want || len(y.live) == 0 {
 		return
