@@ -228,14 +228,14 @@ func (ex *exchange) waitForSeat(ctx context.Context, deadline time.Time) error {
 	return err
 }
 
-// resumeYielded goes on with a stream whose attempt yielded its seat (errYield): it ends that attempt (its seat
-// goes to the critical request that asked), waits in the model's queue for a seat under its own class's rules
-// (sheddable: behind critical and standard requests, and only past twice the seats kept for critical ones;
-// standard: behind critical requests, past the seats kept for them), ahead of the requests of its class that have not started (admission.Queue.WaitAhead), for at
-// most the backend's idle timeout, and sends the request again as a continuation of the answer so far. Resumed
-// by a standard request's rules, a sheddable stream would take a seat that a standard request arriving after it
-// needs: the critical request's seat would come out of the standard class's share. The new attempt's events then
-// follow the old ones'. It returns the error that ends the stream when it cannot go on.
+// resumeYielded goes on with a stream whose attempt yielded its seat (errYield): it ends that attempt (its seat goes to
+// the critical request that asked), waits in the model's queue for a seat under its own class's rules (sheddable:
+// behind critical and standard requests, and only past twice the seats kept for critical ones; standard: behind
+// critical requests, past the seats kept for them), ahead of the requests of its class that have not started
+// (admission.Queue.WaitAhead), for at most the backend's idle timeout, and sends the request again as a continuation of
+// the answer so far. Resumed by a standard request's rules, a sheddable stream would take a seat that a standard
+// request arriving after it needs: the critical request's seat would come out of the standard class's share. The new
+// attempt's events then follow the old ones'. It returns the error that ends the stream when it cannot go on.
 func (ex *exchange) resumeYielded() error {
 	if err := ex.flush(); err != nil {
 		return err
