@@ -208,6 +208,7 @@ type cand struct {
 	region int     // its step down the failover order (0 in the gateway's region)
 	ttft   float64 // p90 TTFT, RTT included, seconds
 	load   float64 // strategy-specific load
+	room   bool    // its engine has a seat free for the request and none waiting, as the views brought up to now say
 }
 
 // Pick implements Strategy.
@@ -265,7 +266,9 @@ func (s *Adaptive) Pick(r *Request, targets []Target) (Target, error) {
 	tie := nearTie{s.p.TieRelative, s.p.TieAbsolute.Seconds()}
 	band := tie.limit(minCost)
 	var chosen cand
-	if cold {
+	if c, kept := keepTurn(cs, prev.b, targets); kept {
+		chosen = c
+	} else if cold {
 		chosen = pickCold(cs, band, tie, coldKey(r), targets)
 	} else if c, kept := keepOwner(cs, tie, coldKey(r), targets); kept {
 		chosen = c
@@ -317,7 +320,7 @@ func (s *Adaptive) evaluate(r *Request, b *Backend, now time.Time, prompt, block
 		cost += r.SecondsPerDollar * cfg.Price.estimate(prompt, hit, r.outputTokens())
 	}
 	c := cand{blocks: blocks, conf: conf, hit: hit, cost: cost, pred: ttft, spread: b.lat.ttftSpread.load(),
-		known: b.lat.ttftKnown.load(), region: k, ttft: rtt + l.seatWait + p90}
+		known: b.lat.ttftKnown.load(), region: k, ttft: rtt + l.seatWait + p90, room: l.room}
 	itlSLO := r.ITLSLO
 	switch {
 	case s.sat.at(cfg, l):
@@ -485,6 +488,42 @@ func pickOwner(cs []cand, band float64, key uint64, targets []Target) (cand, boo
 		return cand{}, false
 	}
 	return pickRendezvous(cs, band, most, key, targets), true
+}
+
+// keepTurn returns the candidate on prev, the backend that served the previous turn of the conversation through
+// another replica (Peers.prevTurn), while it holds the most of the prefix of any candidate and its engine has a
+// seat free with no request waiting (cand.room); false otherwise, and the cost decides as for any request.
+//
+// Two replicas each learn their models from their own half of a conversation's turns, and their models of one
+// backend differ: across two replicas, turns left their backend on 7-15% of follow-ups (multi-turn on 64 engines
+// of 4 seats, four physics), most of them leaving an owner with a seat free, because one replica's model of the
+// owner had learned slow first tokens from moments the engine was full, or its model of another backend had
+// learned fast ones from prompts its prefix index took as uncached (bench/results/routing-2026-12-02-matrix.md,
+// run 14). No margin on the costs holds against errors of that size. The previous turn's backend is a fact both
+// replicas share through the turn records, and while its engine has a seat free and nothing waiting, the turn
+// waits for nothing there and prefills only what the conversation added; another backend prefills the whole
+// history too. What the owner's running sequences cost the new one (a stepped engine's shared steps, a seat
+// engine's load factor) is what the models would weigh, and it is the term their errors swamp here; it is bounded
+// by the engine's seats, since a full engine is not kept. Once the engine has no seat free, or another candidate
+// holds more of the prompt, the costs decide again, so load still moves a conversation. The candidate must also be
+// in the best tier, which cs holds alone: a backend predicted to miss an objective others meet is not kept.
+func keepTurn(cs []cand, prev *Backend, targets []Target) (cand, bool) {
+	if prev == nil {
+		return cand{}, false
+	}
+	most := 0
+	var c cand
+	found := false
+	for _, x := range cs {
+		most = max(most, x.blocks)
+		if targets[x.i].Backend == prev {
+			c, found = x, true
+		}
+	}
+	if !found || most == 0 || c.blocks < most || !c.room {
+		return cand{}, false
+	}
+	return c, true
 }
 
 // keepOwner returns the owner of a warm prefix, the rendezvous winner among the candidates holding the most of it,

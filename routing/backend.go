@@ -350,6 +350,7 @@ type load struct {
 	full      bool    // every seat taken and a request waiting for one (seatsFull, or the gateway's own count)
 	occupied  float64 // requests in the engine, running and waiting, brought up to now (engineOccupancy), or in flight
 	inflight  int64   // requests in flight from every replica: this one's, and the others' reports brought up to now (turns.go)
+	room      bool    // a seat free for one more request, no request waiting: seats known and occupied+1 <= seats
 }
 
 // SeatMeter measures the seats of an engine that states none: admission.Cap, which the proxy installs with
@@ -512,6 +513,7 @@ func (b *Backend) loadLess(now time.Time, less turnLess) load {
 	// now with this gateway's own dispatches and ends (engineOccupancy), or the gateway's own count, which shows a
 	// full batch before a scrape does.
 	l.full = seats > 0 && occupied > seats
+	l.room = seats > 0 && occupied+1 <= seats
 	l.occupied = occupied
 	l.seatWait = seatWait(occupied, seats, b.seatHold())
 	return l

@@ -43,3 +43,40 @@ func TestKeepOwnerMarginOnlyAgainstLesserHolders(t *testing.T) {
 		})
 	}
 }
+
+// TestKeepTurnWhileItsEngineHasRoom: the backend of a conversation's previous turn, served through another
+// replica, keeps the next turn whatever the costs say while it holds the most of the prompt and its engine has a
+// seat free; full, or holding less than another candidate, it is left to the costs.
+func TestKeepTurnWhileItsEngineHasRoom(t *testing.T) {
+	f := newFleet(t, local(3)...)
+	prev := f.targets[1].Backend
+	mk := func(i, blocks int, cost float64, room bool) cand {
+		return cand{i: i, blocks: blocks, conf: blocks, cost: cost, pred: cost, spread: 1.3, room: room}
+	}
+	for _, tc := range []struct {
+		name string
+		prev *Backend
+		cs   []cand
+		kept bool
+	}{
+		// 0.900 against 0.040: beyond any margin of the models' errors, and kept all the same.
+		{"a seat free, dear", prev, []cand{mk(0, 0, 0.040, true), mk(1, 12, 0.900, true), mk(2, 3, 0.200, true)}, true},
+		{"every seat taken", prev, []cand{mk(0, 0, 0.040, true), mk(1, 12, 0.900, false), mk(2, 3, 0.200, true)}, false},
+		{"another holds more", prev, []cand{mk(0, 14, 0.040, true), mk(1, 12, 0.300, true), mk(2, 0, 0.200, true)}, false},
+		{"an equal holder", prev, []cand{mk(0, 12, 0.040, true), mk(1, 12, 0.300, true), mk(2, 0, 0.200, true)}, true},
+		{"holds none", prev, []cand{mk(0, 0, 0.040, true), mk(1, 0, 0.300, true), mk(2, 0, 0.200, true)}, false},
+		// Not in the best tier: Pick left it out of cs.
+		{"not a candidate", prev, []cand{mk(0, 0, 0.040, true), mk(2, 3, 0.200, true)}, false},
+		{"no previous turn", nil, []cand{mk(0, 0, 0.040, true), mk(1, 12, 0.900, true)}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, kept := keepTurn(tc.cs, tc.prev, f.targets)
+			if kept != tc.kept {
+				t.Fatalf("kept %v, want %v", kept, tc.kept)
+			}
+			if kept && f.targets[c.i].Backend != prev {
+				t.Fatalf("kept %s, not the previous turn's %s", f.targets[c.i].Backend.Name(), prev.Name())
+			}
+		})
+	}
+}

@@ -215,8 +215,9 @@ func TestPrevTurnThroughAnotherReplica(t *testing.T) {
 	now := time.Now()
 	bx.engine.Store(&EngineStats{Running: 4, Has: HasRunning | HasWaiting, sent: now.Add(-20 * time.Millisecond),
 		At: now.Add(-15 * time.Millisecond)})
-	if l := bx.loadAt(time.Now()); l.seatWait == 0 || l.inflight != 4 {
-		t.Fatalf("before the end: seat wait %.3f s, %d in flight; want a wait, 4", l.seatWait, l.inflight)
+	if l := bx.loadAt(time.Now()); l.seatWait == 0 || l.inflight != 4 || l.room {
+		t.Fatalf("before the end: seat wait %.3f s, %d in flight, room %v; want a wait, 4, none", l.seatWait,
+			l.inflight, l.room)
 	}
 
 	turn.End(false) // the answer ended; the client sends its next turn at once, through b
@@ -235,9 +236,9 @@ func TestPrevTurnThroughAnotherReplica(t *testing.T) {
 			t.Fatalf("check %d: previous turn %+v; want x's, ended by now", checks, less)
 		}
 		l := bx.loadLess(now, less.on(bx))
-		if l.inflight != 3 || l.seatWait != 0 || l.full {
-			t.Fatalf("check %d: %d in flight, seat wait %.3f s, full %v; want 3, 0, false", checks, l.inflight,
-				l.seatWait, l.full)
+		if l.inflight != 3 || l.seatWait != 0 || l.full || !l.room {
+			t.Fatalf("check %d: %d in flight, seat wait %.3f s, full %v, room %v; want 3, 0, false, true", checks,
+				l.inflight, l.seatWait, l.full, l.room)
 		}
 	}
 	if checks < 10 {
@@ -276,4 +277,77 @@ func TestPrevTurnThroughAnotherReplica(t *testing.T) {
 		t.Fatalf("no peers: %+v", less)
 	}
 	endAll(others)
+}
+
+// TestTurnStaysAcrossReplicasWhileItsEngineHasRoom runs two replicas on a real Redis: a serves a conversation's
+// turn on y, and b, which receives the next turn, keeps it on y although b's models price y far above x, as long
+// as y's engine has a seat free; once y's engine is full, b's costs decide and the turn goes to x.
+func TestTurnStaysAcrossReplicasWhileItsEngineHasRoom(t *testing.T) {
+	addr := redistest.Addr(t)
+	prefix := redistest.Prefix(t)
+	a := newReplica(t, redistest.Client(t, addr), prefix, "x", "y")
+	b := newReplica(t, redistest.Client(t, addr), prefix, "x", "y")
+	var targets []Target
+	for _, be := range b.reg.Backends() {
+		cfg := *be.Config()
+		cfg.MaxNumSeqs = 4
+		be.cfg.Store(&cfg)
+		targets = append(targets, Target{Backend: be, Model: "m"})
+	}
+	bx, by := b.backend("x"), b.backend("y")
+	// b's models: y slow (2 s and 1 ms a token), x fast (20 ms and 0.01 ms a token), both as sure of it as
+	// thousands of observations make them.
+	for i := range 2000 {
+		u := float64(100 + i%1500)
+		by.lat.observeTTFT(u, 0, 0, 2+u*0.001)
+		bx.lat.observeTTFT(u, 0, 0, 0.020+u*0.00001)
+	}
+	waitUntil(t, 2*time.Second, "both replicas know Redis's clock", func() bool {
+		return a.peers.offsetKnown.Load() && b.peers.offsetKnown.Load()
+	})
+
+	prev := []byte("system:" + strings.Repeat("You are a helpful assistant. ", 40) + "\nuser:What is a KV cache?\n")
+	r := &Request{Model: "m", Prompt: prev}
+	turn := a.backend("y").Dispatch(&Request{Model: "m", Prompt: prev, hb: r.hbFor(t), hashed: true})
+	turn.FirstToken()
+	turn.End(false)
+	waitUntil(t, 2*time.Second, "b has a's record of the turn on y and knows y holds it", func() bool {
+		tr, _, ok := b.peers.turns.lookup(turnKey("m", prev))
+		return ok && tr.b == by && by.peerReqs.running() == 0
+	})
+	s, err := NewAdaptive(StrategyEnv{Model: "m"}, DefaultAdaptiveParams())
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := append(append([]byte{}, prev...), "assistant:A cache of keys and values.\nuser:Why?\n"...)
+	pick := func(prevTurn int) string {
+		t.Helper()
+		rq := &Request{Model: "m", Prompt: next, PrevTurn: prevTurn}
+		defer rq.Reset()
+		got, err := s.Pick(rq, targets)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.Backend.Name()
+	}
+	waitUntil(t, 2*time.Second, "b's index learns that y holds the previous turn", func() bool {
+		return pick(len(prev)) == "y"
+	})
+	for range 20 {
+		if got := pick(len(prev)); got != "y" {
+			t.Fatalf("the next turn went to %s with y's engine idle; want y", got)
+		}
+	}
+	// Without the previous turn's record the costs decide: the rule, not the prefix, kept it on y.
+	if got := pick(0); got != "x" {
+		t.Fatalf("a request without a previous turn went to %s; want x, which b's models price far lower", got)
+	}
+	// y's engine full, a request waiting: the costs decide.
+	now := time.Now()
+	by.engine.Store(&EngineStats{Running: 4, Waiting: 1, Has: HasRunning | HasWaiting,
+		sent: now.Add(-20 * time.Millisecond), At: now.Add(-15 * time.Millisecond), begun: by.requests.Load(),
+		ended: by.ended.Load()})
+	if got := pick(len(prev)); got != "x" {
+		t.Fatalf("the next turn went to %s with y's engine full; want x", got)
+	}
 }
