@@ -245,24 +245,21 @@ func (r *SeatReserve) Seats(limit, seats int) int {
 }
 
 // ResumeWait returns how long a stream that gives its seat to a critical request now may expect to wait for a
-// seat again under the standard class's rules, in a fleet of seats seats of which free are free, where need seats
-// are still wanted by critical requests (those waiting less the yields under way, the asker's included). Critical
-// arrivals take the share rho of the full fleet's completions (Completions) that the reserve is sized for (Status:
-// the forecast, or the critical share of a surge, over the completions), so seats free up for others at
-// completions x (1 - rho). Of those, the need - 1 critical requests this yield does not serve take the first;
-// then the stream is admitted only once more seats are free than the reserve keeps (Admits: Seats(seats/2,
-// seats)), which from free takes that many more, one at least. So (need - 1 + max(reserve + 1 - free, 1)) /
-// (completions x (1 - rho)). With rho at 1 or more critical requests take every seat that frees and it returns
-// the longest duration. ok is false while no completion is known. Yielded streams of the class already waiting to
-// resume, which go first, are not counted.
+// seat again, in a fleet of seats seats where need seats are still wanted by critical requests (those waiting
+// less the yields under way, the asker's included): need completions of the full fleet (Completions), of which
+// critical arrivals take the share rho the reserve is sized for (Status: the forecast, or the critical share of
+// a surge, over the completions), so need / (completions x (1 - rho)). With rho at 1 or more critical requests
+// take every seat that frees and it returns the longest duration. ok is false while no completion is known.
 //
 // A standard stream yields its seat only if it may expect it back within its class's objective for a first token
-// (proxy/yield.go; docs/design.md, "Yielding seats"). At five times the capacity of one engine of 64 seats 8-18
-// standard streams yielded per spike and waited 6-9 s to resume (bench/results/protect-2026-12-02-matrix.md, runs
-// 15-16). The reserve's gate was missing from the wait: at those asks rho was about 0.8 and the wait predicted
-// 0.2-0.4 s, one seat's worth, while the reserve kept some 24 seats of the 64 free of standard requests, a wait of
-// 25 seats' worth, 7-8 s. With the gate counted no standard stream yielded there in three runs (run 17).
-func (r *SeatReserve) ResumeWait(need, free, seats int) (wait time.Duration, ok bool) {
+// (proxy/yield.go; docs/design.md, "Yielding seats"). At five times the capacity of one engine of 64 seats, where
+// critical demand alone is about the completions, 12-17 standard streams yielded per spike (on seed 1, every one begun
+// before it or in its first 1.5 s) and waited 6-9 s to resume; a rule on the forecast alone (critical arrivals at least
+// the completions) stopped none. This one, whose rho takes the surge of the last half second into account, stopped
+// every standard yield in one run of seed 1, and in the whole matrix run after it 15, 8 and 18 still yielded on seeds
+// 1-3 (bench/results/protect-2026-12-02-matrix.md, run 16): why was not looked into; the rho read at each ask is not
+// logged.
+func (r *SeatReserve) ResumeWait(need, seats int) (wait time.Duration, ok bool) {
 	done := r.Completions(seats)
 	if done <= 0 {
 		return 0, false
@@ -271,8 +268,7 @@ func (r *SeatReserve) ResumeWait(need, free, seats int) (wait time.Duration, ok 
 	if rho >= 1 {
 		return time.Duration(math.MaxInt64), true
 	}
-	n := max(need-1, 0) + max(r.Seats(seats/2, seats)+1-free, 1)
-	s := float64(n) / (done * (1 - rho))
+	s := float64(max(need, 1)) / (done * (1 - rho))
 	if s >= time.Duration(math.MaxInt64).Seconds() {
 		return time.Duration(math.MaxInt64), true
 	}

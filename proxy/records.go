@@ -69,16 +69,15 @@ func (r *modelRec) fleetSeats() (free, seats, counted int) {
 
 // standardMayYield reports whether a standard stream of r's model may give its seat to a critical request now,
 // need seats being wanted by critical requests (those waiting less the yields under way, the asker's included): if
-// it may expect a seat back (admission.SeatReserve.ResumeWait, over the seats fleetSeats counts and those free,
-// since a standard request waits while the reserve holds them) within its class's objective for a first token
-// (resumeBy), the pause its class is promised at most; without an objective, while critical demand leaves any
-// completions to it. While no completion is known, it may.
+// it may expect a seat back (admission.SeatReserve.ResumeWait, over the seats fleetSeats counts) within its class's
+// objective for a first token (resumeBy), the pause its class is promised at most; without an objective, while
+// critical demand leaves any completions to it. While no completion is known, it may.
 func (r *modelRec) standardMayYield(need int) bool {
 	if r == nil || r.reserve == nil {
 		return true
 	}
-	free, seats, _ := r.fleetSeats()
-	wait, ok := r.reserve.ResumeWait(need, free, seats)
+	_, seats, _ := r.fleetSeats()
+	wait, ok := r.reserve.ResumeWait(need, seats)
 	switch {
 	case !ok:
 		return true

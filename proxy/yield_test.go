@@ -375,7 +375,7 @@ func TestStandardStreamYieldsOnlyIfItMayResumeInTime(t *testing.T) {
 	y.add(std)
 	if std.yieldAsked {
 		t.Fatalf("twenty critical requests waiting: a standard stream was asked, though its seat would come back "+
-			"after %v", func() time.Duration { w, _ := rec.reserve.ResumeWait(20, 0, 0); return w }())
+			"after %v", func() time.Duration { w, _ := rec.reserve.ResumeWait(20, 0); return w }())
 	}
 	for range 19 {
 		y.leave()
