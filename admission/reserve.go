@@ -257,8 +257,8 @@ func (r *SeatReserve) Seats(limit, seats int) int {
 // before it or in its first 1.5 s) and waited 6-9 s to resume; a rule on the forecast alone (critical arrivals at least
 // the completions) stopped none. This one, whose rho takes the surge of the last half second into account, stopped
 // every standard yield in one run of seed 1, and in the whole matrix run after it 15, 8 and 18 still yielded on seeds
-// 1-3 (bench/results/protect-2026-12-02-matrix.md, run 16): why was not looked into; the rho read at each ask is not
-// logged.
+// 1-3 (bench/results/protect-2026-12-02-matrix.md, run 16): the wait leaves out the seats the reserve keeps from a
+// resumed standard stream (Admits), and counting them at the reserve's present size was tried and reverted (run 17).
 func (r *SeatReserve) ResumeWait(need, seats int) (wait time.Duration, ok bool) {
 	done := r.Completions(seats)
 	if done <= 0 {
