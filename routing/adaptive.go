@@ -506,21 +506,23 @@ func pickOwner(cs []cand, band float64, key uint64, targets []Target) (cand, boo
 // engine's load factor) is what the models would weigh, and it is the term their errors swamp here; it is bounded
 // by the engine's seats, since a full engine is not kept. Once the engine has no seat free, or another candidate
 // holds more of the prompt, the costs decide again, so load still moves a conversation. The candidate must also be
-// in the best tier, which cs holds alone: a backend predicted to miss an objective others meet is not kept.
+// in the best tier, which cs holds alone: a backend predicted to miss an objective others meet is not kept; and in
+// the nearest region any candidate is in: a conversation that failed over to another region comes home once its
+// region can serve it again, as the region margin of the costs would bring it.
 func keepTurn(cs []cand, prev *Backend, targets []Target) (cand, bool) {
 	if prev == nil {
 		return cand{}, false
 	}
-	most := 0
+	most, home := 0, math.MaxInt
 	var c cand
 	found := false
 	for _, x := range cs {
-		most = max(most, x.blocks)
+		most, home = max(most, x.blocks), min(home, x.region)
 		if targets[x.i].Backend == prev {
 			c, found = x, true
 		}
 	}
-	if !found || most == 0 || c.blocks < most || !c.room {
+	if !found || most == 0 || c.blocks < most || !c.room || c.region > home {
 		return cand{}, false
 	}
 	return c, true

@@ -53,6 +53,7 @@ func TestKeepTurnWhileItsEngineHasRoom(t *testing.T) {
 	mk := func(i, blocks int, cost float64, room bool) cand {
 		return cand{i: i, blocks: blocks, conf: blocks, cost: cost, pred: cost, spread: 1.3, room: room}
 	}
+	remote := func(c cand) cand { c.region = 1; return c }
 	for _, tc := range []struct {
 		name string
 		prev *Backend
@@ -68,6 +69,9 @@ func TestKeepTurnWhileItsEngineHasRoom(t *testing.T) {
 		// Not in the best tier: Pick left it out of cs.
 		{"not a candidate", prev, []cand{mk(0, 0, 0.040, true), mk(2, 3, 0.200, true)}, false},
 		{"no previous turn", nil, []cand{mk(0, 0, 0.040, true), mk(1, 12, 0.900, true)}, false},
+		// A conversation that failed over to a second region comes home once a backend there can serve it.
+		{"in a failover region", prev, []cand{mk(0, 0, 0.040, true), remote(mk(1, 12, 0.300, true)), mk(2, 3, 0.200, true)}, false},
+		{"every candidate remote", prev, []cand{remote(mk(1, 12, 0.300, true)), remote(mk(2, 3, 0.200, true))}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, kept := keepTurn(tc.cs, tc.prev, f.targets)
